@@ -1,0 +1,41 @@
+# rollnet developer entry points. Every target installs what it needs into .venv first.
+#   make demo   - the main job: a local swarm on this machine
+#   make test   - the test suite (what CI runs)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: dev demo test lint codegen check-codegen clean
+
+$(STAMP): requirements/dev.txt sdk/pyproject.toml ledger/pyproject.toml reference/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, from the pinned CPU build, so nothing later pulls a CUDA build.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -r requirements/dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e sdk -e ledger -e reference
+	touch $(STAMP)
+
+dev: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rollnet demo --data-dir .data/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy sdk/src ledger/src reference/src scripts
+
+codegen: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/buf generate 2>/dev/null
+
+check-codegen: codegen
+	git diff --exit-code -- sdk/src/rollnet/v1
+	test -z "$$(git status --porcelain -- sdk/src/rollnet/v1)"
+
+clean:
+	rm -rf $(VENV) .data

@@ -1,0 +1,1 @@
+"""rollnet coordinator state and the hash-chained contribution ledger."""

@@ -1,0 +1,1 @@
+"""rollnet reference servers: coordinator, worker, validator, trainer, relay, environments, CLI."""

@@ -1,0 +1,1 @@
+"""The rollnet Python SDK."""

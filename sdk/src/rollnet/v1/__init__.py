@@ -1,0 +1,1 @@
+"""Generated protocol code for rollnet.v1 (do not edit: `make codegen` regenerates it)."""
