@@ -1,0 +1,58 @@
+"""Environments: seeded prompts and deterministic verifiers, pluggable by entry point.
+
+``load_environment(name, config)`` builds a built-in (``arithmetic``, ``math``) or a third-party
+environment registered in the ``rollnet.environments`` entry-point group. ``docs/environments.md``
+states the determinism contract every environment must keep.
+"""
+
+from rollnet.reference.envs.arithmetic import LEVELS, ArithmeticEnvironment, score_integer_answer
+from rollnet.reference.envs.base import (
+    DEFAULT_LENGTH_PENALTY,
+    Environment,
+    LengthControl,
+    Problem,
+    Question,
+    RewardBreakdown,
+    SeededEnvironment,
+)
+from rollnet.reference.envs.config import (
+    ConfigReader,
+    EnvironmentConfigError,
+    canonical_json,
+    config_digest,
+)
+from rollnet.reference.envs.draws import MAX_PROMPT_ID, DrawStream
+from rollnet.reference.envs.math_jsonl import DatasetError, MathEnvironment
+from rollnet.reference.envs.registry import (
+    ENTRY_POINT_GROUP,
+    EnvironmentRegistryError,
+    UnknownEnvironmentError,
+    available_environments,
+    load_environment,
+)
+
+__all__ = [
+    "DEFAULT_LENGTH_PENALTY",
+    "ENTRY_POINT_GROUP",
+    "LEVELS",
+    "MAX_PROMPT_ID",
+    "ArithmeticEnvironment",
+    "ConfigReader",
+    "DatasetError",
+    "DrawStream",
+    "Environment",
+    "EnvironmentConfigError",
+    "EnvironmentRegistryError",
+    "LengthControl",
+    "MathEnvironment",
+    "Problem",
+    "Question",
+    "RewardBreakdown",
+    "SeededEnvironment",
+    "UnknownEnvironmentError",
+    "available_environments",
+    "canonical_json",
+    "config_digest",
+    "load_environment",
+    "score_integer_answer",
+]

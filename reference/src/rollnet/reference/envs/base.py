@@ -1,0 +1,264 @@
+"""The environment contract: seeded prompts and a deterministic, exact verifier.
+
+A worker and a validator each rebuild a prompt from (environment name, normalised config, prompt
+id) and must get byte-identical text; the validator then recomputes the reward from the rollout's
+completion and compares it with what the worker claimed. ``docs/environments.md`` states the full
+contract; this module implements it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rollnet.reference.envs.config import MAX_SAFE_INTEGER, ConfigReader, config_digest
+from rollnet.reference.envs.draws import MAX_PROMPT_ID, DrawStream
+
+__all__ = [
+    "DEFAULT_LENGTH_PENALTY",
+    "Environment",
+    "LengthControl",
+    "Problem",
+    "Question",
+    "RewardBreakdown",
+    "SeededEnvironment",
+]
+
+#: λ of the length penalty, as in INTELLECT-2 (``r = r_task − 0.0003·|len − target|``).
+DEFAULT_LENGTH_PENALTY = 0.0003
+
+_PLACEHOLDER = re.compile(r"\{(prompt|target)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One prompt of an environment, rebuilt identically by worker and validator.
+
+    Attributes:
+        prompt_id: Index the coordinator assigned (``0 <= prompt_id < 2**64``).
+        prompt: The exact text given to the model, length instruction included.
+        answer: The reference answer, in the environment's own notation.
+        target_length: Completion length (in tokens) the prompt asks for, or ``None`` when the
+            environment has no length control.
+        source_id: Stable identifier of the underlying question (a dataset id, or the question
+            text for synthetic environments), for logs and offline difficulty filtering.
+    """
+
+    prompt_id: int
+    prompt: str
+    answer: str
+    target_length: int | None
+    source_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RewardBreakdown:
+    """A reward and its parts: ``total = task_reward − length_penalty`` in IEEE-754 binary64."""
+
+    task_reward: float
+    length_penalty: float
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """What a :class:`SeededEnvironment` subclass produces for one prompt id."""
+
+    text: str
+    answer: str
+    source_id: str
+
+
+class Environment(ABC):
+    """Seeded prompts and a deterministic verifier.
+
+    Implementations must be pure functions of their normalised configuration: :meth:`prompt` and
+    :meth:`reward` may not read clocks, global random state, the network or anything else that can
+    differ between a worker and a validator. Most environments should subclass
+    :class:`SeededEnvironment`, which adds the seed, length targets and argument checks.
+    """
+
+    #: Registry name; must equal the name the environment is loaded under.
+    name: str
+
+    @property
+    @abstractmethod
+    def config(self) -> Mapping[str, Any]:
+        """The normalised configuration: JSON data with every default spelled out."""
+
+    @property
+    @abstractmethod
+    def num_prompts(self) -> int | None:
+        """How many prompt ids are valid (``0..num_prompts-1``); ``None`` when unbounded."""
+
+    @property
+    def target_lengths(self) -> tuple[int, ...]:
+        """The configured set of target lengths; empty when length control is off."""
+        return ()
+
+    @property
+    def digest(self) -> str:
+        """:func:`config_digest` of this environment's name and normalised configuration."""
+        return config_digest(self.name, self.config)
+
+    @abstractmethod
+    def prompt(self, prompt_id: int) -> Problem:
+        """Rebuild the problem for ``prompt_id``; identical in every process and on every host."""
+
+    @abstractmethod
+    def reward(
+        self, problem: Problem, completion_text: str, completion_token_count: int
+    ) -> RewardBreakdown:
+        """Score a completion of ``problem`` exactly (see the module docs for the arithmetic)."""
+
+
+class LengthControl:
+    """Optional length targets: drawn per prompt, stated in the prompt, penalised in the reward.
+
+    Configuration keys (shared by every :class:`SeededEnvironment`):
+
+    * ``target_lengths`` — list of positive token counts; empty (the default) disables it all;
+    * ``length_penalty`` — λ ≥ 0, default 0.0003;
+    * ``length_template`` — how the instruction wraps the question; ``{prompt}`` and
+      ``{target}`` are replaced in one pass (no other braces are interpreted).
+    """
+
+    def __init__(self, targets: tuple[int, ...], coefficient: float, template: str) -> None:
+        self.targets = targets
+        self.coefficient = coefficient
+        self.template = template
+
+    @classmethod
+    def from_config(cls, reader: ConfigReader, default_template: str) -> LengthControl:
+        """Read ``target_lengths``, ``length_penalty`` and ``length_template``."""
+        targets = tuple(reader.integer_list("target_lengths", (), minimum=1))
+        if len(set(targets)) != len(targets):
+            reader.fail("target_lengths", "values must be distinct")
+        coefficient = reader.number("length_penalty", DEFAULT_LENGTH_PENALTY, minimum=0.0)
+        template = reader.string("length_template", default_template)
+        for placeholder in ("{prompt}", "{target}"):
+            if template.count(placeholder) != 1:
+                reader.fail("length_template", f"must contain {placeholder} exactly once")
+        return cls(targets, coefficient, template)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether targets are configured."""
+        return bool(self.targets)
+
+    def draw(self, environment: str, seed: int, prompt_id: int) -> int | None:
+        """The target of ``prompt_id``: ``choice(targets)`` on stream label ``target_length``."""
+        if not self.targets:
+            return None
+        return DrawStream(environment, seed, prompt_id, "target_length").choice(self.targets)
+
+    def state(self, text: str, target: int) -> str:
+        """Put the length instruction around ``text``."""
+        values = {"prompt": text, "target": str(target)}
+        return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.template)
+
+    def penalty(self, completion_token_count: int, target: int | None) -> float:
+        """``λ·|count − target|`` as one binary64 multiplication; ``0.0`` without a target."""
+        if target is None:
+            return 0.0
+        # |count − target| is an exact integer below 2**53, so the product is correctly rounded
+        # once and every IEEE-754 implementation gets the same bits.
+        return self.coefficient * float(abs(completion_token_count - target))
+
+
+class SeededEnvironment(Environment):
+    """Base class handling the seed, config validation, length targets and exact rewards.
+
+    Subclasses set :attr:`name`, read their own keys in :meth:`configure`, and implement
+    :meth:`make_question` and :meth:`task_reward`. Common configuration keys: ``seed`` (integer in
+    ``[0, 2**53)``, default 0) plus those of :class:`LengthControl`.
+    """
+
+    #: Default ``length_template``; subclasses may override it.
+    default_length_template = "{prompt} Think for {target} tokens before giving a response."
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        reader = ConfigReader(self.name, config)
+        self.seed = reader.integer("seed", 0, minimum=0, maximum=MAX_SAFE_INTEGER)
+        self.length = LengthControl.from_config(reader, self.default_length_template)
+        self.configure(reader)
+        self._config = reader.finish()
+
+    def configure(self, reader: ConfigReader) -> None:
+        """Read this environment's own configuration keys (called once, from ``__init__``)."""
+
+    @abstractmethod
+    def make_question(self, prompt_id: int) -> Question:
+        """Build the question for an already range-checked ``prompt_id``.
+
+        Synthetic environments take their randomness from ``self.draws(prompt_id, "problem")``.
+        """
+
+    @abstractmethod
+    def task_reward(self, problem: Problem, completion_text: str) -> float:
+        """Score the completion's answer; a finite float (the built-ins return 0.0 or 1.0)."""
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The normalised configuration (a copy; every default spelled out)."""
+        return dict(self._config)
+
+    @property
+    def target_lengths(self) -> tuple[int, ...]:
+        """The configured ``target_lengths``."""
+        return self.length.targets
+
+    def draws(self, prompt_id: int, label: str) -> DrawStream:
+        """The deterministic draw stream of ``prompt_id`` for purpose ``label``."""
+        return DrawStream(self.name, self.seed, prompt_id, label)
+
+    def prompt(self, prompt_id: int) -> Problem:
+        """Rebuild the problem for ``prompt_id``."""
+        if isinstance(prompt_id, bool) or not isinstance(prompt_id, int):
+            raise TypeError(f"prompt id must be an int, got {type(prompt_id).__name__}")
+        bound = self.num_prompts
+        upper = MAX_PROMPT_ID if bound is None else bound - 1
+        if not 0 <= prompt_id <= upper:
+            raise ValueError(
+                f"environment {self.name!r}: prompt id {prompt_id} is outside [0, {upper}]"
+            )
+        question = self.make_question(prompt_id)
+        target = self.length.draw(self.name, self.seed, prompt_id)
+        text = question.text if target is None else self.length.state(question.text, target)
+        return Problem(
+            prompt_id=prompt_id,
+            prompt=text,
+            answer=question.answer,
+            target_length=target,
+            source_id=question.source_id,
+        )
+
+    def reward(
+        self, problem: Problem, completion_text: str, completion_token_count: int
+    ) -> RewardBreakdown:
+        """``total = task_reward − λ·|completion_token_count − problem.target_length|``.
+
+        Raises :class:`ValueError` when ``problem`` is not exactly
+        ``self.prompt(problem.prompt_id)`` (another configuration, or an edited target or answer).
+        """
+        if isinstance(completion_token_count, bool) or not isinstance(completion_token_count, int):
+            raise TypeError("completion_token_count must be an int")
+        if not 0 <= completion_token_count <= MAX_SAFE_INTEGER:
+            raise ValueError(f"completion_token_count {completion_token_count} is out of range")
+        # Score only problems this environment would build itself: a problem from another
+        # configuration (or with an edited target or answer) must not get a reward at all.
+        if self.prompt(problem.prompt_id) != problem:
+            raise ValueError(
+                f"environment {self.name!r}: problem {problem.prompt_id} differs from the one "
+                "this configuration builds"
+            )
+        target = problem.target_length
+        task = self.task_reward(problem, completion_text)
+        if not isinstance(task, float) or not math.isfinite(task):
+            raise TypeError(f"task_reward must return a finite float, got {task!r}")
+        penalty = self.length.penalty(completion_token_count, target)
+        return RewardBreakdown(task_reward=task, length_penalty=penalty, total=task - penalty)

@@ -1,0 +1,208 @@
+"""``math``: problems with reference answers from a JSONL file, checked with ``math-verify``.
+
+Each non-blank line of the file is a JSON object ``{"id": ..., "problem": ..., "answer": ...}``
+(other keys are allowed and ignored). Prompt id ``i`` is the ``i``-th record in file order. The
+package ships a small example, used when no ``path`` is configured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from rollnet.reference.envs.base import Problem, Question, SeededEnvironment
+from rollnet.reference.envs.config import ConfigReader
+
+__all__ = ["EXAMPLE_DATASET", "DatasetError", "MathEnvironment", "MathRecord"]
+
+#: Resource path (inside ``rollnet.reference.envs``) of the packaged example problems.
+EXAMPLE_DATASET = "data/math_example.jsonl"
+
+
+class DatasetError(ValueError):
+    """A problem file is unreadable or malformed; the message names the file and line."""
+
+    def __init__(self, source: str, line: int | None, message: str) -> None:
+        self.source = source
+        self.line = line
+        where = source if line is None else f"{source}:{line}"
+        super().__init__(f"{where}: {message}")
+
+
+class MathRecord:
+    """One problem of the file, with the line it came from."""
+
+    __slots__ = ("answer", "line", "problem", "source_id")
+
+    def __init__(self, source_id: str, problem: str, answer: str, line: int) -> None:
+        self.source_id = source_id
+        self.problem = problem
+        self.answer = answer
+        self.line = line
+
+
+class MathEnvironment(SeededEnvironment):
+    """Math word problems with symbolic answer checking.
+
+    Configuration keys (besides ``seed`` and the length keys of
+    :class:`~rollnet.reference.envs.base.LengthControl`):
+
+    * ``path`` — the JSONL file (relative paths resolve against the working directory); ``null``
+      (the default) means the packaged example;
+    * ``blake3`` — expected hex BLAKE3 of the file's bytes; normalised to the actual digest, so
+      the normalised config (and its digest) pins the data, and a worker or validator holding a
+      different file refuses to start;
+    * ``prompt_template`` — the question text, with ``{problem}`` replaced (default
+      ``"{problem}"``; no other braces are interpreted);
+    * ``max_answer_chars`` — only the last this-many characters of a completion are given to
+      ``math-verify`` (default 4096), which bounds the verifier's work;
+    * ``verify_timeout_s`` — math-verify's per-call time limit in whole seconds (default 5; 0
+      disables it). It uses ``SIGALRM``, so with a limit the reward must be computed on the main
+      thread of a process; see ``docs/environments.md`` for what a limit means for determinism.
+    """
+
+    name = "math"
+
+    def configure(self, reader: ConfigReader) -> None:
+        """Read the keys above and load the file."""
+        path = reader.optional_string("path")
+        expected = reader.optional_string("blake3")
+        self.prompt_template = reader.string("prompt_template", "{problem}")
+        if self.prompt_template.count("{problem}") != 1:
+            reader.fail("prompt_template", "must contain {problem} exactly once")
+        self.max_answer_chars = reader.integer("max_answer_chars", 4096, minimum=1)
+        self.verify_timeout_s = reader.integer("verify_timeout_s", 5, minimum=0, maximum=3600)
+
+        if path is None:
+            resource = resources.files("rollnet.reference.envs").joinpath(EXAMPLE_DATASET)
+            self.source = str(resource)
+            data = resource.read_bytes()
+        else:
+            self.source = path
+            try:
+                data = Path(path).read_bytes()
+            except OSError as error:
+                raise DatasetError(path, None, f"cannot read: {error.strerror or error}") from None
+        digest = blake3.blake3(data).hexdigest()
+        if expected is not None and expected.lower() != digest:
+            raise DatasetError(
+                self.source, None, f"BLAKE3 is {digest}, but config key 'blake3' expects {expected}"
+            )
+        reader.set_normalised("blake3", digest)
+        self.records = _parse_records(self.source, data)
+        self._gold: dict[int, list[Any]] = {}
+
+    @property
+    def num_prompts(self) -> int:
+        """The number of records in the file."""
+        return len(self.records)
+
+    def make_question(self, prompt_id: int) -> Question:
+        """The ``prompt_id``-th record, put into ``prompt_template``."""
+        record = self.records[prompt_id]
+        text = self.prompt_template.replace("{problem}", record.problem)
+        return Question(text=text, answer=record.answer, source_id=record.source_id)
+
+    def task_reward(self, problem: Problem, completion_text: str) -> float:
+        """1.0 when ``math_verify.verify(gold, parse(tail))`` holds, else 0.0.
+
+        ``tail`` is the last ``max_answer_chars`` characters of the completion; ``parse`` uses
+        math-verify's default extraction (LaTeX, ``\\boxed{}`` first, then plain expressions).
+        """
+        from math_verify import parse, verify
+
+        timeout = self._timeout()
+        gold = self._gold_answer(problem.prompt_id)
+        predicted = parse(completion_text[-self.max_answer_chars :], parsing_timeout=timeout)
+        if not predicted:
+            return 0.0
+        return 1.0 if verify(gold, predicted, timeout_seconds=timeout) else 0.0
+
+    def _gold_answer(self, prompt_id: int) -> list[Any]:
+        cached = self._gold.get(prompt_id)
+        if cached is not None:
+            return cached
+        from math_verify import parse
+
+        record = self.records[prompt_id]
+        answer = record.answer
+        # Answers are written as LaTeX math content without delimiters ("\frac{1}{2}"); wrapping
+        # them in $...$ makes math-verify read them as LaTeX rather than as plain expressions.
+        text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+        gold: list[Any] = parse(text, parsing_timeout=self._timeout())
+        if not gold:
+            raise DatasetError(self.source, record.line, f"math-verify cannot parse {answer!r}")
+        self._gold[prompt_id] = gold
+        return gold
+
+    def _timeout(self) -> int | None:
+        if self.verify_timeout_s == 0:
+            return None
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "math environment: math-verify enforces verify_timeout_s with SIGALRM, which only "
+                "works on a process's main thread; compute rewards there (for example in a "
+                "process pool) or set verify_timeout_s to 0"
+            )
+        return self.verify_timeout_s
+
+
+def _parse_records(source: str, data: bytes) -> list[MathRecord]:
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DatasetError(source, line, "not valid UTF-8") from None
+    records: list[MathRecord] = []
+    first_line_of: dict[str, int] = {}
+    for number, raw in enumerate(text.split("\n"), start=1):
+        content = raw.removesuffix("\r")
+        if not content.strip():
+            continue
+        try:
+            item = json.loads(content)
+        except json.JSONDecodeError as error:
+            raise DatasetError(source, number, f"invalid JSON: {error.msg}") from None
+        if not isinstance(item, dict):
+            raise DatasetError(source, number, "expected a JSON object")
+        source_id = _field_text(source, number, item, "id", numbers=(int,))
+        problem = _field_text(source, number, item, "problem", numbers=())
+        answer = _field_text(source, number, item, "answer", numbers=(int, float))
+        if source_id in first_line_of:
+            raise DatasetError(
+                source,
+                number,
+                f"duplicate id {source_id!r} (first on line {first_line_of[source_id]})",
+            )
+        first_line_of[source_id] = number
+        records.append(MathRecord(source_id, problem, answer, number))
+    if not records:
+        raise DatasetError(source, None, "no problems")
+    return records
+
+
+def _field_text(
+    source: str, line: int, item: dict[str, Any], key: str, numbers: tuple[type, ...]
+) -> str:
+    if key not in item:
+        raise DatasetError(source, line, f"missing field {key!r}")
+    value = item[key]
+    if isinstance(value, str):
+        text = value
+    elif not isinstance(value, bool) and isinstance(value, numbers):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DatasetError(source, line, f"field {key!r} must be finite")
+        # Numbers become their shortest repr, so "answer": 0.5 reads as "0.5".
+        text = repr(value)
+    else:
+        kinds = "a string" + (" or a number" if numbers else "")
+        raise DatasetError(source, line, f"field {key!r} must be {kinds}")
+    if not text.strip():
+        raise DatasetError(source, line, f"field {key!r} is empty")
+    return text
