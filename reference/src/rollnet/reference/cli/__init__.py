@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 # Modules under rollnet.reference.cli, each defining register(subparsers).
 _COMMAND_MODULES: tuple[str, ...] = (
+    "model",
+    "ledger",
     "keys",
 )
 

@@ -1,0 +1,131 @@
+"""Blobs, commitments and checkpoints: immutable records, written once.
+
+Writes are idempotent where the protocol retries: recording the same blob or checkpoint twice is
+a no-op, recording a conflicting one is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.models import Blob, Checkpoint, Commitment
+
+
+class ConflictError(ValueError):
+    """A record with the same key but different contents already exists."""
+
+
+def record_blob(
+    session: Session,
+    *,
+    blake3_hex: str,
+    size: int,
+    location: str,
+    uploader_id: str | None,
+    now: datetime,
+) -> Blob:
+    """Record a stored blob; returns the existing row if the same hash was recorded before."""
+    existing = session.get(Blob, blake3_hex)
+    if existing is not None:
+        if existing.size != size:
+            raise ConflictError(f"blob {blake3_hex} already recorded with size {existing.size}")
+        return existing
+    blob = Blob(
+        hash=blake3_hex, size=size, location=location, uploader_id=uploader_id, created_at=now
+    )
+    session.add(blob)
+    session.flush()
+    return blob
+
+
+def get_blob(session: Session, blake3_hex: str) -> Blob | None:
+    """The blob with this BLAKE3 hex digest, if recorded."""
+    return session.get(Blob, blake3_hex)
+
+
+@dataclass(frozen=True, slots=True)
+class NewCommitment:
+    """A worker's signed commitment to the rollouts of one lease."""
+
+    commitment_id: str
+    task_id: str
+    node_id: str
+    lease_id: str
+    fencing_token: int
+    rollout_blob_hash: str
+    proof_blob_hash: str | None
+    sampling_seed: int
+    claimed_work: int
+    request_id: str
+    signature: bytes
+
+
+def record_commitment(session: Session, commitment: NewCommitment, *, now: datetime) -> Commitment:
+    """Store a commitment. The (task, fencing token) pair is unique: one commitment per lease."""
+    row = Commitment(
+        id=commitment.commitment_id,
+        task_id=commitment.task_id,
+        node_id=commitment.node_id,
+        lease_id=commitment.lease_id,
+        fencing_token=commitment.fencing_token,
+        rollout_blob_hash=commitment.rollout_blob_hash,
+        proof_blob_hash=commitment.proof_blob_hash,
+        sampling_seed=commitment.sampling_seed,
+        claimed_work=commitment.claimed_work,
+        request_id=commitment.request_id,
+        signature=commitment.signature,
+        received_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_commitment(session: Session, commitment_id: str) -> Commitment | None:
+    """The commitment with this id, if any."""
+    return session.get(Commitment, commitment_id)
+
+
+def record_checkpoint(
+    session: Session,
+    *,
+    step: int,
+    manifest: bytes,
+    manifest_hash: str,
+    signature: bytes,
+    signer_public_key: bytes,
+    publisher_id: str | None,
+    now: datetime,
+) -> Checkpoint:
+    """Store a signed checkpoint manifest; publishing the identical manifest again is a no-op."""
+    existing = session.get(Checkpoint, step)
+    if existing is not None:
+        if existing.manifest_hash != manifest_hash:
+            raise ConflictError(f"checkpoint step {step} already published with another manifest")
+        return existing
+    row = Checkpoint(
+        step=step,
+        manifest=manifest,
+        manifest_hash=manifest_hash,
+        signature=signature,
+        signer_public_key=signer_public_key,
+        publisher_id=publisher_id,
+        published_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_checkpoint(session: Session, step: int) -> Checkpoint | None:
+    """The checkpoint published for ``step``, if any."""
+    return session.get(Checkpoint, step)
+
+
+def latest_checkpoint(session: Session) -> Checkpoint | None:
+    """The checkpoint with the highest step, if any."""
+    return session.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()

@@ -1,0 +1,289 @@
+"""The append-only, hash-chained contribution ledger: appends, signed heads, balances.
+
+Every function takes a :class:`~sqlalchemy.orm.Session` and runs inside the caller's transaction
+(``with session.begin(): ...``), so a credit can commit atomically with the verdict that earns it.
+
+Appends serialise on the one-row ``ledger_chain_tip`` table: the tip is read ``FOR UPDATE`` (on
+SQLite every transaction already holds the single write lock from ``BEGIN IMMEDIATE``), the new
+entries are chained from it and inserted, and the tip is advanced, all in one transaction. Two
+coordinator replicas on one PostgreSQL therefore never fork the chain, sequence numbers are
+gapless, and a process killed mid-batch leaves either the whole batch or none of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from rollnet.ledger._columns import utc_now
+from rollnet.ledger.canonical import (
+    canonical_entry_bytes,
+    chain_hash,
+    chain_head_message,
+    datetime_to_us,
+)
+from rollnet.ledger.enums import EntryKind
+from rollnet.ledger.models import Base, LedgerChainTip, LedgerEntry, SignedChainHead
+
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
+_TIP_ID = 1
+_ENTRIES_TABLE = Base.metadata.tables[LedgerEntry.__tablename__]
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to append; the ledger assigns its sequence, time and hashes."""
+
+    node_id: str
+    kind: EntryKind
+    #: Signed work units: credits and validator rewards ≥ 0, slashes ≤ 0, adjustments any sign.
+    amount: int
+    commitment_id: str | None = None
+    verdict_id: str | None = None
+    memo: str = ""
+
+    def __post_init__(self) -> None:
+        kind = EntryKind(self.kind)
+        if not _I64_MIN <= self.amount <= _I64_MAX:
+            raise ValueError(f"amount {self.amount} does not fit a signed 64-bit integer")
+        if kind in (EntryKind.CREDIT, EntryKind.VALIDATOR_REWARD) and self.amount < 0:
+            raise ValueError(f"a {kind} entry cannot be negative (got {self.amount})")
+        if kind is EntryKind.SLASH and self.amount > 0:
+            raise ValueError(f"a slash entry cannot be positive (got {self.amount})")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedEntry:
+    """An entry as stored in the chain."""
+
+    sequence: int
+    recorded_at: datetime
+    node_id: str
+    kind: EntryKind
+    amount: int
+    commitment_id: str | None
+    verdict_id: str | None
+    memo: str
+    prev_hash: bytes
+    entry_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChainTip:
+    """The last sequence number (0 for an empty chain) and its entry hash."""
+
+    sequence: int
+    head_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SignedHead:
+    """A chain head vouched for by an Ed25519 signature over :func:`chain_head_message`."""
+
+    network_id: str
+    sequence: int
+    head_hash: bytes
+    signer_public_key: bytes
+    signature: bytes
+    signed_at: datetime
+
+
+def chain_tip(session: Session, *, for_update: bool = False) -> ChainTip:
+    """Read the chain tip; ``for_update`` locks it until the transaction ends."""
+    query = select(LedgerChainTip.sequence, LedgerChainTip.head_hash).where(
+        LedgerChainTip.id == _TIP_ID
+    )
+    if for_update:
+        query = query.with_for_update()
+    row = session.execute(query).one_or_none()
+    if row is None:
+        raise RuntimeError("ledger_chain_tip is empty: run the migrations (upgrade_to_head)")
+    return ChainTip(sequence=row.sequence, head_hash=row.head_hash)
+
+
+def append_entries(
+    session: Session, entries: Sequence[NewEntry], *, now: datetime | None = None
+) -> list[AppendedEntry]:
+    """Append ``entries``, in order, as one group commit inside the caller's transaction.
+
+    All entries share one ``recorded_at``. Returns them as stored. Nothing is visible to others
+    until the caller commits; if the transaction rolls back, none of them exist.
+    """
+    if not entries:
+        return []
+    recorded_at = now if now is not None else utc_now()
+    time_us = datetime_to_us(recorded_at)
+    tip = chain_tip(session, for_update=True)
+    prev_hash = tip.head_hash
+    sequence = tip.sequence
+    appended: list[AppendedEntry] = []
+    rows: list[dict[str, object]] = []
+    for entry in entries:
+        sequence += 1
+        kind = EntryKind(entry.kind)
+        canonical = canonical_entry_bytes(
+            sequence=sequence,
+            time_us=time_us,
+            node_id=entry.node_id,
+            kind=kind.value,
+            amount=entry.amount,
+            commitment_id=entry.commitment_id,
+            verdict_id=entry.verdict_id,
+            memo=entry.memo,
+        )
+        entry_hash = chain_hash(prev_hash, canonical)
+        rows.append(
+            {
+                "sequence": sequence,
+                "recorded_at": recorded_at,
+                "node_id": entry.node_id,
+                "kind": kind,
+                "amount": entry.amount,
+                "commitment_id": entry.commitment_id,
+                "verdict_id": entry.verdict_id,
+                "memo": entry.memo,
+                "prev_hash": prev_hash,
+                "entry_hash": entry_hash,
+            }
+        )
+        appended.append(
+            AppendedEntry(
+                sequence=sequence,
+                recorded_at=recorded_at,
+                node_id=entry.node_id,
+                kind=kind,
+                amount=entry.amount,
+                commitment_id=entry.commitment_id,
+                verdict_id=entry.verdict_id,
+                memo=entry.memo,
+                prev_hash=prev_hash,
+                entry_hash=entry_hash,
+            )
+        )
+        prev_hash = entry_hash
+    # Core executemany: one round trip per batch (insertmanyvalues on PostgreSQL).
+    session.execute(_ENTRIES_TABLE.insert(), rows)
+    session.execute(
+        update(LedgerChainTip)
+        .where(LedgerChainTip.id == _TIP_ID)
+        .values(sequence=sequence, head_hash=prev_hash)
+    )
+    return appended
+
+
+def list_entries(
+    session: Session, *, after_sequence: int = 0, limit: int = 1000
+) -> list[AppendedEntry]:
+    """Entries with ``sequence > after_sequence`` in order, at most ``limit`` of them."""
+    rows = session.scalars(
+        select(LedgerEntry)
+        .where(LedgerEntry.sequence > after_sequence)
+        .order_by(LedgerEntry.sequence)
+        .limit(limit)
+    )
+    return [_appended(row) for row in rows]
+
+
+def _appended(row: LedgerEntry) -> AppendedEntry:
+    return AppendedEntry(
+        sequence=row.sequence,
+        recorded_at=row.recorded_at,
+        node_id=row.node_id,
+        kind=row.kind,
+        amount=row.amount,
+        commitment_id=row.commitment_id,
+        verdict_id=row.verdict_id,
+        memo=row.memo,
+        prev_hash=row.prev_hash,
+        entry_hash=row.entry_hash,
+    )
+
+
+def public_key_bytes(private_key: Ed25519PrivateKey) -> bytes:
+    """The 32 raw bytes of the public half of ``private_key``."""
+    return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def sign_chain_head(
+    session: Session,
+    private_key: Ed25519PrivateKey,
+    network_id: str,
+    *,
+    now: datetime | None = None,
+) -> SignedHead:
+    """Sign the current chain head with the coordinator key and store the signed head.
+
+    Idempotent per (network, sequence, key): signing again before the chain moves returns the
+    stored head, so calling this periodically costs one read when nothing happened. The tip is
+    locked while signing so the head cannot move underneath the signature.
+    """
+    tip = chain_tip(session, for_update=True)
+    public_key = public_key_bytes(private_key)
+    existing = session.scalars(
+        select(SignedChainHead).where(
+            SignedChainHead.network_id == network_id,
+            SignedChainHead.sequence == tip.sequence,
+            SignedChainHead.signer_public_key == public_key,
+        )
+    ).one_or_none()
+    if existing is not None:
+        return _signed_head(existing)
+    signature = private_key.sign(chain_head_message(network_id, tip.sequence, tip.head_hash))
+    head = SignedChainHead(
+        network_id=network_id,
+        sequence=tip.sequence,
+        head_hash=tip.head_hash,
+        signer_public_key=public_key,
+        signature=signature,
+        signed_at=now if now is not None else utc_now(),
+    )
+    session.add(head)
+    session.flush()
+    return _signed_head(head)
+
+
+def latest_signed_head(session: Session, network_id: str) -> SignedHead | None:
+    """The signed head with the highest sequence for ``network_id``, if any."""
+    row = session.scalars(
+        select(SignedChainHead)
+        .where(SignedChainHead.network_id == network_id)
+        .order_by(SignedChainHead.sequence.desc(), SignedChainHead.id.desc())
+        .limit(1)
+    ).one_or_none()
+    return None if row is None else _signed_head(row)
+
+
+def _signed_head(row: SignedChainHead) -> SignedHead:
+    return SignedHead(
+        network_id=row.network_id,
+        sequence=row.sequence,
+        head_hash=row.head_hash,
+        signer_public_key=row.signer_public_key,
+        signature=row.signature,
+        signed_at=row.signed_at,
+    )
+
+
+def balances(session: Session) -> dict[str, int]:
+    """Per-node totals of all entries (work units), ordered by node id."""
+    rows = session.execute(
+        select(LedgerEntry.node_id, func.sum(LedgerEntry.amount))
+        .group_by(LedgerEntry.node_id)
+        .order_by(LedgerEntry.node_id)
+    )
+    return {node_id: int(total) for node_id, total in rows}
+
+
+def balance(session: Session, node_id: str) -> int:
+    """Total of ``node_id``'s entries (0 when it has none)."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(LedgerEntry.node_id == node_id)
+    )
+    return int(total or 0)

@@ -1,0 +1,127 @@
+"""Database engines: SQLite by default, PostgreSQL by URL.
+
+SQLite is a file ``<data_dir>/rollnet.db`` in WAL mode with foreign keys on, a busy timeout and
+``synchronous=FULL`` (a commit survives power loss, not only a killed process). Every SQLite
+transaction starts with ``BEGIN IMMEDIATE``: there is exactly one writer at a time, and a
+transaction that reads the chain tip or picks a task to lease cannot be overtaken by another
+writer between its read and its write.
+
+PostgreSQL URLs (``postgresql://`` or ``postgresql+psycopg://``) use psycopg 3; concurrency there
+comes from row locks (``FOR UPDATE``, ``FOR UPDATE SKIP LOCKED``) taken by the repositories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+#: File name of the default SQLite database inside the data directory.
+SQLITE_FILENAME = "rollnet.db"
+#: How long a SQLite writer waits for the write lock before failing, in milliseconds.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def database_url(url: str | None, data_dir: Path | str | None = None) -> URL:
+    """Resolve the database URL: ``url`` when given, else the SQLite file in ``data_dir``.
+
+    ``postgresql://`` is rewritten to ``postgresql+psycopg://`` so psycopg 3 is always the driver.
+    """
+    if url is None:
+        if data_dir is None:
+            raise ValueError("either a database URL or a data directory is required")
+        path = Path(data_dir) / SQLITE_FILENAME
+        return URL.create("sqlite+pysqlite", database=str(path))
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername == "sqlite":
+        parsed = parsed.set(drivername="sqlite+pysqlite")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ValueError(
+            f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL"
+        )
+    return parsed
+
+
+def create_engine(
+    url: str | None = None, data_dir: Path | str | None = None, *, echo: bool = False
+) -> Engine:
+    """Create the engine for ``url``, or for ``<data_dir>/rollnet.db`` when no URL is given.
+
+    The data directory is created if needed. The schema is not touched: call
+    :func:`rollnet.ledger.migrate.upgrade_to_head` for that.
+    """
+    resolved = database_url(url, data_dir)
+    if resolved.get_backend_name() == "sqlite":
+        database = resolved.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = sqlalchemy.create_engine(resolved, echo=echo)
+        _configure_sqlite(engine)
+        return engine
+    return sqlalchemy.create_engine(resolved, echo=echo, pool_pre_ping=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module so BEGIN is ours to issue.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA synchronous=FULL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # IMMEDIATE takes the write lock up front (waiting up to busy_timeout): one writer, and no
+        # read-then-write transaction can fail half-way with SQLITE_BUSY_SNAPSHOT.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """A session factory for ``engine``; callers own the unit of work (``with s.begin():``)."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def is_postgresql(engine_or_connection: Engine | Connection | Session) -> bool:
+    """Whether the engine (or the connection/session bound to it) talks to PostgreSQL."""
+    if isinstance(engine_or_connection, Session):
+        bind = engine_or_connection.get_bind()
+        return bind.dialect.name == "postgresql"
+    return engine_or_connection.dialect.name == "postgresql"
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Outcome of :func:`check_ready`."""
+
+    ready: bool
+    detail: str
+
+
+def check_ready(engine: Engine) -> Readiness:
+    """Whether the database answers and its schema is at the migrations' head revision."""
+    # Imported here: the migrations module imports this one.
+    from rollnet.ledger.migrate import current_revision, head_revision
+
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+            current = current_revision(connection)
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        return Readiness(False, f"database unreachable: {exc.__class__.__name__}: {exc}")
+    head = head_revision()
+    if current != head:
+        return Readiness(False, f"schema at revision {current!r}, expected {head!r}")
+    return Readiness(True, f"schema at head revision {head}")

@@ -1,0 +1,70 @@
+"""Lifecycle enums of the coordinator's state, stored as short strings.
+
+Each enum is a ``StrEnum`` so its value is what the database holds; every column that stores one
+carries a CHECK constraint listing exactly these values (see :mod:`rollnet.ledger.models`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class NodeRole(StrEnum):
+    """What a node may do in the network."""
+
+    WORKER = "worker"
+    VALIDATOR = "validator"
+    TRAINER = "trainer"
+    OPERATOR = "operator"
+
+
+class NodeState(StrEnum):
+    """Lifecycle of a registered node."""
+
+    PENDING = "pending"
+    ACTIVE = "active"
+    SUSPECT = "suspect"
+    OFFLINE = "offline"
+    EJECTED = "ejected"
+    BANNED = "banned"
+    DEREGISTERED = "deregistered"
+
+
+#: States from which a heartbeat may (re)activate a node. Ejected, banned and deregistered nodes
+#: stay where they are: only an operator action can move them.
+HEARTBEAT_REVIVABLE_STATES: frozenset[NodeState] = frozenset(
+    {NodeState.PENDING, NodeState.ACTIVE, NodeState.SUSPECT, NodeState.OFFLINE}
+)
+
+
+class TaskState(StrEnum):
+    """Lifecycle of a rollout task."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    SUBMITTED = "submitted"
+    VALIDATING = "validating"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+class ValidationJobState(StrEnum):
+    """Lifecycle of a validation job (leased to validators like tasks are leased to workers)."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+
+
+class EntryKind(StrEnum):
+    """Kinds of contribution-ledger entries."""
+
+    #: Work units credited for an accepted commitment (positive).
+    CREDIT = "credit"
+    #: Work units taken for a rejected commitment (negative).
+    SLASH = "slash"
+    #: Work units paid to a validator for a verdict (positive).
+    VALIDATOR_REWARD = "validator_reward"
+    #: Operator correction; any sign. Corrections are new entries, never edits.
+    ADJUSTMENT = "adjustment"

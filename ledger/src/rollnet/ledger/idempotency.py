@@ -1,0 +1,116 @@
+"""Idempotency records: a mutating request with a request id already seen returns the original
+response and writes nothing.
+
+Use :func:`lookup` and :func:`store` inside the same transaction as the mutation::
+
+    with sessions.begin() as session:
+        stored = idempotency.lookup(session, caller, method, request_id)
+        if stored is not None:
+            return stored            # replay: nothing else is written
+        response = mutate(session)
+        idempotency.store(session, caller, method, request_id, response, now=now)
+
+Two concurrent requests with the same id can both miss the lookup; the second ``store`` then
+violates the primary key and its whole transaction (mutation included) rolls back.
+:func:`run_idempotent` wraps this pattern and answers the loser with the winner's response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from rollnet.ledger._columns import utc_now
+from rollnet.ledger.models import IdempotencyRecord
+
+
+def lookup(session: Session, caller_id: str, method: str, request_id: str) -> bytes | None:
+    """The stored response of (caller, method, request id), or ``None`` if not seen."""
+    response = session.scalar(
+        select(IdempotencyRecord.response).where(
+            IdempotencyRecord.caller_id == caller_id,
+            IdempotencyRecord.method == method,
+            IdempotencyRecord.request_id == request_id,
+        )
+    )
+    return None if response is None else bytes(response)
+
+
+def store(
+    session: Session,
+    caller_id: str,
+    method: str,
+    request_id: str,
+    response: bytes,
+    *,
+    now: datetime,
+) -> None:
+    """Record the response; flushes so a duplicate fails here, inside the transaction."""
+    session.add(
+        IdempotencyRecord(
+            caller_id=caller_id,
+            method=method,
+            request_id=request_id,
+            response=response,
+            created_at=now,
+        )
+    )
+    session.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentResult:
+    """A response, and whether it was replayed from an earlier identical request."""
+
+    response: bytes
+    replayed: bool
+
+
+def run_idempotent(
+    sessions: sessionmaker[Session],
+    *,
+    caller_id: str,
+    method: str,
+    request_id: str,
+    mutate: Callable[[Session], bytes],
+    now: datetime | None = None,
+) -> IdempotentResult:
+    """Run ``mutate`` and store its response in one transaction, unless the id was seen.
+
+    ``mutate`` must do all its writes through the session it is given.
+    """
+    try:
+        with sessions.begin() as session:
+            stored = lookup(session, caller_id, method, request_id)
+            if stored is not None:
+                return IdempotentResult(stored, replayed=True)
+            response = mutate(session)
+            store(session, caller_id, method, request_id, response, now=now or utc_now())
+    except IntegrityError:
+        # Lost a race with the same request id: the transaction rolled back, so answer with the
+        # winner's response (or re-raise if the violation was something else).
+        raced = _lookup_committed(sessions, caller_id, method, request_id)
+        if raced is None:
+            raise
+        return IdempotentResult(raced, replayed=True)
+    return IdempotentResult(response, replayed=False)
+
+
+def _lookup_committed(
+    sessions: sessionmaker[Session], caller_id: str, method: str, request_id: str
+) -> bytes | None:
+    with sessions.begin() as session:
+        return lookup(session, caller_id, method, request_id)
+
+
+def prune(session: Session, *, older_than: datetime) -> int:
+    """Delete records created before ``older_than`` (the retry window); returns how many."""
+    result = session.execute(
+        delete(IdempotencyRecord).where(IdempotencyRecord.created_at < older_than)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

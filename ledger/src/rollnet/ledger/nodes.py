@@ -1,0 +1,175 @@
+"""Node repository: registration, heartbeats and state changes.
+
+Functions take a session and run inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, select, update
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
+from rollnet.ledger.models import Node
+
+
+def register_node(
+    session: Session,
+    *,
+    node_id: str,
+    public_key: bytes,
+    role: NodeRole,
+    protocol_version: str,
+    software_version: str,
+    capabilities: Collection[str],
+    hardware: Mapping[str, Any],
+    pool: str | None,
+    now: datetime,
+    initial_state: NodeState = NodeState.PENDING,
+) -> Node:
+    """Create the node, or refresh the reports of an already registered one.
+
+    Re-registering never changes a node's state, role or trust: an ejected or banned node stays
+    ejected or banned. Raises :class:`ValueError` if ``node_id`` is registered with another key.
+    """
+    node = session.get(Node, node_id, with_for_update=True)
+    if node is None:
+        node = Node(
+            id=node_id,
+            public_key=public_key,
+            role=role,
+            state=initial_state,
+            trust=0.0,
+            accepted_streak=0,
+            protocol_version=protocol_version,
+            software_version=software_version,
+            capabilities=sorted(capabilities),
+            hardware=dict(hardware),
+            pool=pool,
+            registered_at=now,
+            last_heartbeat_at=now,
+            state_changed_at=now,
+        )
+        session.add(node)
+        session.flush()
+        return node
+    if node.public_key != public_key:
+        raise ValueError(f"node {node_id} is registered with a different public key")
+    node.protocol_version = protocol_version
+    node.software_version = software_version
+    node.capabilities = sorted(capabilities)
+    node.hardware = dict(hardware)
+    node.pool = pool
+    session.flush()
+    return node
+
+
+def get_node(session: Session, node_id: str) -> Node | None:
+    """The node with ``node_id``, if registered."""
+    return session.get(Node, node_id)
+
+
+def list_nodes(
+    session: Session, *, role: NodeRole | None = None, state: NodeState | None = None
+) -> list[Node]:
+    """Nodes, optionally filtered by role and state, ordered by id."""
+    query = select(Node).order_by(Node.id)
+    if role is not None:
+        query = query.where(Node.role == role)
+    if state is not None:
+        query = query.where(Node.state == state)
+    return list(session.scalars(query))
+
+
+def record_heartbeat(session: Session, node_id: str, *, now: datetime) -> bool:
+    """Record a heartbeat and make the node active — unless it is ejected, banned or gone.
+
+    One conditional UPDATE, so a heartbeat racing an operator's ban can never revive the node.
+    Returns whether the node was in a revivable state (False: unknown or terminal node).
+    """
+    result = session.execute(
+        update(Node)
+        .where(Node.id == node_id, Node.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)))
+        .values(
+            last_heartbeat_at=now,
+            state=NodeState.ACTIVE,
+            state_changed_at=case(
+                (Node.state == NodeState.ACTIVE, Node.state_changed_at), else_=now
+            ),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(result) == 1
+
+
+def set_node_state(
+    session: Session,
+    node_id: str,
+    state: NodeState,
+    *,
+    now: datetime,
+    from_states: Collection[NodeState] | None = None,
+) -> bool:
+    """Move a node to ``state`` (only from ``from_states`` when given); returns whether it moved."""
+    query = update(Node).where(Node.id == node_id)
+    if from_states is not None:
+        query = query.where(Node.state.in_(sorted(from_states)))
+    result = session.execute(
+        query.values(state=state, state_changed_at=now).execution_options(synchronize_session=False)
+    )
+    return _rowcount(result) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class StaleNodes:
+    """Node ids moved by :func:`mark_stale_nodes`."""
+
+    suspect: list[str]
+    offline: list[str]
+
+
+def mark_stale_nodes(
+    session: Session, *, suspect_before: datetime, offline_before: datetime, now: datetime
+) -> StaleNodes:
+    """Active nodes silent since ``suspect_before`` become suspect; active or suspect nodes
+    silent since ``offline_before`` go offline (the caller then requeues their leases)."""
+    offline = session.scalars(
+        update(Node)
+        .where(
+            Node.state.in_([NodeState.ACTIVE, NodeState.SUSPECT]),
+            Node.last_heartbeat_at < offline_before,
+        )
+        .values(state=NodeState.OFFLINE, state_changed_at=now)
+        .returning(Node.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    suspect = session.scalars(
+        update(Node)
+        .where(Node.state == NodeState.ACTIVE, Node.last_heartbeat_at < suspect_before)
+        .values(state=NodeState.SUSPECT, state_changed_at=now)
+        .returning(Node.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return StaleNodes(suspect=sorted(suspect), offline=sorted(offline))
+
+
+def set_trust(session: Session, node_id: str, *, trust: float, accepted_streak: int) -> bool:
+    """Store a node's trust (in [0, 1]) and accepted streak; returns whether the node exists."""
+    if not 0.0 <= trust <= 1.0:
+        raise ValueError(f"trust must be in [0, 1], got {trust}")
+    result = session.execute(
+        update(Node)
+        .where(Node.id == node_id)
+        .values(trust=trust, accepted_streak=accepted_streak)
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(result) == 1
+
+
+def _rowcount(result: Any) -> int:
+    count: int = result.rowcount
+    return count

@@ -1,0 +1,350 @@
+"""Task repository: queueing, atomic leasing with fencing tokens, submission and requeueing.
+
+Leasing is one transaction that cannot hand the same task to two callers: on PostgreSQL the
+candidate row is taken with ``SELECT … FOR UPDATE SKIP LOCKED`` (concurrent replicas skip each
+other's candidates instead of waiting), then updated in the same transaction; on SQLite every
+transaction holds the single write lock from ``BEGIN IMMEDIATE``.
+
+``attempt`` counts the leases granted; a lease's fencing token equals the attempt that created it,
+so a worker whose lease expired and was re-granted holds a stale token and its late submit is
+refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.enums import TaskState
+from rollnet.ledger.leases import LeaseOutcome, new_lease_id
+from rollnet.ledger.models import Node, Task
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to enqueue."""
+
+    task_id: str
+    environment: str
+    checkpoint_step: int
+    prompt_ids: Sequence[str]
+    seed: int
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedTask:
+    """A task handed to a worker, with its lease."""
+
+    task_id: str
+    environment: str
+    checkpoint_step: int
+    prompt_ids: list[str]
+    seed: int
+    sampling: dict[str, Any]
+    lease_id: str
+    fencing_token: int
+    lease_deadline: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueResult:
+    """Tasks whose leases were taken back: requeued, or failed after the attempt cap."""
+
+    requeued: list[str]
+    failed: list[str]
+
+
+def enqueue_tasks(session: Session, tasks: Sequence[NewTask], *, now: datetime) -> None:
+    """Queue ``tasks`` (one multi-row insert)."""
+    if not tasks:
+        return
+    session.execute(
+        _TASKS.insert(),
+        [
+            {
+                "id": task.task_id,
+                "environment": task.environment,
+                "checkpoint_step": task.checkpoint_step,
+                "prompt_ids": list(task.prompt_ids),
+                "seed": task.seed,
+                "sampling": dict(task.sampling),
+                "state": TaskState.QUEUED,
+                "attempt": 0,
+                "fencing_token": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for task in tasks
+        ],
+    )
+
+
+def get_task(session: Session, task_id: str) -> Task | None:
+    """The task with ``task_id``, if any."""
+    return session.get(Task, task_id)
+
+
+def lease_next_task(
+    session: Session,
+    *,
+    node_id: str,
+    now: datetime,
+    lease_duration: timedelta,
+    environments: Collection[str] | None = None,
+    min_checkpoint_step: int | None = None,
+    max_leases_per_node: int | None = None,
+) -> LeasedTask | None:
+    """Lease the oldest queued task matching the filters to ``node_id``, atomically.
+
+    Returns ``None`` when nothing matches or the node already holds ``max_leases_per_node``
+    leases. The node's row is locked first so its cap holds across concurrent replicas.
+    """
+    if max_leases_per_node is not None:
+        session.execute(select(Node.id).where(Node.id == node_id).with_for_update())
+        held = session.scalar(
+            select(func.count())
+            .select_from(Task)
+            .where(Task.lease_holder == node_id, Task.state == TaskState.LEASED)
+        )
+        if (held or 0) >= max_leases_per_node:
+            return None
+    candidate = select(Task.id).where(Task.state == TaskState.QUEUED)
+    if environments is not None:
+        candidate = candidate.where(Task.environment.in_(sorted(environments)))
+    if min_checkpoint_step is not None:
+        candidate = candidate.where(Task.checkpoint_step >= min_checkpoint_step)
+    task_id = session.scalar(
+        candidate.order_by(Task.created_at, Task.id).limit(1).with_for_update(skip_locked=True)
+    )
+    if task_id is None:
+        return None
+    lease_id = new_lease_id()
+    deadline = now + lease_duration
+    row = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.state == TaskState.QUEUED)
+        .values(
+            state=TaskState.LEASED,
+            attempt=Task.attempt + 1,
+            fencing_token=Task.attempt + 1,
+            lease_id=lease_id,
+            lease_holder=node_id,
+            lease_deadline=deadline,
+            updated_at=now,
+        )
+        .returning(
+            Task.id,
+            Task.environment,
+            Task.checkpoint_step,
+            Task.prompt_ids,
+            Task.seed,
+            Task.sampling,
+            Task.fencing_token,
+        )
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if row is None:  # pragma: no cover - the row is locked (PostgreSQL) or we are the writer
+        return None
+    return LeasedTask(
+        task_id=row.id,
+        environment=row.environment,
+        checkpoint_step=row.checkpoint_step,
+        prompt_ids=list(row.prompt_ids),
+        seed=row.seed,
+        sampling=dict(row.sampling),
+        lease_id=lease_id,
+        fencing_token=row.fencing_token,
+        lease_deadline=deadline,
+    )
+
+
+def _lease_matches(lease_id: str, fencing_token: int, node_id: str) -> Any:
+    return (
+        (Task.lease_id == lease_id)
+        & (Task.fencing_token == fencing_token)
+        & (Task.lease_holder == node_id)
+    )
+
+
+def submit_task(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> LeaseOutcome:
+    """Move a leased task to SUBMITTED if the caller holds its current, unexpired lease.
+
+    One conditional UPDATE decides; on refusal the task is read to say why.
+    """
+    result = session.execute(
+        update(Task)
+        .where(
+            Task.id == task_id,
+            Task.state == TaskState.LEASED,
+            _lease_matches(lease_id, fencing_token, node_id),
+            Task.lease_deadline > now,
+        )
+        .values(state=TaskState.SUBMITTED, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return LeaseOutcome.OK
+    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+
+
+def _refusal(
+    session: Session,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> LeaseOutcome:
+    task = session.get(Task, task_id, populate_existing=True)
+    if task is None:
+        return LeaseOutcome.UNKNOWN
+    if task.lease_id != lease_id or task.fencing_token != fencing_token:
+        return LeaseOutcome.STALE_LEASE
+    if task.lease_holder != node_id:
+        return LeaseOutcome.WRONG_HOLDER
+    if task.state in (
+        TaskState.SUBMITTED,
+        TaskState.VALIDATING,
+        TaskState.ACCEPTED,
+        TaskState.REJECTED,
+    ):
+        return LeaseOutcome.ALREADY_SUBMITTED
+    if task.state is not TaskState.LEASED:
+        return LeaseOutcome.NOT_LEASED
+    if task.lease_deadline is not None and task.lease_deadline <= now:
+        return LeaseOutcome.LEASE_EXPIRED
+    return LeaseOutcome.NOT_LEASED  # pragma: no cover - the UPDATE would have matched
+
+
+def extend_lease(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+    lease_duration: timedelta,
+) -> LeaseOutcome:
+    """Push the deadline of a current, unexpired lease to ``now + lease_duration``."""
+    result = session.execute(
+        update(Task)
+        .where(
+            Task.id == task_id,
+            Task.state == TaskState.LEASED,
+            _lease_matches(lease_id, fencing_token, node_id),
+            Task.lease_deadline > now,
+        )
+        .values(lease_deadline=now + lease_duration, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return LeaseOutcome.OK
+    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+
+
+def give_back_task(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+    max_attempts: int,
+) -> LeaseOutcome:
+    """The holder gives its lease back (FailTask): requeue, or fail once ``max_attempts`` used."""
+    result = session.execute(
+        update(Task)
+        .where(
+            Task.id == task_id,
+            Task.state == TaskState.LEASED,
+            _lease_matches(lease_id, fencing_token, node_id),
+        )
+        .values(state=_requeue_state(max_attempts), updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return LeaseOutcome.OK
+    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+
+
+def _requeue_state(max_attempts: int) -> Any:
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    return case(
+        (Task.attempt >= max_attempts, TaskState.FAILED.value), else_=TaskState.QUEUED.value
+    )
+
+
+def requeue_expired_leases(session: Session, *, now: datetime, max_attempts: int) -> RequeueResult:
+    """Take back every lease whose deadline has passed: requeue, or fail after the cap."""
+    return _requeue_where(session, Task.lease_deadline <= now, now=now, max_attempts=max_attempts)
+
+
+def requeue_leases_of_node(
+    session: Session, node_id: str, *, now: datetime, max_attempts: int
+) -> RequeueResult:
+    """Take back every lease ``node_id`` holds (it went offline or was ejected)."""
+    return _requeue_where(session, Task.lease_holder == node_id, now=now, max_attempts=max_attempts)
+
+
+def _requeue_where(
+    session: Session, condition: Any, *, now: datetime, max_attempts: int
+) -> RequeueResult:
+    rows = session.execute(
+        update(Task)
+        .where(Task.state == TaskState.LEASED, condition)
+        .values(state=_requeue_state(max_attempts), updated_at=now)
+        .returning(Task.id, Task.state)
+        .execution_options(synchronize_session=False)
+    ).all()
+    requeued = sorted(row.id for row in rows if row.state is TaskState.QUEUED)
+    failed = sorted(row.id for row in rows if row.state is TaskState.FAILED)
+    return RequeueResult(requeued=requeued, failed=failed)
+
+
+def transition_task(
+    session: Session,
+    task_id: str,
+    *,
+    from_state: TaskState,
+    to_state: TaskState,
+    now: datetime,
+) -> bool:
+    """Move a task from ``from_state`` to ``to_state`` (e.g. submitted → validating → accepted).
+
+    Conditional: returns False, changing nothing, if the task is not in ``from_state``.
+    """
+    if to_state in (TaskState.QUEUED, TaskState.LEASED):
+        raise ValueError("use lease_next_task / requeue functions to (re)lease tasks")
+    result = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.state == from_state)
+        .values(state=to_state, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def count_tasks_by_state(session: Session) -> dict[TaskState, int]:
+    """How many tasks are in each state (states with none are omitted)."""
+    rows = session.execute(select(Task.state, func.count()).group_by(Task.state))
+    return {TaskState(state): int(count) for state, count in rows}
+
+
+_TASKS = Task.metadata.tables[Task.__tablename__]

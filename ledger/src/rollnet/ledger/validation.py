@@ -1,0 +1,187 @@
+"""Validation jobs and verdicts.
+
+A validation job is leased to a validator exactly like a task is leased to a worker
+(``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the single writer on SQLite; fencing token = attempt).
+A verdict is stored in the same transaction that completes the job, and only by the holder of
+the job's current, unexpired lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.enums import ValidationJobState
+from rollnet.ledger.leases import LeaseOutcome, new_lease_id
+from rollnet.ledger.models import ValidationJob, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedValidationJob:
+    """A validation job handed to a validator, with its lease."""
+
+    job_id: str
+    commitment_id: str
+    lease_id: str
+    fencing_token: int
+    lease_deadline: datetime
+
+
+def enqueue_validation_job(
+    session: Session, *, job_id: str, commitment_id: str, now: datetime
+) -> ValidationJob:
+    """Queue the validation of ``commitment_id`` (one job per commitment)."""
+    job = ValidationJob(
+        id=job_id,
+        commitment_id=commitment_id,
+        state=ValidationJobState.QUEUED,
+        attempt=0,
+        fencing_token=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def lease_next_validation_job(
+    session: Session, *, node_id: str, now: datetime, lease_duration: timedelta
+) -> LeasedValidationJob | None:
+    """Lease the oldest queued validation job to validator ``node_id``, atomically."""
+    job_id = session.scalar(
+        select(ValidationJob.id)
+        .where(ValidationJob.state == ValidationJobState.QUEUED)
+        .order_by(ValidationJob.created_at, ValidationJob.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if job_id is None:
+        return None
+    lease_id = new_lease_id()
+    deadline = now + lease_duration
+    row = session.execute(
+        update(ValidationJob)
+        .where(ValidationJob.id == job_id, ValidationJob.state == ValidationJobState.QUEUED)
+        .values(
+            state=ValidationJobState.LEASED,
+            attempt=ValidationJob.attempt + 1,
+            fencing_token=ValidationJob.attempt + 1,
+            lease_id=lease_id,
+            lease_holder=node_id,
+            lease_deadline=deadline,
+            updated_at=now,
+        )
+        .returning(ValidationJob.commitment_id, ValidationJob.fencing_token)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if row is None:  # pragma: no cover - the row is locked (PostgreSQL) or we are the writer
+        return None
+    return LeasedValidationJob(
+        job_id=job_id,
+        commitment_id=row.commitment_id,
+        lease_id=lease_id,
+        fencing_token=row.fencing_token,
+        lease_deadline=deadline,
+    )
+
+
+def submit_verdict(
+    session: Session,
+    *,
+    job_id: str,
+    lease_id: str,
+    fencing_token: int,
+    validator_id: str,
+    verdict_id: str,
+    accepted: bool,
+    reasons: Sequence[str],
+    check_figures: Mapping[str, Any],
+    awarded_work: int,
+    now: datetime,
+) -> LeaseOutcome:
+    """Complete a leased job and store its verdict, if the caller holds the current lease."""
+    commitment_id = session.execute(
+        update(ValidationJob)
+        .where(
+            ValidationJob.id == job_id,
+            ValidationJob.state == ValidationJobState.LEASED,
+            ValidationJob.lease_id == lease_id,
+            ValidationJob.fencing_token == fencing_token,
+            ValidationJob.lease_holder == validator_id,
+            ValidationJob.lease_deadline > now,
+        )
+        .values(state=ValidationJobState.DONE, updated_at=now)
+        .returning(ValidationJob.commitment_id)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    if commitment_id is None:
+        return _refusal(session, job_id, lease_id, fencing_token, validator_id, now)
+    session.add(
+        Verdict(
+            id=verdict_id,
+            validation_job_id=job_id,
+            commitment_id=commitment_id,
+            validator_id=validator_id,
+            accepted=accepted,
+            reasons=list(reasons),
+            check_figures=dict(check_figures),
+            awarded_work=awarded_work,
+            decided_at=now,
+        )
+    )
+    session.flush()
+    return LeaseOutcome.OK
+
+
+def _refusal(
+    session: Session,
+    job_id: str,
+    lease_id: str,
+    fencing_token: int,
+    validator_id: str,
+    now: datetime,
+) -> LeaseOutcome:
+    job = session.get(ValidationJob, job_id, populate_existing=True)
+    if job is None:
+        return LeaseOutcome.UNKNOWN
+    if job.lease_id != lease_id or job.fencing_token != fencing_token:
+        return LeaseOutcome.STALE_LEASE
+    if job.lease_holder != validator_id:
+        return LeaseOutcome.WRONG_HOLDER
+    if job.state is ValidationJobState.DONE:
+        return LeaseOutcome.ALREADY_SUBMITTED
+    if job.state is not ValidationJobState.LEASED:
+        return LeaseOutcome.NOT_LEASED
+    return LeaseOutcome.LEASE_EXPIRED
+
+
+def requeue_expired_validation_jobs(session: Session, *, now: datetime) -> list[str]:
+    """Requeue validation jobs whose lease deadline has passed; returns their ids.
+
+    Validators are allow-listed, so there is no attempt cap: a job is retried until some
+    validator finishes it.
+    """
+    ids = session.scalars(
+        update(ValidationJob)
+        .where(
+            ValidationJob.state == ValidationJobState.LEASED,
+            ValidationJob.lease_deadline <= now,
+        )
+        .values(state=ValidationJobState.QUEUED, updated_at=now)
+        .returning(ValidationJob.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return sorted(ids)
+
+
+def get_verdict_for_commitment(session: Session, commitment_id: str) -> Verdict | None:
+    """The verdict on ``commitment_id``, if one was submitted."""
+    return session.scalars(
+        select(Verdict).where(Verdict.commitment_id == commitment_id).limit(1)
+    ).one_or_none()

@@ -1,0 +1,121 @@
+"""Shared fixtures for the whole test suite.
+
+Database fixtures (stable names; other areas reuse them):
+
+``postgres_server_url`` (session)
+    ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``, the maintenance database, after
+    checking the server answers. If it does not, tests that need PostgreSQL are *skipped* with the
+    reason — unless the ``CI`` environment variable is set, in which case they *fail*: CI must
+    never silently lose the PostgreSQL half of the suite.
+``postgres_url`` (session)
+    A database created for this test session with a unique name (``rollnet_test_<hex>``), empty,
+    dropped (``WITH (FORCE)``) when the session ends.
+``sqlite_url`` (function)
+    ``sqlite+pysqlite:///<tmp_path>/rollnet.db`` (the file does not exist yet).
+``db_url`` (function, parametrized with ids ``sqlite`` and ``postgres``)
+    A fresh, empty database for one test: the SQLite file above, or a new PostgreSQL database
+    (``<session database>_<n>``) dropped after the test. The ``postgres`` case carries the
+    ``postgres`` marker (``-m "not postgres"`` deselects it).
+``migrated_engine`` (function)
+    A :func:`rollnet.ledger.create_engine` engine on ``db_url`` with ``upgrade_to_head`` applied,
+    disposed after the test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import Engine
+
+POSTGRES_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
+_LIBPQ_SERVER = "postgresql://postgres@127.0.0.1:5432"
+_database_counter = itertools.count(1)
+
+
+def _create_database(name: str) -> None:
+    with psycopg.connect(f"{_LIBPQ_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def _drop_database(name: str) -> None:
+    with psycopg.connect(f"{_LIBPQ_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """URL of the PostgreSQL maintenance database (skip, or fail under CI, if unreachable)."""
+    try:
+        with psycopg.connect(f"{_LIBPQ_SERVER}/postgres", connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        message = f"PostgreSQL on 127.0.0.1:5432 is unreachable: {exc}".strip()
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI is set: PostgreSQL tests must run)")
+        pytest.skip(message)
+    return f"{POSTGRES_SERVER}/postgres"
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A uniquely named PostgreSQL database for this session, dropped at the end."""
+    name = f"rollnet_test_{uuid.uuid4().hex[:12]}"
+    _create_database(name)
+    try:
+        yield f"{POSTGRES_SERVER}/{name}"
+    finally:
+        _drop_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a SQLite database file in the test's temporary directory."""
+    return f"sqlite+pysqlite:///{tmp_path / 'rollnet.db'}"
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_url: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"{postgres_url.rsplit('/', 1)[1]}_{next(_database_counter)}"
+    _create_database(name)
+    try:
+        yield f"{POSTGRES_SERVER}/{name}"
+    finally:
+        _drop_database(name)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database for one test, on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        url: str = request.getfixturevalue("sqlite_url")
+    else:
+        url = request.getfixturevalue("fresh_postgres_url")
+    return url
+
+
+@pytest.fixture
+def migrated_engine(db_url: str) -> Iterator[Engine]:
+    """An engine on ``db_url`` with the schema migrated to head."""
+    from rollnet.ledger import create_engine, upgrade_to_head
+
+    engine = create_engine(db_url)
+    upgrade_to_head(engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
