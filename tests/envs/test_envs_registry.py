@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from rollnet.reference.envs import (
     EnvironmentConfigError,
     EnvironmentRegistryError,
     MathEnvironment,
+    SeededEnvironment,
     UnknownEnvironmentError,
     available_environments,
     load_environment,
@@ -175,3 +177,24 @@ def test_ambiguous_names_are_refused(plugin_path: Path) -> None:
     _install_distribution(plugin_path, "rollnet-test-third-envs", {"echo": "elsewhere:Echo"})
     with pytest.raises(EnvironmentRegistryError, match="several entry points"):
         load_environment("echo", {})
+
+
+def test_documented_example_environment_works() -> None:
+    # The example in docs/environments.md is what third-party authors copy: it must run.
+    guide = Path(__file__).parents[2] / "docs" / "environments.md"
+    section = guide.read_text(encoding="utf-8").split("## Writing and registering", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(guide), "exec"), namespace)
+    environment = namespace["ReverseEnvironment"]({"word_length": 4, "target_lengths": [6]})
+    assert isinstance(environment, SeededEnvironment)
+    problem = environment.prompt(3)
+    assert (
+        problem.prompt
+        == f"reverse {problem.source_id}: Think for 6 tokens before giving a response."
+    )
+    assert problem.answer == problem.source_id[::-1]
+    assert environment.reward(problem, problem.answer + "\n", 6).total == 1.0
+    assert environment.reward(problem, "zzzz", 6).total == 0.0
+    with pytest.raises(EnvironmentConfigError, match="'word_length'"):
+        namespace["ReverseEnvironment"]({"word_length": 13})

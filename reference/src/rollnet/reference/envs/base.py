@@ -175,7 +175,8 @@ class SeededEnvironment(Environment):
 
     Subclasses set :attr:`name`, read their own keys in :meth:`configure`, and implement
     :meth:`make_question` and :meth:`task_reward`. Common configuration keys: ``seed`` (integer in
-    ``[0, 2**53)``, default 0) plus those of :class:`LengthControl`.
+    ``[0, 2**53)``, default 0) plus those of :class:`LengthControl`. Subclasses must not reuse the
+    attribute names ``seed``, ``length_control`` and ``_config``.
     """
 
     #: Default ``length_template``; subclasses may override it.
@@ -184,7 +185,7 @@ class SeededEnvironment(Environment):
     def __init__(self, config: Mapping[str, Any]) -> None:
         reader = ConfigReader(self.name, config)
         self.seed = reader.integer("seed", 0, minimum=0, maximum=MAX_SAFE_INTEGER)
-        self.length = LengthControl.from_config(reader, self.default_length_template)
+        self.length_control = LengthControl.from_config(reader, self.default_length_template)
         self.configure(reader)
         self._config = reader.finish()
 
@@ -210,7 +211,7 @@ class SeededEnvironment(Environment):
     @property
     def target_lengths(self) -> tuple[int, ...]:
         """The configured ``target_lengths``."""
-        return self.length.targets
+        return self.length_control.targets
 
     def draws(self, prompt_id: int, label: str) -> DrawStream:
         """The deterministic draw stream of ``prompt_id`` for purpose ``label``."""
@@ -227,8 +228,8 @@ class SeededEnvironment(Environment):
                 f"environment {self.name!r}: prompt id {prompt_id} is outside [0, {upper}]"
             )
         question = self.make_question(prompt_id)
-        target = self.length.draw(self.name, self.seed, prompt_id)
-        text = question.text if target is None else self.length.state(question.text, target)
+        target = self.length_control.draw(self.name, self.seed, prompt_id)
+        text = question.text if target is None else self.length_control.state(question.text, target)
         return Problem(
             prompt_id=prompt_id,
             prompt=text,
@@ -260,5 +261,5 @@ class SeededEnvironment(Environment):
         task = self.task_reward(problem, completion_text)
         if not isinstance(task, float) or not math.isfinite(task):
             raise TypeError(f"task_reward must return a finite float, got {task!r}")
-        penalty = self.length.penalty(completion_token_count, target)
+        penalty = self.length_control.penalty(completion_token_count, target)
         return RewardBreakdown(task_reward=task, length_penalty=penalty, total=task - penalty)
