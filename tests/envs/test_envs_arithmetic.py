@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rollnet.reference.envs import LEVELS, ArithmeticEnvironment, load_environment
@@ -119,6 +120,14 @@ def test_reward_without_length_control() -> None:
 def test_prompt_ids_out_of_range_are_refused(prompt_id: int) -> None:
     with pytest.raises(ValueError, match="outside"):
         ArithmeticEnvironment({}).prompt(prompt_id)
+
+
+def test_numpy_prompt_ids_give_the_same_problem() -> None:
+    environment = ArithmeticEnvironment({"level": 3})
+    problem = environment.prompt(np.uint64(2**64 - 1))  # type: ignore[arg-type]
+    assert problem == environment.prompt(2**64 - 1)
+    assert type(problem.prompt_id) is int
+    assert environment.reward(problem, problem.answer, np.int64(4)).total == 1.0  # type: ignore[arg-type]
 
 
 def test_prompt_ids_must_be_ints() -> None:

@@ -198,3 +198,18 @@ def test_documented_example_environment_works() -> None:
     assert environment.reward(problem, "zzzz", 6).total == 0.0
     with pytest.raises(EnvironmentConfigError, match="'word_length'"):
         namespace["ReverseEnvironment"]({"word_length": 13})
+
+
+def test_public_exports_are_snapshotted() -> None:
+    # Third-party environments import these names; removing or renaming one breaks them.
+    import rollnet.reference.envs as envs
+
+    assert sorted(envs.__all__) == [
+        "ArithmeticEnvironment", "ConfigReader", "DEFAULT_LENGTH_PENALTY", "DatasetError",
+        "DrawStream", "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError",
+        "EnvironmentRegistryError", "LEVELS", "LengthControl", "MAX_PROMPT_ID", "MathEnvironment",
+        "Problem", "Question", "RewardBreakdown", "SeededEnvironment", "UnknownEnvironmentError",
+        "available_environments", "canonical_json", "config_digest", "load_environment",
+        "score_integer_answer",
+    ]  # fmt: skip
+    assert all(hasattr(envs, name) for name in envs.__all__)

@@ -9,11 +9,12 @@ contract; this module implements it.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 from rollnet.reference.envs.config import MAX_SAFE_INTEGER, ConfigReader, config_digest
 from rollnet.reference.envs.draws import MAX_PROMPT_ID, DrawStream
@@ -218,9 +219,8 @@ class SeededEnvironment(Environment):
         return DrawStream(self.name, self.seed, prompt_id, label)
 
     def prompt(self, prompt_id: int) -> Problem:
-        """Rebuild the problem for ``prompt_id``."""
-        if isinstance(prompt_id, bool) or not isinstance(prompt_id, int):
-            raise TypeError(f"prompt id must be an int, got {type(prompt_id).__name__}")
+        """Rebuild the problem for ``prompt_id`` (any integer type, e.g. ``numpy.uint64``)."""
+        prompt_id = _as_index("prompt id", prompt_id)
         bound = self.num_prompts
         upper = MAX_PROMPT_ID if bound is None else bound - 1
         if not 0 <= prompt_id <= upper:
@@ -246,8 +246,7 @@ class SeededEnvironment(Environment):
         Raises :class:`ValueError` when ``problem`` is not exactly
         ``self.prompt(problem.prompt_id)`` (another configuration, or an edited target or answer).
         """
-        if isinstance(completion_token_count, bool) or not isinstance(completion_token_count, int):
-            raise TypeError("completion_token_count must be an int")
+        completion_token_count = _as_index("completion_token_count", completion_token_count)
         if not 0 <= completion_token_count <= MAX_SAFE_INTEGER:
             raise ValueError(f"completion_token_count {completion_token_count} is out of range")
         # Score only problems this environment would build itself: a problem from another
@@ -263,3 +262,10 @@ class SeededEnvironment(Environment):
             raise TypeError(f"task_reward must return a finite float, got {task!r}")
         penalty = self.length_control.penalty(completion_token_count, target)
         return RewardBreakdown(task_reward=task, length_penalty=penalty, total=task - penalty)
+
+
+def _as_index(what: str, value: object) -> int:
+    """``operator.index(value)`` as a plain int; bools and floats are refused."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+    return operator.index(value)
