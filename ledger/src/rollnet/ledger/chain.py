@@ -18,7 +18,7 @@ from datetime import datetime
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger._columns import utc_now
@@ -179,15 +179,21 @@ def append_entries(
 
 
 def list_entries(
-    session: Session, *, after_sequence: int = 0, limit: int = 1000
+    session: Session,
+    *,
+    after_sequence: int = 0,
+    limit: int = 1000,
+    node_id: str | None = None,
+    kind: EntryKind | None = None,
 ) -> list[AppendedEntry]:
-    """Entries with ``sequence > after_sequence`` in order, at most ``limit`` of them."""
-    rows = session.scalars(
-        select(LedgerEntry)
-        .where(LedgerEntry.sequence > after_sequence)
-        .order_by(LedgerEntry.sequence)
-        .limit(limit)
-    )
+    """Entries with ``sequence > after_sequence`` in order, at most ``limit`` of them,
+    optionally only those of one node and/or one kind."""
+    query = select(LedgerEntry).where(LedgerEntry.sequence > after_sequence)
+    if node_id is not None:
+        query = query.where(LedgerEntry.node_id == node_id)
+    if kind is not None:
+        query = query.where(LedgerEntry.kind == kind)
+    rows = session.scalars(query.order_by(LedgerEntry.sequence).limit(limit))
     return [_appended(row) for row in rows]
 
 
@@ -287,3 +293,32 @@ def balance(session: Session, node_id: str) -> int:
         select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(LedgerEntry.node_id == node_id)
     )
     return int(total or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTotals:
+    """A node's ledger totals."""
+
+    balance: int
+    credited: int
+    slashed: int
+    entry_count: int
+
+
+def node_totals(session: Session, node_id: str) -> NodeTotals:
+    """Balance, credits, slashes (as a positive number) and entry count of ``node_id``."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(LedgerEntry.amount), 0),
+            func.coalesce(
+                func.sum(case((LedgerEntry.kind == EntryKind.CREDIT, LedgerEntry.amount), else_=0)),
+                0,
+            ),
+            func.coalesce(
+                func.sum(case((LedgerEntry.kind == EntryKind.SLASH, -LedgerEntry.amount), else_=0)),
+                0,
+            ),
+            func.count(),
+        ).where(LedgerEntry.node_id == node_id)
+    ).one()
+    return NodeTotals(int(row[0]), int(row[1]), int(row[2]), int(row[3]))

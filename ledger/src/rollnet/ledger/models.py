@@ -143,6 +143,8 @@ class Node(Base):
     registered_at: Mapped[datetime]
     last_heartbeat_at: Mapped[datetime]
     state_changed_at: Mapped[datetime]
+    #: Why the node was ejected, banned or deregistered (empty otherwise).
+    state_reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class Task(Base):

@@ -173,3 +173,32 @@ def set_trust(session: Session, node_id: str, *, trust: float, accepted_streak: 
 def _rowcount(result: Any) -> int:
     count: int = result.rowcount
     return count
+
+
+def list_nodes_page(
+    session: Session,
+    *,
+    role: NodeRole | None = None,
+    state: NodeState | None = None,
+    after_id: str | None = None,
+    limit: int = 100,
+) -> list[Node]:
+    """A page of nodes ordered by id, after ``after_id`` (keyset pagination)."""
+    query = select(Node).order_by(Node.id).limit(limit)
+    if role is not None:
+        query = query.where(Node.role == role)
+    if state is not None:
+        query = query.where(Node.state == state)
+    if after_id is not None:
+        query = query.where(Node.id > after_id)
+    return list(session.scalars(query))
+
+
+def set_state_reason(session: Session, node_id: str, reason: str) -> None:
+    """Record why a node was ejected, banned or deregistered."""
+    session.execute(
+        update(Node)
+        .where(Node.id == node_id)
+        .values(state_reason=reason[:1000])
+        .execution_options(synchronize_session=False)
+    )

@@ -348,3 +348,56 @@ def count_tasks_by_state(session: Session) -> dict[TaskState, int]:
 
 
 _TASKS = Task.metadata.tables[Task.__tablename__]
+
+
+def find_by_lease(session: Session, lease_id: str) -> Task | None:
+    """The task whose current lease id is ``lease_id``, if any."""
+    return session.scalars(select(Task).where(Task.lease_id == lease_id).limit(1)).first()
+
+
+def extend_lease_by_id(
+    session: Session,
+    *,
+    lease_id: str,
+    node_id: str,
+    now: datetime,
+    lease_duration: timedelta,
+) -> datetime | None:
+    """Extend the caller's current, unexpired task lease named ``lease_id``; the new deadline.
+
+    ``None`` when no such live lease is held by ``node_id`` (expired, re-leased, completed).
+    """
+    deadline = now + lease_duration
+    result = session.execute(
+        update(Task)
+        .where(
+            Task.lease_id == lease_id,
+            Task.lease_holder == node_id,
+            Task.state == TaskState.LEASED,
+            Task.lease_deadline > now,
+        )
+        .values(lease_deadline=deadline, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return deadline if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+
+def requeue_copy(session: Session, task_id: str, *, new_task_id: str, now: datetime) -> None:
+    """Queue a fresh task with the same prompts and settings as ``task_id`` (after a reject)."""
+    task = session.get(Task, task_id)
+    if task is None:
+        raise ValueError(f"no task {task_id}")
+    enqueue_tasks(
+        session,
+        [
+            NewTask(
+                task_id=new_task_id,
+                environment=task.environment,
+                checkpoint_step=task.checkpoint_step,
+                prompt_ids=list(task.prompt_ids),
+                seed=task.seed,
+                sampling=dict(task.sampling),
+            )
+        ],
+        now=now,
+    )

@@ -185,3 +185,63 @@ def get_verdict_for_commitment(session: Session, commitment_id: str) -> Verdict 
     return session.scalars(
         select(Verdict).where(Verdict.commitment_id == commitment_id).limit(1)
     ).one_or_none()
+
+
+def get_job(session: Session, job_id: str) -> ValidationJob | None:
+    """The validation job with ``job_id``, if any."""
+    return session.get(ValidationJob, job_id)
+
+
+def extend_validation_lease_by_id(
+    session: Session,
+    *,
+    lease_id: str,
+    node_id: str,
+    now: datetime,
+    lease_duration: timedelta,
+) -> datetime | None:
+    """Extend a validator's current, unexpired job lease; the new deadline or ``None``."""
+    deadline = now + lease_duration
+    result = session.execute(
+        update(ValidationJob)
+        .where(
+            ValidationJob.lease_id == lease_id,
+            ValidationJob.lease_holder == node_id,
+            ValidationJob.state == ValidationJobState.LEASED,
+            ValidationJob.lease_deadline > now,
+        )
+        .values(lease_deadline=deadline, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return deadline if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+
+def requeue_validation_jobs_of_node(session: Session, node_id: str, *, now: datetime) -> list[str]:
+    """Take back every job lease ``node_id`` holds (it left or went offline)."""
+    return list(
+        session.scalars(
+            update(ValidationJob)
+            .where(
+                ValidationJob.state == ValidationJobState.LEASED,
+                ValidationJob.lease_holder == node_id,
+            )
+            .values(state=ValidationJobState.QUEUED, updated_at=now)
+            .returning(ValidationJob.id)
+            .execution_options(synchronize_session=False)
+        ).all()
+    )
+
+
+def count_rejected_commitments(session: Session, node_id: str) -> int:
+    """How many of ``node_id``'s commitments a validator rejected."""
+    from sqlalchemy import func
+
+    from rollnet.ledger.models import Commitment
+
+    count = session.scalar(
+        select(func.count())
+        .select_from(Verdict)
+        .join(Commitment, Commitment.id == Verdict.commitment_id)
+        .where(Commitment.node_id == node_id, Verdict.accepted.is_(False))
+    )
+    return int(count or 0)

@@ -96,8 +96,8 @@ class Task(_message.Message):
     rollout_step: _builtins.int
     """The trainer step the rollouts are for; rollouts older than step - async_level are useless."""
     sampling_seed: _builtins.int
-    """Base of the per-rollout sampling seeds: rollout i uses the seed derived in
-    docs/verification.md from (sampling_seed, prompt index, sample index).
+    """The coordinator's seed that drew prompt_ids (for audit). Per-rollout Gumbel seeds are not
+    chosen by anyone: they derive from the lease binding (docs/verification.md).
     """
     state: Global___Task.State.ValueType
     """The lifecycle state."""

@@ -16,6 +16,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "model",
     "ledger",
     "keys",
+    "coordinator",
 )
 
 

@@ -102,6 +102,7 @@ def upgrade() -> None:
         sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_heartbeat_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("state_changed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("state_reason", sa.Text(), nullable=False),
         sa.CheckConstraint(
             "role IN ('worker', 'validator', 'trainer', 'operator')",
             name=op.f("ck_nodes_role_valid"),

@@ -1,0 +1,156 @@
+"""Publication of trainer-signed checkpoint manifests, and their discovery."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import blake3
+from google.protobuf.message import DecodeError
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import artifacts
+from rollnet.ledger.artifacts import ConflictError
+from rollnet.ledger.models import Checkpoint as CheckpointRow
+from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.nodes import Caller, timestamp
+from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.identity import verify_signature
+from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
+
+CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
+
+
+def checkpoint_to_proto(row: CheckpointRow) -> checkpoint_pb2.Checkpoint:
+    """The wire form of a stored checkpoint."""
+    return checkpoint_pb2.Checkpoint(
+        manifest=row.manifest,
+        signature=row.signature,
+        trainer_public_key=row.signer_public_key,
+        step=row.step,
+        published_at=timestamp(row.published_at),
+    )
+
+
+def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str) -> None:
+    v = Violations()
+    v.require(manifest.network_id == network_id, "manifest.network_id", f"must be {network_id!r}")
+    v.require(len(manifest.files) > 0, "manifest.files", "must not be empty")
+    seen: set[str] = set()
+    for i, item in enumerate(manifest.files):
+        path = item.path
+        v.require(
+            bool(path)
+            and not path.startswith("/")
+            and ".." not in path.split("/")
+            and "\\" not in path
+            and path not in seen,
+            f"manifest.files[{i}].path",
+            "must be a unique relative '/'-separated path without '..'",
+        )
+        seen.add(path)
+        v.require(len(item.content.blake3) == 32, f"manifest.files[{i}].content.blake3", "32 bytes")
+        v.require(
+            sum(s.size for s in item.shards) == item.content.size,
+            f"manifest.files[{i}].shards",
+            "shard sizes must add up to the file size",
+        )
+        for j, shard in enumerate(item.shards):
+            v.require(
+                len(shard.blake3) == 32, f"manifest.files[{i}].shards[{j}].blake3", "32 bytes"
+            )
+    v.raise_if_any()
+
+
+class CheckpointDesk:
+    """PublishCheckpoint, GetLatestCheckpoint, GetCheckpoint, WatchCheckpoints."""
+
+    def __init__(self, ctx: CoordinatorContext) -> None:
+        self.ctx = ctx
+
+    async def publish(
+        self, caller: Caller, request: checkpoint_service_pb2.PublishCheckpointRequest
+    ) -> checkpoint_service_pb2.PublishCheckpointResponse:
+        """Verify the trainer's signature and shards, then record the manifest."""
+        try:
+            manifest = checkpoint_pb2.CheckpointManifest.FromString(request.manifest)
+        except DecodeError as error:
+            raise Refusal(
+                ErrorReason.INVALID_FIELDS, f"manifest: not a CheckpointManifest: {error}"
+            ) from error
+        _check_manifest(manifest, self.ctx.config.network_id)
+        if not verify_signature(
+            caller.public_key, request.signature, CHECKPOINT_DOMAIN + request.manifest
+        ):
+            raise Refusal(
+                ErrorReason.CHECKPOINT_SIGNATURE_INVALID,
+                "signature does not verify over 'rollnet-checkpoint-v1\\n' || manifest",
+            )
+        for item in manifest.files:
+            for shard in item.shards:
+                if not self.ctx.blobs.exists(shard.blake3):
+                    raise Refusal(
+                        ErrorReason.CHECKPOINT_SHARD_MISSING,
+                        f"shard {shard.blake3.hex()} of {item.path} is not uploaded",
+                    )
+        now = self.ctx.clock()
+        manifest_hash = blake3.blake3(request.manifest).hexdigest()
+
+        def work(session: Session) -> checkpoint_pb2.Checkpoint:
+            latest = artifacts.latest_checkpoint(session)
+            if latest is not None and manifest.step <= latest.step:
+                if latest.step == manifest.step and latest.manifest_hash == manifest_hash:
+                    return checkpoint_to_proto(latest)
+                raise Refusal(
+                    ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC,
+                    f"step {manifest.step} is not after the latest published step {latest.step}",
+                )
+            try:
+                row = artifacts.record_checkpoint(
+                    session,
+                    step=manifest.step,
+                    manifest=request.manifest,
+                    manifest_hash=manifest_hash,
+                    signature=request.signature,
+                    signer_public_key=caller.public_key,
+                    publisher_id=caller.node_id,
+                    now=now,
+                )
+            except ConflictError as error:
+                raise Refusal(ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC, str(error)) from error
+            return checkpoint_to_proto(row)
+
+        checkpoint = await self.ctx.run_in_transaction(work)
+        self.ctx.signals.fire(self.ctx.signals.checkpoint_published)
+        return checkpoint_service_pb2.PublishCheckpointResponse(checkpoint=checkpoint)
+
+    async def latest(self) -> checkpoint_pb2.Checkpoint | None:
+        """The newest checkpoint, if any."""
+
+        def work(session: Session) -> checkpoint_pb2.Checkpoint | None:
+            row = artifacts.latest_checkpoint(session)
+            return None if row is None else checkpoint_to_proto(row)
+
+        return await self.ctx.run_in_transaction(work)
+
+    async def get(self, step: int) -> checkpoint_pb2.Checkpoint:
+        """The checkpoint of ``step``."""
+
+        def work(session: Session) -> checkpoint_pb2.Checkpoint:
+            row = artifacts.get_checkpoint(session, step)
+            if row is None:
+                raise Refusal(ErrorReason.CHECKPOINT_NOT_FOUND, f"no checkpoint at step {step}")
+            return checkpoint_to_proto(row)
+
+        return await self.ctx.run_in_transaction(work)
+
+    async def watch(self, after_step: int) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
+        """Yield each checkpoint newer than ``after_step`` as it is published, forever."""
+        last = after_step
+        while True:
+            latest = await self.latest()
+            if latest is not None and latest.step > last:
+                last = latest.step
+                yield latest
+                continue
+            await wait_for(self.ctx.signals.checkpoint_published, 1.0)

@@ -1,0 +1,297 @@
+"""Coordinator configuration: one table of options, read from TOML, then env, then flags.
+
+Every option is declared once in :data:`OPTIONS` with its TOML key, its command-line flag, its
+environment variable and its help text, so ``rollnet coordinator --help`` documents every option
+and precedence is the same for all of them: flag > environment > TOML file > default.
+Allow-lists, pools and invite tokens are structured and live in the TOML file only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "ROLLNET_COORDINATOR_"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """A pool nodes may join. Invite-only pools need one of their tokens at registration."""
+
+    invite_tokens: frozenset[str] = frozenset()
+
+    @property
+    def invite_only(self) -> bool:
+        """Whether registration needs an invite token."""
+        return bool(self.invite_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Everything the coordinator reads at start-up. Durations are timedeltas."""
+
+    data_dir: Path
+    database_url: str | None = None
+    listen: str = "127.0.0.1:7070"
+    metrics_listen: str = ""
+    network_id: str = "rollnet-local"
+    key_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    heartbeat_interval: timedelta = timedelta(seconds=10)
+    heartbeat_interval_min: timedelta = timedelta(seconds=1)
+    heartbeat_interval_max: timedelta = timedelta(seconds=120)
+    suspect_after_missed: float = 2.0
+    offline_after_missed: float = 4.0
+    lease_duration: timedelta = timedelta(seconds=120)
+    max_attempts: int = 3
+    max_leases_per_node: int = 4
+    pull_wait_max: timedelta = timedelta(seconds=20)
+    retry_after: timedelta = timedelta(seconds=2)
+    sweep_interval: timedelta = timedelta(seconds=1)
+    async_level: int = 2
+    eject_after_rejects: int = 3
+    trusted_streak: int = 10
+    min_validation_rate: float = 0.1
+    signature_skew: timedelta = timedelta(seconds=60)
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_blob_bytes: int = 512 * 1024 * 1024
+    rate_limit_per_key: float = 200.0
+    rate_burst_per_key: int = 400
+    registrations_per_ip_per_minute: int = 60
+    head_sign_interval: timedelta = timedelta(seconds=60)
+    seed: int = 0
+    validators: frozenset[str] = frozenset()
+    trainers: frozenset[str] = frozenset()
+    operators: frozenset[str] = frozenset()
+    pools: Mapping[str, PoolConfig] = field(default_factory=lambda: {"": PoolConfig()})
+
+    @property
+    def blob_dir(self) -> Path:
+        """Where content-addressed blobs are stored."""
+        return self.data_dir / "blobs"
+
+    @property
+    def resolved_key_file(self) -> Path:
+        """The coordinator's Ed25519 key file (created on first start)."""
+        return self.key_file or self.data_dir / "coordinator.key"
+
+
+def _seconds(value: str | int | float) -> timedelta:
+    seconds = float(value)
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return timedelta(seconds=seconds)
+
+
+def _positive_int(value: str | int) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError("must be positive")
+    return number
+
+
+def _non_negative_int(value: str | int) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must not be negative")
+    return number
+
+
+def _fraction(value: str | int | float) -> float:
+    number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError("must be between 0 and 1")
+    return number
+
+
+def _positive_float(value: str | int | float) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError("must be positive")
+    return number
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One scalar option: where it is read from and how it is parsed."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    help: str
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """The environment variable."""
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("database_url", str, "database URL (default: SQLite file in the data dir)"),
+    Option("listen", str, "gRPC listen address HOST:PORT (port 0 picks a free port)"),
+    Option("metrics_listen", str, "Prometheus metrics HOST:PORT ('' disables)"),
+    Option("network_id", str, "network id: the audience every signed call must name"),
+    Option("key_file", _path, "coordinator Ed25519 key (default: DATA_DIR/coordinator.key)"),
+    Option("tls_cert", _path, "PEM certificate chain: serve TLS (needs --tls-key)"),
+    Option("tls_key", _path, "PEM private key of --tls-cert"),
+    Option("heartbeat_interval", _seconds, "default heartbeat interval, seconds"),
+    Option("heartbeat_interval_min", _seconds, "smallest interval a node may ask for, seconds"),
+    Option("heartbeat_interval_max", _seconds, "largest interval a node may ask for, seconds"),
+    Option("suspect_after_missed", _positive_float, "intervals without heartbeat -> SUSPECT"),
+    Option("offline_after_missed", _positive_float, "intervals without heartbeat -> OFFLINE"),
+    Option("lease_duration", _seconds, "task and validation-job lease duration, seconds"),
+    Option("max_attempts", _positive_int, "leases per task before it is FAILED"),
+    Option("max_leases_per_node", _positive_int, "concurrent leases a node may hold"),
+    Option("pull_wait_max", _seconds, "longest PullTask long-poll, seconds"),
+    Option("retry_after", _seconds, "retry hint when there is no work, seconds"),
+    Option("sweep_interval", _seconds, "how often expired leases and liveness are swept, seconds"),
+    Option("async_level", _non_negative_int, "bounded staleness: steps a checkpoint may lag"),
+    Option("eject_after_rejects", _positive_int, "rejected commitments that eject a node"),
+    Option("trusted_streak", _positive_int, "accepted streak after which spot checks thin out"),
+    Option("min_validation_rate", _fraction, "least share of a trusted node's work validated"),
+    Option("signature_skew", _seconds, "accepted clock skew of signed calls, seconds"),
+    Option("max_message_bytes", _positive_int, "largest gRPC message, bytes"),
+    Option("max_blob_bytes", _positive_int, "largest blob upload, bytes"),
+    Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
+    Option("rate_burst_per_key", _positive_int, "burst of calls per key"),
+    Option("registrations_per_ip_per_minute", _positive_int, "RegisterNode calls per IP/minute"),
+    Option("head_sign_interval", _seconds, "how often the ledger chain head is signed, seconds"),
+    Option("seed", _non_negative_int, "coordinator seed for prompt draws and sampling seeds"),
+)
+_OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+_STRUCTURED_KEYS = frozenset({"validators", "trainers", "operators", "pools", "data_dir"})
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the offending key and source."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--data-dir``, ``--config`` and one flag per option to ``parser``."""
+    parser.add_argument("--data-dir", type=Path, required=True, help="state directory")
+    parser.add_argument("--config", type=Path, help="TOML file (flags and env override it)")
+    parser.add_argument("--db", dest="database_url", default=None, help=OPTIONS[0].help)
+    for option in OPTIONS[1:]:
+        parser.add_argument(
+            option.flag, dest=option.name, default=None, help=f"{option.help} [{option.env}]"
+        )
+
+
+def _parse(option: Option, raw: Any, source: str) -> Any:
+    try:
+        return option.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {option.name} = {raw!r}: {exc}") from exc
+
+
+def _node_set(raw: Any, key: str, source: str) -> frozenset[str]:
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise ConfigError(f"{source}: {key} must be a list of node ids or public keys (hex)")
+    return frozenset(item.lower() for item in raw)
+
+
+def _pools(raw: Any, source: str) -> dict[str, PoolConfig]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [pools] must be a table of pool tables")
+    pools: dict[str, PoolConfig] = {"": PoolConfig()}
+    for name, table in raw.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: pools.{name} must be a table")
+        unknown = set(table) - {"invite_tokens"}
+        if unknown:
+            raise ConfigError(f"{source}: pools.{name}: unknown key(s) {sorted(unknown)}")
+        tokens = table.get("invite_tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+            raise ConfigError(f"{source}: pools.{name}.invite_tokens must be non-empty strings")
+        key = "" if name == "default" else name
+        pools[key] = PoolConfig(invite_tokens=frozenset(tokens))
+    return pools
+
+
+def load_config(
+    data_dir: Path,
+    *,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> CoordinatorConfig:
+    """Build the configuration from a TOML file, then ``environ``, then ``flags``.
+
+    ``environ`` is read only when passed (the CLI passes ``os.environ``); the library never reads
+    the environment behind the caller's back.
+    """
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        source = str(config_file)
+        try:
+            document = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_file}: invalid TOML: {exc}") from exc
+        for key, raw in document.items():
+            if key in ("validators", "trainers", "operators"):
+                values[key] = _node_set(raw, key, source)
+            elif key == "pools":
+                values["pools"] = _pools(raw, source)
+            elif key in _OPTIONS_BY_NAME:
+                values[key] = _parse(_OPTIONS_BY_NAME[key], raw, source)
+            else:
+                known = sorted(set(_OPTIONS_BY_NAME) | _STRUCTURED_KEYS - {"data_dir"})
+                raise ConfigError(f"{source}: unknown key {key!r}; known keys: {known}")
+    for option in OPTIONS:
+        if environ is not None and option.env in environ:
+            values[option.name] = _parse(option, environ[option.env], option.env)
+        if flags is not None and flags.get(option.name) is not None:
+            values[option.name] = _parse(option, flags[option.name], option.flag)
+    config = CoordinatorConfig(data_dir=data_dir, **values)
+    _validate(config)
+    return config
+
+
+def _validate(config: CoordinatorConfig) -> None:
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("tls_cert and tls_key must be given together")
+    if (
+        not config.heartbeat_interval_min
+        <= config.heartbeat_interval
+        <= (config.heartbeat_interval_max)
+    ):
+        raise ConfigError("heartbeat_interval must lie between its min and max")
+    if config.offline_after_missed <= config.suspect_after_missed:
+        raise ConfigError("offline_after_missed must exceed suspect_after_missed")
+    if config.lease_duration <= config.heartbeat_interval:
+        raise ConfigError("lease_duration must exceed heartbeat_interval (heartbeats extend it)")
+    if not config.network_id or len(config.network_id) > 64:
+        raise ConfigError("network_id must be 1 to 64 characters")
+
+
+def with_overrides(config: CoordinatorConfig, **changes: Any) -> CoordinatorConfig:
+    """A copy of ``config`` with ``changes`` applied and validated (handy in tests)."""
+    names = {f.name for f in fields(CoordinatorConfig)}
+    unknown = set(changes) - names
+    if unknown:
+        raise ConfigError(f"unknown option(s): {sorted(unknown)}")
+    updated = replace(config, **changes)
+    _validate(updated)
+    return updated
+
+
+def environment() -> Mapping[str, str]:
+    """The process environment, for the CLI to pass explicitly to :func:`load_config`."""
+    return os.environ

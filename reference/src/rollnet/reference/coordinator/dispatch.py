@@ -1,0 +1,296 @@
+"""Turning trainer demand into tasks and handing them out by pull, with leases."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format, struct_pb2
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import artifacts, nodes, tasks
+from rollnet.ledger.leases import LeaseOutcome
+from rollnet.ledger.models import Task
+from rollnet.ledger.tasks import LeasedTask, NewTask
+from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.nodes import (
+    Caller,
+    capabilities_from_db,
+    duration,
+    refuse_unusable,
+    timestamp,
+)
+from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.envs.config import EnvironmentConfigError
+from rollnet.reference.envs.registry import (
+    EnvironmentRegistryError,
+    UnknownEnvironmentError,
+    load_environment,
+)
+from rollnet.sdk.errors import ErrorReason
+from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
+
+MAX_TASKS_PER_REQUEST = 10_000
+# Long polls re-check the database this often, to see work queued by other replicas.
+_POLL_SECONDS = 1.0
+
+
+def lease_outcome_refusal(outcome: LeaseOutcome, what: str) -> Refusal:
+    """The refusal that explains a failed lease-guarded write."""
+    match outcome:
+        case LeaseOutcome.UNKNOWN | LeaseOutcome.WRONG_HOLDER:
+            return Refusal(ErrorReason.LEASE_NOT_FOUND, f"no such lease on {what} held by you")
+        case LeaseOutcome.STALE_LEASE:
+            return Refusal(
+                ErrorReason.FENCING_TOKEN_STALE,
+                f"the lease on {what} is not the current one (it expired and was re-leased)",
+            )
+        case LeaseOutcome.LEASE_EXPIRED:
+            return Refusal(ErrorReason.LEASE_EXPIRED, f"the lease on {what} has expired")
+        case _:
+            return Refusal(ErrorReason.LEASE_CLOSED, f"{what} is no longer open ({outcome})")
+
+
+def task_spec(row: Task | LeasedTask) -> dict[str, Any]:
+    """The protocol-level task description kept in the task row's JSON column."""
+    return dict(row.sampling)
+
+
+def task_to_proto(row: Task | LeasedTask, *, state: Any, attempt: int) -> task_pb2.Task:
+    """The wire form of a task."""
+    spec = task_spec(row)
+    config = struct_pb2.Struct()
+    config.update(spec.get("environment_config", {}))
+    task = task_pb2.Task(
+        task_id=row.task_id if isinstance(row, LeasedTask) else row.id,
+        environment=row.environment,
+        environment_config=config,
+        prompt_ids=[int(p) for p in row.prompt_ids],
+        samples_per_prompt=int(spec["samples_per_prompt"]),
+        sampling=common_pb2.SamplingParams(
+            temperature=float(spec["temperature"]), max_new_tokens=int(spec["max_new_tokens"])
+        ),
+        checkpoint_step=row.checkpoint_step,
+        rollout_step=int(spec["rollout_step"]),
+        sampling_seed=row.seed,
+        state=state,
+        attempt=attempt,
+    )
+    if isinstance(row, Task):
+        task.created_at.CopyFrom(timestamp(row.created_at))
+    return task
+
+
+TASK_STATE_TO_PROTO = {
+    "queued": task_pb2.Task.STATE_QUEUED,
+    "leased": task_pb2.Task.STATE_LEASED,
+    "submitted": task_pb2.Task.STATE_SUBMITTED,
+    "validating": task_pb2.Task.STATE_VALIDATING,
+    "accepted": task_pb2.Task.STATE_ACCEPTED,
+    "rejected": task_pb2.Task.STATE_REJECTED,
+    "failed": task_pb2.Task.STATE_FAILED,
+}
+
+
+class Dispatcher:
+    """Creates tasks from demand and leases them to pulling workers."""
+
+    def __init__(self, ctx: CoordinatorContext) -> None:
+        self.ctx = ctx
+
+    async def request_rollouts(
+        self, caller: Caller, request: rollout_service_pb2.RequestRolloutsRequest
+    ) -> rollout_service_pb2.RequestRolloutsResponse:
+        """Split the trainer's demand into tasks of ``prompts_per_task`` prompts each."""
+        v = Violations()
+        v.require(bool(request.environment), "environment", "is required")
+        v.require(request.prompt_count > 0, "prompt_count", "must be positive")
+        v.require(0 < request.samples_per_prompt <= 1024, "samples_per_prompt", "1 to 1024")
+        v.require(request.sampling.temperature > 0, "sampling.temperature", "must be > 0")
+        v.require(
+            0 < request.sampling.max_new_tokens <= 1 << 20,
+            "sampling.max_new_tokens",
+            "1 to 1048576",
+        )
+        per_task = request.prompts_per_task or 1
+        v.require(
+            -(-request.prompt_count // per_task) <= MAX_TASKS_PER_REQUEST,
+            "prompts_per_task",
+            f"the demand would make more than {MAX_TASKS_PER_REQUEST} tasks",
+        )
+        v.raise_if_any()
+        env_config = json_format.MessageToDict(request.environment_config)
+        try:
+            environment = load_environment(request.environment, env_config)
+        except UnknownEnvironmentError as error:
+            raise Refusal(
+                ErrorReason.INVALID_FIELDS,
+                str(error),
+                field_violations=[_violation("environment", str(error))],
+            ) from error
+        except (EnvironmentConfigError, EnvironmentRegistryError) as error:
+            raise Refusal(
+                ErrorReason.INVALID_FIELDS,
+                str(error),
+                field_violations=[_violation("environment_config", str(error))],
+            ) from error
+        normalized_config = dict(environment.config)
+        # Prompt ids are drawn from the coordinator seed, the step and the request id, so an
+        # auditor can redraw them; workers cannot choose their prompts.
+        seed_words = [self.ctx.config.seed, request.rollout_step, *request.request_id.encode()]
+        rng = np.random.default_rng(seed_words)
+        limit = environment.num_prompts
+        if limit is None:
+            prompt_ids = rng.integers(0, 2**62, size=request.prompt_count, dtype=np.int64)
+        else:
+            prompt_ids = rng.integers(0, limit, size=request.prompt_count, dtype=np.int64)
+        data_seed = int(rng.integers(0, 2**62))
+        now = self.ctx.clock()
+
+        def work(session: Session) -> rollout_service_pb2.RequestRolloutsResponse:
+            latest = artifacts.latest_checkpoint(session)
+            if latest is None:
+                raise Refusal(
+                    ErrorReason.CHECKPOINT_NOT_FOUND,
+                    "no checkpoint is published yet: publish one before requesting rollouts",
+                )
+            new_tasks = []
+            for start in range(0, request.prompt_count, per_task):
+                chunk = prompt_ids[start : start + per_task]
+                new_tasks.append(
+                    NewTask(
+                        task_id=secrets.token_hex(12),
+                        environment=request.environment,
+                        checkpoint_step=latest.step,
+                        prompt_ids=[str(int(p)) for p in chunk],
+                        seed=data_seed,
+                        sampling={
+                            "temperature": request.sampling.temperature,
+                            "max_new_tokens": request.sampling.max_new_tokens,
+                            "samples_per_prompt": request.samples_per_prompt,
+                            "rollout_step": request.rollout_step,
+                            "environment_config": normalized_config,
+                        },
+                    )
+                )
+            tasks.enqueue_tasks(session, new_tasks, now=now)
+            return rollout_service_pb2.RequestRolloutsResponse(
+                task_ids=[t.task_id for t in new_tasks], checkpoint_step=latest.step
+            )
+
+        response = await self.ctx.run_in_transaction(work)
+        self.ctx.signals.fire(self.ctx.signals.work_available)
+        return response
+
+    async def pull(
+        self, caller: Caller, request: task_service_pb2.PullTaskRequest
+    ) -> task_service_pb2.PullTaskResponse:
+        """Long-poll for a task; lease the oldest matching one."""
+        config = self.ctx.config
+        wait = config.pull_wait_max
+        if request.HasField("wait"):
+            wait = min(max(request.wait.ToTimedelta(), wait * 0), config.pull_wait_max)
+        loop_deadline = self.ctx.clock() + wait
+        environments = list(request.environments) or None
+
+        def work(session: Session) -> LeasedTask | None:
+            row = nodes.get_node(session, caller.node_id)
+            if row is None:
+                raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+            refuse_unusable(row)
+            caps = capabilities_from_db(list(row.capabilities))
+            envs = environments or (list(caps.environments) or None)
+            cap = min(
+                caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node
+            )
+            latest = artifacts.latest_checkpoint(session)
+            min_step = None if latest is None else max(0, latest.step - config.async_level)
+            return tasks.lease_next_task(
+                session,
+                node_id=caller.node_id,
+                now=self.ctx.clock(),
+                lease_duration=config.lease_duration,
+                environments=envs,
+                min_checkpoint_step=min_step,
+                max_leases_per_node=cap,
+            )
+
+        while True:
+            leased = await self.ctx.run_in_transaction(work)
+            if leased is not None:
+                lease = task_pb2.Lease(
+                    lease_id=leased.lease_id,
+                    fencing_token=leased.fencing_token,
+                    deadline=timestamp(leased.lease_deadline),
+                    issued_at=timestamp(self.ctx.clock()),
+                )
+                return task_service_pb2.PullTaskResponse(
+                    task=task_to_proto(
+                        leased, state=task_pb2.Task.STATE_LEASED, attempt=leased.fencing_token
+                    ),
+                    lease=lease,
+                )
+            remaining = (loop_deadline - self.ctx.clock()).total_seconds()
+            if remaining <= 0:
+                return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
+            await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
+
+    async def report_progress(
+        self, caller: Caller, request: task_service_pb2.ReportProgressRequest
+    ) -> task_service_pb2.ReportProgressResponse:
+        """Acknowledge progress on a held lease; returns its deadline."""
+        now = self.ctx.clock()
+
+        def work(session: Session) -> task_service_pb2.ReportProgressResponse:
+            row = tasks.find_by_lease(session, request.lease_id)
+            if row is None or row.lease_holder != caller.node_id:
+                raise Refusal(ErrorReason.LEASE_NOT_FOUND, "no such lease held by you")
+            if row.fencing_token != request.fencing_token:
+                raise lease_outcome_refusal(LeaseOutcome.STALE_LEASE, f"task {row.id}")
+            if row.state != "leased":
+                raise lease_outcome_refusal(LeaseOutcome.NOT_LEASED, f"task {row.id}")
+            if row.lease_deadline is None or row.lease_deadline <= now:
+                raise lease_outcome_refusal(LeaseOutcome.LEASE_EXPIRED, f"task {row.id}")
+            return task_service_pb2.ReportProgressResponse(deadline=timestamp(row.lease_deadline))
+
+        return await self.ctx.run_in_transaction(work)
+
+    async def fail(
+        self, caller: Caller, request: task_service_pb2.FailTaskRequest
+    ) -> task_service_pb2.FailTaskResponse:
+        """Give a leased task back; it is requeued at once (or FAILED after the cap)."""
+        v = Violations()
+        v.require(bool(request.lease_id), "lease_id", "is required")
+        v.raise_if_any()
+        now = self.ctx.clock()
+        config = self.ctx.config
+
+        def work(session: Session) -> task_service_pb2.FailTaskResponse:
+            row = tasks.find_by_lease(session, request.lease_id)
+            if row is None or row.lease_holder != caller.node_id:
+                raise Refusal(ErrorReason.LEASE_NOT_FOUND, "no such lease held by you")
+            outcome = tasks.give_back_task(
+                session,
+                task_id=row.id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+                max_attempts=config.max_attempts,
+            )
+            if outcome is not LeaseOutcome.OK:
+                raise lease_outcome_refusal(outcome, f"task {row.id}")
+            session.refresh(row)
+            return task_service_pb2.FailTaskResponse(requeued=row.state == "queued")
+
+        response = await self.ctx.run_in_transaction(work)
+        if response.requeued:
+            self.ctx.signals.fire(self.ctx.signals.work_available)
+        return response
+
+
+def _violation(field: str, description: str) -> Any:
+    from rollnet.sdk.errors import FieldViolation
+
+    return FieldViolation(field=field, description=description)

@@ -1,0 +1,54 @@
+"""Prometheus metrics of the coordinator, in a registry of their own (one per coordinator)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class CoordinatorMetrics:
+    """The coordinator's counters, gauges and histograms."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.rpcs = Counter(
+            "rollnet_rpcs_total",
+            "RPCs served, by method and status code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            "rollnet_rpc_duration_seconds",
+            "RPC handling time, by method",
+            ["method"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
+        )
+        self.nodes = Gauge(
+            "rollnet_nodes", "Registered nodes, by state", ["state"], registry=self.registry
+        )
+        self.tasks = Gauge("rollnet_tasks", "Tasks, by state", ["state"], registry=self.registry)
+        self.validation_queue = Gauge(
+            "rollnet_validation_jobs_queued", "Validation jobs waiting", registry=self.registry
+        )
+        self.leases_requeued = Counter(
+            "rollnet_leases_requeued_total",
+            "Expired or revoked leases whose task went back to the queue",
+            registry=self.registry,
+        )
+        self.verdicts = Counter(
+            "rollnet_verdicts_total",
+            "Verdicts recorded, by decision and reason",
+            ["decision", "reason"],
+            registry=self.registry,
+        )
+        self.work_units = Counter(
+            "rollnet_work_units_credited_total", "Work units credited", registry=self.registry
+        )
+        self.accepted_rollouts = Counter(
+            "rollnet_accepted_rollouts_total", "Rollouts accepted", registry=self.registry
+        )
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose the metrics over HTTP; returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_address[1])

@@ -1,0 +1,495 @@
+"""Admission and liveness: registration, heartbeats, deregistration and operator actions."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from datetime import timedelta
+
+from google.protobuf import duration_pb2, timestamp_pb2
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import artifacts, nodes, tasks, validation
+from rollnet.ledger.enums import NodeRole, NodeState
+from rollnet.ledger.models import Node
+from rollnet.reference.coordinator.context import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
+    CoordinatorContext,
+)
+from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.identity import node_id_from_public_key
+from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
+
+ROLE_TO_DB = {
+    common_pb2.ROLE_WORKER: NodeRole.WORKER,
+    common_pb2.ROLE_VALIDATOR: NodeRole.VALIDATOR,
+    common_pb2.ROLE_TRAINER: NodeRole.TRAINER,
+    common_pb2.ROLE_OPERATOR: NodeRole.OPERATOR,
+}
+ROLE_FROM_DB = {db: wire for wire, db in ROLE_TO_DB.items()}
+STATE_FROM_DB = {
+    NodeState.PENDING: node_pb2.Node.STATE_PENDING,
+    NodeState.ACTIVE: node_pb2.Node.STATE_ACTIVE,
+    NodeState.SUSPECT: node_pb2.Node.STATE_SUSPECT,
+    NodeState.OFFLINE: node_pb2.Node.STATE_OFFLINE,
+    NodeState.EJECTED: node_pb2.Node.STATE_EJECTED,
+    NodeState.BANNED: node_pb2.Node.STATE_BANNED,
+    NodeState.DEREGISTERED: node_pb2.Node.STATE_DEREGISTERED,
+}
+STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
+
+# Hardware claims beyond these are refused as implausible (a single host).
+MAX_CPU_CORES = 4096
+MAX_HOST_MEMORY = 64 * 2**40
+MAX_ACCELERATORS = 64
+MAX_ACCELERATOR_MEMORY = 2 * 2**40
+MAX_CAPABILITY_ITEMS = 64
+MAX_CONCURRENT_LEASES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The verified identity of the node making a call."""
+
+    node_id: str
+    public_key: bytes
+    role: NodeRole | None
+
+
+def timestamp(moment: object) -> timestamp_pb2.Timestamp:
+    """A protobuf Timestamp of a timezone-aware datetime."""
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)  # type: ignore[arg-type]
+    return stamp
+
+
+def duration(delta: timedelta) -> duration_pb2.Duration:
+    """A protobuf Duration of a timedelta."""
+    value = duration_pb2.Duration()
+    value.FromTimedelta(delta)
+    return value
+
+
+def capabilities_to_db(caps: node_pb2.Capabilities) -> list[str]:
+    """Flatten capabilities into the node row's list of ``kind:value`` strings."""
+    items = [f"backend:{b}" for b in caps.backends]
+    items += [f"env:{e}" for e in caps.environments]
+    items += [f"dtype:{d}" for d in caps.dtypes]
+    if caps.max_concurrent_leases:
+        items.append(f"max_leases:{caps.max_concurrent_leases}")
+    return items
+
+
+def capabilities_from_db(items: list[str]) -> node_pb2.Capabilities:
+    """Rebuild capabilities from the node row."""
+    caps = node_pb2.Capabilities()
+    for item in items:
+        kind, _, value = item.partition(":")
+        if kind == "backend":
+            caps.backends.append(value)
+        elif kind == "env":
+            caps.environments.append(value)
+        elif kind == "dtype":
+            caps.dtypes.append(value)
+        elif kind == "max_leases":
+            caps.max_concurrent_leases = int(value)
+    return caps
+
+
+def node_to_proto(row: Node, reject_count: int = 0) -> node_pb2.Node:
+    """The wire form of a node row."""
+    major, _, minor = row.protocol_version.partition(".")
+    node = node_pb2.Node(
+        node_id=row.id,
+        public_key=row.public_key,
+        role=ROLE_FROM_DB[row.role],
+        state=STATE_FROM_DB[row.state],
+        pool=row.pool or "",
+        protocol_version=common_pb2.ProtocolVersion(major=int(major), minor=int(minor or 0)),
+        software_version=row.software_version,
+        capabilities=capabilities_from_db(list(row.capabilities)),
+        trust_streak=row.accepted_streak,
+        reject_count=reject_count,
+        registered_at=timestamp(row.registered_at),
+        last_heartbeat_at=timestamp(row.last_heartbeat_at),
+        state_reason=row.state_reason or "",
+    )
+    hardware = row.hardware
+    node.hardware.cpu_cores = int(hardware.get("cpu_cores", 0))
+    node.hardware.memory_bytes = int(hardware.get("memory_bytes", 0))
+    for acc in hardware.get("accelerators", []):
+        node.hardware.accelerators.add(
+            name=acc["name"], memory_bytes=acc["memory_bytes"], count=acc["count"]
+        )
+    return node
+
+
+def refuse_unusable(row: Node) -> None:
+    """Refuse a call from a node that may not work (ejected, banned, deregistered)."""
+    if row.state is NodeState.BANNED:
+        raise Refusal(ErrorReason.NODE_BANNED, f"node {row.id} is banned")
+    if row.state is NodeState.EJECTED:
+        raise Refusal(ErrorReason.NODE_EJECTED, f"node {row.id} was ejected")
+    if row.state is NodeState.DEREGISTERED:
+        raise Refusal(
+            ErrorReason.NODE_DEREGISTERED, f"node {row.id} deregistered; call RegisterNode"
+        )
+
+
+class RegistrationLimiter:
+    """Sliding one-minute window of registrations per client IP."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._seen: dict[str, deque[float]] = defaultdict(deque)
+
+    def admit(self, ip: str) -> float | None:
+        """None when admitted, else the seconds until the next slot frees up."""
+        now = time.monotonic()
+        window = self._seen[ip]
+        while window and now - window[0] >= 60.0:
+            window.popleft()
+        if len(window) >= self.per_minute:
+            return 60.0 - (now - window[0])
+        window.append(now)
+        return None
+
+
+class NodeRegistry:
+    """Registration, heartbeats and node administration."""
+
+    def __init__(self, ctx: CoordinatorContext) -> None:
+        self.ctx = ctx
+        self.limiter = RegistrationLimiter(ctx.config.registrations_per_ip_per_minute)
+
+    # ---------------------------------------------------------------- registration
+    def _check_request(self, request: node_service_pb2.RegisterNodeRequest) -> None:
+        v = Violations()
+        v.require(len(request.public_key) == 32, "public_key", "must be 32 raw Ed25519 bytes")
+        v.require(request.role in ROLE_TO_DB, "role", "must be a known role")
+        v.require(request.HasField("protocol_version"), "protocol_version", "is required")
+        v.require(len(request.software_version) <= 64, "software_version", "at most 64 characters")
+        v.require(len(request.pool) <= 64, "pool", "at most 64 characters")
+        caps = request.capabilities
+        for name in ("backends", "environments", "dtypes"):
+            items = getattr(caps, name)
+            v.require(
+                len(items) <= MAX_CAPABILITY_ITEMS
+                and all(0 < len(i) <= 64 and ":" not in i for i in items),
+                f"capabilities.{name}",
+                f"at most {MAX_CAPABILITY_ITEMS} names of 1-64 characters without ':'",
+            )
+        v.require(
+            caps.max_concurrent_leases <= MAX_CONCURRENT_LEASES,
+            "capabilities.max_concurrent_leases",
+            f"at most {MAX_CONCURRENT_LEASES}",
+        )
+        v.raise_if_any()
+
+    def _check_hardware(self, hardware: node_pb2.HardwareReport) -> None:
+        problems: list[str] = []
+        if hardware.cpu_cores > MAX_CPU_CORES:
+            problems.append(f"cpu_cores {hardware.cpu_cores} > {MAX_CPU_CORES}")
+        if hardware.memory_bytes > MAX_HOST_MEMORY:
+            problems.append(f"memory_bytes {hardware.memory_bytes} > {MAX_HOST_MEMORY}")
+        if len(hardware.accelerators) > 16:
+            problems.append("more than 16 accelerator kinds")
+        total = 0
+        for i, acc in enumerate(hardware.accelerators):
+            total += acc.count
+            if acc.memory_bytes > MAX_ACCELERATOR_MEMORY:
+                problems.append(f"accelerators[{i}].memory_bytes {acc.memory_bytes} too large")
+            if not acc.name or len(acc.name) > 128:
+                problems.append(f"accelerators[{i}].name must be 1-128 characters")
+        if total > MAX_ACCELERATORS:
+            problems.append(f"{total} accelerators > {MAX_ACCELERATORS} on one host")
+        if problems:
+            raise Refusal(
+                ErrorReason.HARDWARE_CLAIM_IMPLAUSIBLE,
+                "implausible hardware: " + "; ".join(problems),
+            )
+
+    def _check_role_permitted(self, role: NodeRole, public_key: bytes, node_id: str) -> None:
+        allow = {
+            NodeRole.VALIDATOR: self.ctx.config.validators,
+            NodeRole.TRAINER: self.ctx.config.trainers,
+            NodeRole.OPERATOR: self.ctx.config.operators,
+        }.get(role)
+        if allow is None:
+            return
+        if node_id not in allow and public_key.hex() not in allow:
+            raise Refusal(
+                ErrorReason.ROLE_NOT_PERMITTED,
+                f"key {node_id} is not on the coordinator's {role} allow-list",
+            )
+
+    def _check_pool(self, pool: str, token: str) -> None:
+        config = self.ctx.config.pools.get(pool)
+        if config is None:
+            raise Refusal(ErrorReason.INVITE_TOKEN_INVALID, f"unknown pool {pool!r}")
+        if config.invite_only and token not in config.invite_tokens:
+            raise Refusal(
+                ErrorReason.INVITE_TOKEN_INVALID, f"pool {pool!r} needs a valid invite token"
+            )
+
+    async def register(
+        self,
+        signer_public_key: bytes,
+        peer_ip: str,
+        request: node_service_pb2.RegisterNodeRequest,
+    ) -> node_service_pb2.RegisterNodeResponse:
+        """Admit a node (idempotent for the same key and role)."""
+        self._check_request(request)
+        if request.public_key != signer_public_key:
+            raise Refusal(
+                ErrorReason.KEY_MISMATCH, "public_key differs from the key that signed the call"
+            )
+        version = request.protocol_version
+        if version.major != PROTOCOL_MAJOR:
+            raise Refusal(
+                ErrorReason.PROTOCOL_VERSION_UNSUPPORTED,
+                f"protocol {version.major}.{version.minor} is not supported; this coordinator "
+                f"speaks {PROTOCOL_MAJOR}.x (>= {PROTOCOL_MAJOR}.0, < {PROTOCOL_MAJOR + 1}.0)",
+                metadata={
+                    "supported_major": str(PROTOCOL_MAJOR),
+                    "supported_minor": str(PROTOCOL_MINOR),
+                },
+            )
+        self._check_hardware(request.hardware)
+        role = ROLE_TO_DB[request.role]
+        node_id = node_id_from_public_key(request.public_key)
+        self._check_role_permitted(role, request.public_key, node_id)
+        self._check_pool(request.pool, request.invite_token)
+        wait = self.limiter.admit(peer_ip)
+        if wait is not None:
+            raise Refusal(
+                ErrorReason.RATE_LIMITED,
+                f"too many registrations from {peer_ip}",
+                retry_after=wait,
+            )
+        hardware = {
+            "cpu_cores": request.hardware.cpu_cores,
+            "memory_bytes": request.hardware.memory_bytes,
+            "accelerators": [
+                {"name": a.name, "memory_bytes": a.memory_bytes, "count": a.count}
+                for a in request.hardware.accelerators
+            ],
+        }
+        now = self.ctx.clock()
+
+        def work(session: Session) -> node_pb2.Node:
+            existing = nodes.get_node(session, node_id)
+            if existing is not None:
+                if existing.role is not role:
+                    raise Refusal(
+                        ErrorReason.ROLE_CONFLICT,
+                        f"key already registered as {existing.role}, not {role}",
+                    )
+                if existing.state is NodeState.BANNED:
+                    raise Refusal(ErrorReason.NODE_BANNED, f"node {node_id} is banned")
+            row = nodes.register_node(
+                session,
+                node_id=node_id,
+                public_key=request.public_key,
+                role=role,
+                protocol_version=f"{version.major}.{version.minor}",
+                software_version=request.software_version,
+                capabilities=capabilities_to_db(request.capabilities),
+                hardware=hardware,
+                pool=request.pool or None,
+                now=now,
+            )
+            if row.state is NodeState.DEREGISTERED:
+                nodes.set_node_state(
+                    session,
+                    node_id,
+                    NodeState.PENDING,
+                    now=now,
+                    from_states=[NodeState.DEREGISTERED],
+                )
+                session.refresh(row)
+            return node_to_proto(row, reject_count(session, node_id))
+
+        node = await self.ctx.run_in_transaction(work)
+        config = self.ctx.config
+        return node_service_pb2.RegisterNodeResponse(
+            node=node,
+            network_id=config.network_id,
+            server_protocol_version=common_pb2.ProtocolVersion(
+                major=PROTOCOL_MAJOR, minor=PROTOCOL_MINOR
+            ),
+            heartbeat_interval=duration(config.heartbeat_interval),
+            lease_duration=duration(config.lease_duration),
+            server_time=timestamp(self.ctx.clock()),
+            coordinator_public_key=self.ctx.identity.public_key,
+        )
+
+    # ---------------------------------------------------------------- heartbeats
+    def clamp_interval(self, requested: duration_pb2.Duration | None) -> timedelta:
+        """The heartbeat interval granted for a requested one."""
+        config = self.ctx.config
+        if requested is None or (requested.seconds == 0 and requested.nanos == 0):
+            return config.heartbeat_interval
+        wanted = requested.ToTimedelta()
+        return min(max(wanted, config.heartbeat_interval_min), config.heartbeat_interval_max)
+
+    async def heartbeat(
+        self, caller: Caller, request: node_service_pb2.HeartbeatRequest
+    ) -> node_service_pb2.HeartbeatResponse:
+        """Record liveness, extend held leases, hand out commands."""
+        v = Violations()
+        v.require(len(request.held_lease_ids) <= 1024, "held_lease_ids", "at most 1024")
+        v.raise_if_any()
+        config = self.ctx.config
+        now = self.ctx.clock()
+
+        def work(session: Session) -> tuple[Node, list[node_service_pb2.LeaseStatus], int]:
+            alive = nodes.record_heartbeat(session, caller.node_id, now=now)
+            row = nodes.get_node(session, caller.node_id)
+            if row is None:
+                raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+            if not alive:
+                refuse_unusable(row)
+            statuses = []
+            for lease_id in request.held_lease_ids:
+                deadline = tasks.extend_lease_by_id(
+                    session,
+                    lease_id=lease_id,
+                    node_id=caller.node_id,
+                    now=now,
+                    lease_duration=config.lease_duration,
+                ) or validation.extend_validation_lease_by_id(
+                    session,
+                    lease_id=lease_id,
+                    node_id=caller.node_id,
+                    now=now,
+                    lease_duration=config.lease_duration,
+                )
+                status = node_service_pb2.LeaseStatus(lease_id=lease_id, valid=deadline is not None)
+                if deadline is not None:
+                    status.deadline.CopyFrom(timestamp(deadline))
+                statuses.append(status)
+            latest = artifacts.latest_checkpoint(session)
+            return row, statuses, latest.step if latest is not None else 0
+
+        row, statuses, latest_step = await self.ctx.run_in_transaction(work)
+        response = node_service_pb2.HeartbeatResponse(
+            state=STATE_FROM_DB[row.state],
+            heartbeat_interval=duration(self.clamp_interval(request.requested_interval)),
+            leases=statuses,
+            server_time=timestamp(self.ctx.clock()),
+        )
+        if latest_step > request.checkpoint_step and row.role is not NodeRole.OPERATOR:
+            response.commands.add().update_checkpoint.step = latest_step
+        return response
+
+    # ---------------------------------------------------------------- leaving and admin
+    async def deregister(
+        self, caller: Caller, request: node_service_pb2.DeregisterNodeRequest
+    ) -> node_service_pb2.DeregisterNodeResponse:
+        """Leave cleanly: give back leases (requeued at once), state DEREGISTERED."""
+        now = self.ctx.clock()
+        config = self.ctx.config
+
+        def work(session: Session) -> int:
+            row = nodes.get_node(session, caller.node_id)
+            if row is None:
+                raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+            if row.state in (NodeState.BANNED, NodeState.EJECTED):
+                refuse_unusable(row)
+            released = tasks.requeue_leases_of_node(
+                session, caller.node_id, now=now, max_attempts=config.max_attempts
+            )
+            jobs = validation.requeue_validation_jobs_of_node(session, caller.node_id, now=now)
+            nodes.set_node_state(session, caller.node_id, NodeState.DEREGISTERED, now=now)
+            return len(released.requeued) + len(released.failed) + len(jobs)
+
+        released = await self.ctx.run_in_transaction(work)
+        if released:
+            self.ctx.signals.fire(self.ctx.signals.work_available)
+            self.ctx.signals.fire(self.ctx.signals.jobs_available)
+        return node_service_pb2.DeregisterNodeResponse(released_leases=released)
+
+    async def get(self, caller: Caller, node_id: str) -> node_pb2.Node:
+        """One node; non-operators may only read themselves."""
+        target = node_id or caller.node_id
+        if target != caller.node_id and caller.role is not NodeRole.OPERATOR:
+            raise Refusal(ErrorReason.ROLE_NOT_ALLOWED, "only operators may read other nodes")
+
+        def work(session: Session) -> node_pb2.Node:
+            row = nodes.get_node(session, target)
+            if row is None:
+                raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {target}")
+            return node_to_proto(row, reject_count(session, target))
+
+        return await self.ctx.run_in_transaction(work)
+
+    async def list(
+        self, request: node_service_pb2.ListNodesRequest
+    ) -> node_service_pb2.ListNodesResponse:
+        """A page of nodes ordered by id."""
+        page_size = min(request.page_size or 100, 1000)
+        state = STATE_TO_DB.get(request.state) if request.state else None
+        role = ROLE_TO_DB.get(request.role) if request.role else None
+
+        def work(session: Session) -> node_service_pb2.ListNodesResponse:
+            rows = nodes.list_nodes_page(
+                session,
+                role=role,
+                state=state,
+                after_id=request.page_token or None,
+                limit=page_size + 1,
+            )
+            page = rows[:page_size]
+            response = node_service_pb2.ListNodesResponse(nodes=[node_to_proto(r) for r in page])
+            if len(rows) > page_size:
+                response.next_page_token = page[-1].id
+            return response
+
+        return await self.ctx.run_in_transaction(work)
+
+    async def remove(self, node_id: str, reason: str, state: NodeState) -> node_pb2.Node:
+        """Eject or ban a node: revoke its leases (tasks requeued) and record why."""
+        if state not in (NodeState.EJECTED, NodeState.BANNED):
+            raise ValueError(state)
+        now = self.ctx.clock()
+        config = self.ctx.config
+
+        def work(session: Session) -> node_pb2.Node:
+            row = nodes.get_node(session, node_id)
+            if row is None:
+                raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {node_id}")
+            eject_node(session, node_id, state, reason, now=now, max_attempts=config.max_attempts)
+            session.refresh(row)
+            return node_to_proto(row, reject_count(session, node_id))
+
+        node = await self.ctx.run_in_transaction(work)
+        self.ctx.signals.fire(self.ctx.signals.work_available)
+        return node
+
+
+def reject_count(session: Session, node_id: str) -> int:
+    """How many of the node's commitments were rejected."""
+    return validation.count_rejected_commitments(session, node_id)
+
+
+def eject_node(
+    session: Session,
+    node_id: str,
+    state: NodeState,
+    reason: str,
+    *,
+    now: object,
+    max_attempts: int,
+) -> None:
+    """Move a node to EJECTED or BANNED (never back from BANNED) and take back its leases."""
+    from_states = [s for s in NodeState if s is not NodeState.BANNED]
+    if state is NodeState.EJECTED:
+        from_states = [s for s in from_states if s is not NodeState.EJECTED]
+    nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)  # type: ignore[arg-type]
+    nodes.set_state_reason(session, node_id, reason)
+    tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)  # type: ignore[arg-type]
+    validation.requeue_validation_jobs_of_node(session, node_id, now=now)  # type: ignore[arg-type]

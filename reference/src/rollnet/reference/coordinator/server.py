@@ -1,0 +1,340 @@
+"""Assembling and running the coordinator: gRPC server, health, reflection, sweeper, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import nodes as node_repo
+from rollnet.ledger import tasks as task_repo
+from rollnet.ledger import validation as job_repo
+from rollnet.ledger.engine import check_ready, create_engine
+from rollnet.ledger.migrate import upgrade_to_head
+from rollnet.reference.coordinator.blobstore import BlobStore
+from rollnet.reference.coordinator.checkpoints import CheckpointDesk
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.context import CoordinatorContext
+from rollnet.reference.coordinator.dispatch import Dispatcher
+from rollnet.reference.coordinator.ledger_reads import LedgerDesk
+from rollnet.reference.coordinator.metrics import CoordinatorMetrics
+from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, NodeRegistry
+from rollnet.reference.coordinator.servicers import (
+    BlobServicer,
+    CheckpointServicer,
+    CommitmentServicer,
+    Idempotency,
+    LedgerServicer,
+    NodeServicer,
+    RolloutServicer,
+    TaskServicer,
+    ValidationServicer,
+)
+from rollnet.reference.coordinator.work import WorkDesk
+from rollnet.sdk.identity import Identity
+from rollnet.sdk.methods import default_method_policy
+from rollnet.sdk.verifier import KnownKey, RequestVerifier, VerifierConfig
+from rollnet.v1 import (
+    blob_service_pb2,
+    blob_service_pb2_grpc,
+    checkpoint_service_pb2,
+    checkpoint_service_pb2_grpc,
+    commitment_service_pb2,
+    commitment_service_pb2_grpc,
+    ledger_service_pb2,
+    ledger_service_pb2_grpc,
+    node_service_pb2,
+    node_service_pb2_grpc,
+    rollout_service_pb2,
+    rollout_service_pb2_grpc,
+    task_service_pb2,
+    task_service_pb2_grpc,
+    validation_service_pb2,
+    validation_service_pb2_grpc,
+)
+
+log = logging.getLogger("rollnet.coordinator")
+
+_SERVICE_DESCRIPTORS = (
+    node_service_pb2,
+    task_service_pb2,
+    blob_service_pb2,
+    commitment_service_pb2,
+    validation_service_pb2,
+    checkpoint_service_pb2,
+    rollout_service_pb2,
+    ledger_service_pb2,
+)
+
+
+def load_or_create_identity(config: CoordinatorConfig) -> Identity:
+    """The coordinator key: loaded from its file, or generated (0600) on first start."""
+    path = config.resolved_key_file
+    if path.exists():
+        return Identity.load(path)
+    identity = Identity.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    identity.save(path)
+    return identity
+
+
+class RpcLogInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """One summary line and one metrics sample per unary RPC (method, peer, code, duration)."""
+
+    def __init__(self, metrics: CoordinatorMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method
+        inner = handler.unary_unary
+        metrics = self.metrics
+
+        async def logged(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            code = "OK"
+            try:
+                return await inner(request, context)
+            except BaseException:
+                code = context.code().name if context.code() else "UNKNOWN"
+                raise
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.rpcs.labels(method, code).inc()
+                metrics.rpc_seconds.labels(method).observe(elapsed)
+                log.info(
+                    "rpc",
+                    extra={
+                        "method": method,
+                        "peer": context.peer(),
+                        "code": code,
+                        "duration_ms": round(elapsed * 1000, 3),
+                    },
+                )
+
+        return grpc.unary_unary_rpc_method_handler(
+            logged,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass
+class Coordinator:
+    """A running coordinator (see :func:`start_coordinator`)."""
+
+    ctx: CoordinatorContext
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    metrics_port: int | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients dial."""
+        host = self.ctx.config.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        """Drive the standard health service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set("", status)
+        for module in _SERVICE_DESCRIPTORS:
+            for service in module.DESCRIPTOR.services_by_name.values():
+                await self.health.set(service.full_name, status)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Drain: NOT_SERVING first, then stop accepting calls and finish in-flight ones."""
+        await self.set_serving(False)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.server.stop(grace)
+        self.ctx.engine.dispose()
+
+    async def wait(self) -> None:
+        """Wait until the server stops."""
+        await self.server.wait_for_termination()
+
+
+async def sweep_once(ctx: CoordinatorContext) -> None:
+    """Requeue expired leases, move silent nodes to SUSPECT/OFFLINE, revoke OFFLINE leases."""
+    config = ctx.config
+    now = ctx.clock()
+    interval = config.heartbeat_interval
+
+    def work(session: Session) -> tuple[int, int]:
+        stale = node_repo.mark_stale_nodes(
+            session,
+            suspect_before=now - interval * config.suspect_after_missed,
+            offline_before=now - interval * config.offline_after_missed,
+            now=now,
+        )
+        requeued = 0
+        for node_id in stale.offline:
+            result = task_repo.requeue_leases_of_node(
+                session, node_id, now=now, max_attempts=config.max_attempts
+            )
+            requeued += len(result.requeued)
+            requeued += len(job_repo.requeue_validation_jobs_of_node(session, node_id, now=now))
+        expired = task_repo.requeue_expired_leases(
+            session, now=now, max_attempts=config.max_attempts
+        )
+        requeued += len(expired.requeued)
+        jobs = job_repo.requeue_expired_validation_jobs(session, now=now)
+        return requeued, len(jobs)
+
+    requeued, jobs = await ctx.run_in_transaction(work)
+    if requeued:
+        ctx.metrics.leases_requeued.inc(requeued)
+        ctx.signals.fire(ctx.signals.work_available)
+    if jobs:
+        ctx.signals.fire(ctx.signals.jobs_available)
+
+
+async def _every(seconds: float, action: Any) -> None:
+    while True:
+        try:
+            await action()
+        except Exception:  # a sweep failing (database blip) must not kill the loop
+            log.exception("periodic task failed")
+        await asyncio.sleep(seconds)
+
+
+async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) -> Coordinator:
+    """Open the database (migrating it), bind the port, start serving and sweeping."""
+    engine = create_engine(config.database_url, config.data_dir)
+    if migrate:
+        await asyncio.to_thread(upgrade_to_head, engine)
+    identity = load_or_create_identity(config)
+    blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
+    blobs.remove_partials()
+    metrics = CoordinatorMetrics()
+    ctx = CoordinatorContext(
+        config=config, engine=engine, identity=identity, blobs=blobs, metrics=metrics
+    )
+
+    async def resolve(public_key: bytes) -> KnownKey | None:
+        from rollnet.sdk.identity import node_id_from_public_key
+
+        node_id = node_id_from_public_key(public_key)
+
+        def work(session: Session) -> KnownKey | None:
+            row = node_repo.get_node(session, node_id)
+            if row is None or row.public_key != public_key:
+                return None
+            return KnownKey(
+                node_id=row.id, role=ROLE_FROM_DB[row.role], banned=row.state == "banned"
+            )
+
+        return await ctx.run_in_transaction(work)
+
+    verifier = RequestVerifier(
+        VerifierConfig(
+            audience=config.network_id,
+            key_resolver=resolve,
+            method_policy=default_method_policy(),
+            skew=config.signature_skew.total_seconds(),
+        )
+    )
+    server = grpc.aio.server(
+        interceptors=[RpcLogInterceptor(metrics), verifier],
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+        ],
+    )
+    idem = Idempotency(ctx)
+    registry = NodeRegistry(ctx)
+    dispatcher = Dispatcher(ctx)
+    desk = WorkDesk(ctx)
+    checkpoints = CheckpointDesk(ctx)
+    ledger = LedgerDesk(ctx)
+    node_service_pb2_grpc.add_NodeServiceServicer_to_server(
+        NodeServicer(ctx, idem, registry), server
+    )
+    task_service_pb2_grpc.add_TaskServiceServicer_to_server(
+        TaskServicer(ctx, idem, dispatcher), server
+    )
+    blob_service_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(ctx, idem, desk), server)
+    commitment_service_pb2_grpc.add_CommitmentServiceServicer_to_server(
+        CommitmentServicer(ctx, idem, desk), server
+    )
+    validation_service_pb2_grpc.add_ValidationServiceServicer_to_server(
+        ValidationServicer(ctx, idem, desk), server
+    )
+    checkpoint_service_pb2_grpc.add_CheckpointServiceServicer_to_server(
+        CheckpointServicer(ctx, idem, checkpoints), server
+    )
+    rollout_service_pb2_grpc.add_RolloutServiceServicer_to_server(
+        RolloutServicer(ctx, idem, dispatcher, ledger), server
+    )
+    ledger_service_pb2_grpc.add_LedgerServiceServicer_to_server(
+        LedgerServicer(ctx, idem, ledger), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        service.full_name
+        for module in _SERVICE_DESCRIPTORS
+        for service in module.DESCRIPTOR.services_by_name.values()
+    ]
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    if config.tls_cert is not None and config.tls_key is not None:
+        credentials = grpc.ssl_server_credentials(
+            [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())]
+        )
+        port = server.add_secure_port(config.listen, credentials)
+    else:
+        port = server.add_insecure_port(config.listen)
+    coordinator = Coordinator(ctx=ctx, server=server, port=port, health=health_servicer)
+    await coordinator.set_serving(False)
+    await server.start()
+    readiness = await asyncio.to_thread(check_ready, engine)
+    if not readiness.ready:
+        log.error("database not ready: %s", readiness.detail)
+    else:
+        await coordinator.set_serving(True)
+    if config.metrics_listen:
+        host, _, metrics_port = config.metrics_listen.rpartition(":")
+        coordinator.metrics_port = metrics.serve(host or "127.0.0.1", int(metrics_port))
+    coordinator._tasks.append(
+        asyncio.create_task(_every(config.sweep_interval.total_seconds(), lambda: sweep_once(ctx)))
+    )
+    coordinator._tasks.append(
+        asyncio.create_task(_every(config.head_sign_interval.total_seconds(), ledger.sign_head))
+    )
+    return coordinator
+
+
+async def serve_forever(config: CoordinatorConfig) -> None:
+    """Run until SIGINT/SIGTERM, then drain gracefully."""
+    coordinator = await start_coordinator(config)
+    log.info("coordinator listening on %s (network %s)", coordinator.address, config.network_id)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining")
+    await coordinator.stop(grace=10.0)

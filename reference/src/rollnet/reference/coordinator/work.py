@@ -1,0 +1,667 @@
+"""Finished work: blobs, commitments, validation jobs, verdicts, credit and slashes."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import struct
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import artifacts, chain, nodes, tasks, validation
+from rollnet.ledger.artifacts import NewCommitment
+from rollnet.ledger.chain import NewEntry
+from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState
+from rollnet.ledger.leases import LeaseOutcome
+from rollnet.ledger.models import Commitment, Task
+from rollnet.reference.coordinator.blobstore import (
+    BlobDigestMismatch,
+    BlobSizeMismatch,
+    BlobTooLarge,
+    StoredBlob,
+)
+from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.dispatch import (
+    TASK_STATE_TO_PROTO,
+    lease_outcome_refusal,
+    task_to_proto,
+)
+from rollnet.reference.coordinator.nodes import Caller, duration, eject_node, timestamp
+from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.proofs.binding import domain_digest, proof_digest
+from rollnet.v1 import (
+    blob_service_pb2,
+    commitment_pb2,
+    commitment_service_pb2,
+    common_pb2,
+    rollout_pb2,
+    task_pb2,
+    validation_pb2,
+    validation_service_pb2,
+)
+
+BATCH_BINDING_DOMAIN = "rollnet/v1/batch-commitment"
+RECEIPT_DOMAIN = b"rollnet-receipt-v1\n"
+# Work units are MFLOPs: tokens x forward FLOPs per token / 10^6.
+FLOPS_PER_WORK_UNIT = 1_000_000
+
+
+def batch_binding_digest(
+    network_id: str, node_id: str, task_id: str, lease_id: str, fencing_token: int, blob: bytes
+) -> bytes:
+    """The commitment's binding digest (docs/verification.md, "Batch binding")."""
+    return domain_digest(
+        BATCH_BINDING_DOMAIN, [network_id, node_id, task_id, lease_id, fencing_token, blob]
+    )
+
+
+def receipt_message(commitment_id: str, binding: bytes, received_at: datetime) -> bytes:
+    """The bytes a receipt signature covers (docs/protocol.md, "Receipts")."""
+    micros = int(received_at.timestamp() * 1_000_000)
+    return (
+        RECEIPT_DOMAIN
+        + commitment_id.encode()
+        + b"\n"
+        + binding.hex().encode()
+        + b"\n"
+        + str(micros).encode()
+    )
+
+
+def work_units(prefill_tokens: int, decode_tokens: int, flops_per_token: int) -> int:
+    """Integer work units (MFLOPs) for a number of processed tokens."""
+    return (prefill_tokens + decode_tokens) * flops_per_token // FLOPS_PER_WORK_UNIT
+
+
+def spot_check_probability(streak: int, trusted_streak: int, min_rate: float) -> float:
+    """BOINC-style adaptive replication: validate everything until trusted, then thin out."""
+    if streak < trusted_streak:
+        return 1.0
+    return max(min_rate, trusted_streak / max(streak, 1))
+
+
+def spot_check_draw(seed: int, commitment_id: str) -> float:
+    """A reproducible uniform draw in [0, 1) for one commitment."""
+    digest = hashlib.blake2b(f"{seed}:{commitment_id}".encode(), digest_size=8).digest()
+    value: int = struct.unpack(">Q", digest)[0]
+    return value / 2**64
+
+
+class WorkDesk:
+    """Receives uploads and commitments, routes validation, records verdicts."""
+
+    def __init__(self, ctx: CoordinatorContext) -> None:
+        self.ctx = ctx
+
+    # ---------------------------------------------------------------- blobs
+    async def upload(
+        self, caller: Caller, header: blob_service_pb2.BlobHeader, chunks: AsyncIterator[bytes]
+    ) -> blob_service_pb2.UploadBlobResponse:
+        """Store a streamed blob after checking its size and digest."""
+        v = Violations()
+        v.require(len(header.blob.blake3) == 32, "header.blob.blake3", "must be 32 bytes")
+        v.require(header.kind != 0, "header.kind", "is required")
+        v.raise_if_any()
+        if header.blob.size > self.ctx.blobs.max_bytes:
+            raise Refusal(
+                ErrorReason.BLOB_TOO_LARGE,
+                f"blob of {header.blob.size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
+            )
+        try:
+            stored: StoredBlob = await self.ctx.blobs.write(
+                header.blob.blake3, header.blob.size, chunks
+            )
+        except BlobTooLarge as error:
+            raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
+        except BlobSizeMismatch as error:
+            raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
+        except BlobDigestMismatch as error:
+            raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
+        now = self.ctx.clock()
+
+        def work(session: Session) -> None:
+            artifacts.record_blob(
+                session,
+                blake3_hex=stored.digest.hex(),
+                size=stored.size,
+                location=str(stored.path.relative_to(self.ctx.blobs.root)),
+                uploader_id=caller.node_id,
+                now=now,
+            )
+
+        await self.ctx.run_in_transaction(work)
+        return blob_service_pb2.UploadBlobResponse(
+            blob=common_pb2.BlobRef(blake3=stored.digest, size=stored.size),
+            already_present=stored.already_present,
+        )
+
+    async def download(
+        self, request: blob_service_pb2.GetBlobRequest, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[blob_service_pb2.GetBlobResponse]:
+        """Stream a stored blob from ``offset``."""
+        v = Violations()
+        v.require(len(request.blake3) == 32, "blake3", "must be 32 bytes")
+        v.raise_if_any()
+        if not self.ctx.blobs.exists(request.blake3):
+            raise Refusal(ErrorReason.BLOB_NOT_FOUND, f"no blob {request.blake3.hex()}")
+        offset = request.offset
+        end: int | None = request.offset + request.length if request.length else None
+        while True:
+            want = chunk_size if end is None else min(chunk_size, end - offset)
+            if want <= 0:
+                return
+            total, data = self.ctx.blobs.read_range(request.blake3, offset, want)
+            if offset > total:
+                raise Refusal(ErrorReason.INVALID_FIELDS, f"offset {offset} beyond size {total}")
+            if not data:
+                if offset == total and offset == request.offset:
+                    yield blob_service_pb2.GetBlobResponse(offset=offset, total_size=total)
+                return
+            yield blob_service_pb2.GetBlobResponse(offset=offset, chunk=data, total_size=total)
+            offset += len(data)
+
+    # ---------------------------------------------------------------- commitments
+    def _load_batch(self, digest: bytes) -> rollout_pb2.RolloutBatch:
+        _, data = self.ctx.blobs.read_range(digest, 0, 0)
+        try:
+            return rollout_pb2.RolloutBatch.FromString(data)
+        except DecodeError as error:
+            raise Refusal(
+                ErrorReason.ROLLOUT_BATCH_INVALID, f"rollout blob is not a RolloutBatch: {error}"
+            ) from error
+
+    def _check_batch(
+        self,
+        batch: rollout_pb2.RolloutBatch,
+        request: commitment_service_pb2.SubmitCommitmentRequest,
+        caller: Caller,
+        task: Task,
+    ) -> None:
+        problems: list[str] = []
+        if batch.task_id != request.task_id:
+            problems.append("batch.task_id differs from the commitment's task")
+        if batch.lease_id != request.lease_id or batch.fencing_token != request.fencing_token:
+            problems.append("batch lease differs from the commitment's lease")
+        if batch.node_id != caller.node_id:
+            problems.append("batch.node_id is not the submitting node")
+        if batch.checkpoint_step != task.checkpoint_step:
+            problems.append(
+                f"batch.checkpoint_step {batch.checkpoint_step} != task's {task.checkpoint_step}"
+            )
+        spec = task.sampling
+        expected = len(task.prompt_ids) * int(spec["samples_per_prompt"])
+        if len(batch.rollouts) != expected:
+            problems.append(f"batch holds {len(batch.rollouts)} rollouts, task asks {expected}")
+        if len(request.rollouts) != len(batch.rollouts):
+            problems.append("commitment lists a different number of rollouts than the batch")
+        for index, (rollout, digest) in enumerate(
+            zip(batch.rollouts, request.rollouts, strict=False)
+        ):
+            if proof_digest(rollout.toploc_proof) != digest.proof_blake3:
+                problems.append(f"rollouts[{index}].proof_blake3 does not match the batch")
+            if rollout.sampling_seed != digest.sampling_seed:
+                problems.append(f"rollouts[{index}].sampling_seed does not match the batch")
+            if len(rollout.completion_token_ids) != digest.completion_tokens:
+                problems.append(f"rollouts[{index}].completion_tokens does not match the batch")
+            if len(problems) > 8:
+                break
+        if problems:
+            raise Refusal(ErrorReason.ROLLOUT_BATCH_INVALID, "; ".join(problems[:8]))
+
+    async def submit(
+        self, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
+    ) -> commitment_service_pb2.SubmitCommitmentResponse:
+        """Accept a commitment for a held lease, answer with a signed receipt."""
+        v = Violations()
+        v.require(bool(request.lease_id), "lease_id", "is required")
+        v.require(bool(request.task_id), "task_id", "is required")
+        v.require(len(request.rollout_batch.blake3) == 32, "rollout_batch.blake3", "32 bytes")
+        v.require(len(request.binding_digest) == 32, "binding_digest", "must be 32 bytes")
+        v.require(len(request.rollouts) > 0, "rollouts", "must not be empty")
+        v.raise_if_any()
+        config = self.ctx.config
+        expected_binding = batch_binding_digest(
+            config.network_id,
+            caller.node_id,
+            request.task_id,
+            request.lease_id,
+            request.fencing_token,
+            request.rollout_batch.blake3,
+        )
+        if expected_binding != request.binding_digest:
+            raise Refusal(
+                ErrorReason.COMMITMENT_BINDING_INVALID,
+                "binding_digest does not bind this network, node, task, lease and blob",
+            )
+        if not self.ctx.blobs.exists(request.rollout_batch.blake3):
+            raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
+        batch = self._load_batch(request.rollout_batch.blake3)
+        now = self.ctx.clock()
+        commitment_id = secrets.token_hex(12)
+        signature = self.ctx.identity.sign(
+            receipt_message(commitment_id, request.binding_digest, now)
+        )
+
+        def work(session: Session) -> tuple[commitment_pb2.Commitment, bool]:
+            task = tasks.get_task(session, request.task_id)
+            if task is None:
+                raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
+            blob = artifacts.get_blob(session, request.rollout_batch.blake3.hex())
+            if blob is None or blob.size != request.rollout_batch.size:
+                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            self._check_batch(batch, request, caller, task)
+            outcome = tasks.submit_task(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+            )
+            if outcome is not LeaseOutcome.OK:
+                raise lease_outcome_refusal(outcome, f"task {request.task_id}")
+            prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
+            decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
+            artifacts.record_commitment(
+                session,
+                NewCommitment(
+                    commitment_id=commitment_id,
+                    task_id=request.task_id,
+                    node_id=caller.node_id,
+                    lease_id=request.lease_id,
+                    fencing_token=request.fencing_token,
+                    rollout_blob_hash=request.rollout_batch.blake3.hex(),
+                    proof_blob_hash=None,
+                    sampling_seed=task.seed,
+                    claimed_work=prefill + decode,
+                    request_id=request.request_id,
+                    signature=signature,
+                ),
+                now=now,
+            )
+            node = nodes.get_node(session, caller.node_id)
+            assert node is not None
+            probability = spot_check_probability(
+                node.accepted_streak, config.trusted_streak, config.min_validation_rate
+            )
+            check = spot_check_draw(config.seed, commitment_id) < probability
+            if check:
+                validation.enqueue_validation_job(
+                    session, job_id=secrets.token_hex(12), commitment_id=commitment_id, now=now
+                )
+            else:
+                self._credit_unchecked(
+                    session, task, commitment_id, caller.node_id, prefill, decode, now
+                )
+            return (
+                commitment_pb2.Commitment(
+                    commitment_id=commitment_id,
+                    task_id=request.task_id,
+                    lease_id=request.lease_id,
+                    fencing_token=request.fencing_token,
+                    node_id=caller.node_id,
+                    rollout_batch=request.rollout_batch,
+                    checkpoint_step=task.checkpoint_step,
+                    rollouts=request.rollouts,
+                    claimed_work=request.claimed_work,
+                    binding_digest=request.binding_digest,
+                    state=(
+                        commitment_pb2.Commitment.STATE_PENDING
+                        if check
+                        else commitment_pb2.Commitment.STATE_ACCEPTED
+                    ),
+                    validated=False,
+                    received_at=timestamp(now),
+                ),
+                check,
+            )
+
+        commitment, queued = await self.ctx.run_in_transaction(work)
+        signals = self.ctx.signals
+        signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
+        receipt = commitment_pb2.Receipt(
+            commitment_id=commitment_id,
+            binding_digest=request.binding_digest,
+            received_at=timestamp(now),
+            coordinator_public_key=self.ctx.identity.public_key,
+            signature=signature,
+        )
+        return commitment_service_pb2.SubmitCommitmentResponse(
+            commitment=commitment, receipt=receipt
+        )
+
+    def _credit_unchecked(
+        self,
+        session: Session,
+        task: Task,
+        commitment_id: str,
+        node_id: str,
+        prefill: int,
+        decode: int,
+        now: datetime,
+    ) -> None:
+        flops = _flops_per_token(session, task.checkpoint_step)
+        tasks.transition_task(
+            session, task.id, from_state=TaskState.SUBMITTED, to_state=TaskState.ACCEPTED, now=now
+        )
+        chain.append_entries(
+            session,
+            [
+                NewEntry(
+                    node_id=node_id,
+                    kind=EntryKind.CREDIT,
+                    amount=work_units(prefill, decode, flops),
+                    commitment_id=commitment_id,
+                    memo="spot check skipped (trusted node)",
+                )
+            ],
+            now=now,
+        )
+
+    async def get_commitment(
+        self, caller: Caller, commitment_id: str
+    ) -> commitment_service_pb2.GetCommitmentResponse:
+        """A commitment and its state."""
+
+        def work(session: Session) -> commitment_service_pb2.GetCommitmentResponse:
+            row = artifacts.get_commitment(session, commitment_id)
+            if row is None or (
+                row.node_id != caller.node_id
+                and caller.role not in (NodeRole.VALIDATOR, NodeRole.OPERATOR, NodeRole.TRAINER)
+            ):
+                raise Refusal(ErrorReason.COMMITMENT_NOT_FOUND, f"no commitment {commitment_id}")
+            return commitment_service_pb2.GetCommitmentResponse(
+                commitment=commitment_to_proto(session, row)
+            )
+
+        return await self.ctx.run_in_transaction(work)
+
+    # ---------------------------------------------------------------- validation
+    async def pull_job(
+        self, caller: Caller, request: validation_service_pb2.PullValidationJobRequest
+    ) -> validation_service_pb2.PullValidationJobResponse:
+        """Long-poll for a validation job and lease it."""
+        config = self.ctx.config
+        wait = config.pull_wait_max
+        if request.HasField("wait"):
+            wait = min(request.wait.ToTimedelta(), config.pull_wait_max)
+        deadline = self.ctx.clock() + wait
+
+        def work(session: Session) -> validation_service_pb2.PullValidationJobResponse | None:
+            now = self.ctx.clock()
+            leased = validation.lease_next_validation_job(
+                session, node_id=caller.node_id, now=now, lease_duration=config.lease_duration
+            )
+            if leased is None:
+                return None
+            commitment = artifacts.get_commitment(session, leased.commitment_id)
+            assert commitment is not None
+            task = tasks.get_task(session, commitment.task_id)
+            assert task is not None
+            tasks.transition_task(
+                session,
+                task.id,
+                from_state=TaskState.SUBMITTED,
+                to_state=TaskState.VALIDATING,
+                now=now,
+            )
+            job = validation_pb2.ValidationJob(
+                job_id=leased.job_id,
+                commitment=commitment_to_proto(session, commitment),
+                task=task_to_proto(
+                    task, state=task_pb2.Task.STATE_VALIDATING, attempt=task.attempt
+                ),
+                network_id=config.network_id,
+            )
+            return validation_service_pb2.PullValidationJobResponse(
+                job=job,
+                lease=task_pb2.Lease(
+                    lease_id=leased.lease_id,
+                    fencing_token=leased.fencing_token,
+                    deadline=timestamp(leased.lease_deadline),
+                    issued_at=timestamp(now),
+                ),
+            )
+
+        while True:
+            response = await self.ctx.run_in_transaction(work)
+            if response is not None:
+                return response
+            remaining = (deadline - self.ctx.clock()).total_seconds()
+            if remaining <= 0:
+                return validation_service_pb2.PullValidationJobResponse(
+                    retry_after=duration(config.retry_after)
+                )
+            await wait_for(self.ctx.signals.jobs_available, min(remaining, 1.0))
+
+    async def submit_verdict(
+        self, caller: Caller, request: validation_service_pb2.SubmitVerdictRequest
+    ) -> validation_service_pb2.SubmitVerdictResponse:
+        """Record a verdict: credit or slash, trust update, ejection after repeated rejects."""
+        v = Violations()
+        v.require(bool(request.job_id), "job_id", "is required")
+        v.require(bool(request.lease_id), "lease_id", "is required")
+        accept = validation_pb2.Verdict.DECISION_ACCEPT
+        reject = validation_pb2.Verdict.DECISION_REJECT
+        v.require(request.decision in (accept, reject), "decision", "ACCEPT or REJECT")
+        v.require(
+            request.decision != reject or bool(request.reject_reason),
+            "reject_reason",
+            "is required when rejecting",
+        )
+        v.raise_if_any()
+        config = self.ctx.config
+        now = self.ctx.clock()
+        verdict_id = secrets.token_hex(12)
+        accepted = request.decision == accept
+
+        def work(session: Session) -> validation_pb2.Verdict:
+            job = validation.get_job(session, request.job_id)
+            if job is None:
+                raise Refusal(ErrorReason.JOB_NOT_FOUND, f"no validation job {request.job_id}")
+            commitment = artifacts.get_commitment(session, job.commitment_id)
+            assert commitment is not None
+            task = tasks.get_task(session, commitment.task_id)
+            assert task is not None
+            expected = len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+            if accepted and len(request.validated_rewards) != expected:
+                raise Refusal(
+                    ErrorReason.INVALID_FIELDS,
+                    f"validated_rewards must hold {expected} rewards",
+                    field_violations=[],
+                )
+            flops = _flops_per_token(session, task.checkpoint_step)
+            if accepted:
+                units = work_units(
+                    request.validated_work.prefill_tokens,
+                    request.validated_work.decode_tokens,
+                    flops,
+                )
+            else:
+                units = work_units(commitment.claimed_work, 0, flops)
+            figures: dict[str, Any] = {
+                "checks": [_check_to_json(c) for c in request.checks],
+                "validated_rewards": [
+                    [r.task_reward, r.length_penalty, r.total] for r in request.validated_rewards
+                ],
+            }
+            outcome = validation.submit_verdict(
+                session,
+                job_id=request.job_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                validator_id=caller.node_id,
+                verdict_id=verdict_id,
+                accepted=accepted,
+                reasons=[] if accepted else [request.reject_reason],
+                check_figures=figures,
+                awarded_work=units if accepted else 0,
+                now=now,
+            )
+            if outcome is LeaseOutcome.ALREADY_SUBMITTED:
+                raise Refusal(ErrorReason.VERDICT_ALREADY_RECORDED, "the job already has one")
+            if outcome is not LeaseOutcome.OK:
+                raise lease_outcome_refusal(outcome, f"validation job {request.job_id}")
+            worker = nodes.get_node(session, commitment.node_id)
+            assert worker is not None
+            entries = []
+            if accepted:
+                tasks.transition_task(
+                    session,
+                    task.id,
+                    from_state=TaskState.VALIDATING,
+                    to_state=TaskState.ACCEPTED,
+                    now=now,
+                )
+                entries.append(
+                    NewEntry(
+                        node_id=commitment.node_id,
+                        kind=EntryKind.CREDIT,
+                        amount=units,
+                        commitment_id=commitment.id,
+                        verdict_id=verdict_id,
+                    )
+                )
+                streak = worker.accepted_streak + 1
+                nodes.set_trust(
+                    session,
+                    commitment.node_id,
+                    trust=min(1.0, streak / config.trusted_streak),
+                    accepted_streak=streak,
+                )
+            else:
+                tasks.transition_task(
+                    session,
+                    task.id,
+                    from_state=TaskState.VALIDATING,
+                    to_state=TaskState.REJECTED,
+                    now=now,
+                )
+                # The prompts still need honest rollouts: queue a fresh copy of the task.
+                tasks.requeue_copy(session, task.id, new_task_id=secrets.token_hex(12), now=now)
+                entries.append(
+                    NewEntry(
+                        node_id=commitment.node_id,
+                        kind=EntryKind.SLASH,
+                        amount=-units,
+                        commitment_id=commitment.id,
+                        verdict_id=verdict_id,
+                        memo=request.reject_reason[:200],
+                    )
+                )
+                nodes.set_trust(session, commitment.node_id, trust=0.0, accepted_streak=0)
+                rejects = validation.count_rejected_commitments(session, commitment.node_id)
+                if rejects >= config.eject_after_rejects and worker.state not in (
+                    NodeState.BANNED,
+                    NodeState.EJECTED,
+                ):
+                    eject_node(
+                        session,
+                        commitment.node_id,
+                        NodeState.EJECTED,
+                        f"{rejects} rejected commitments (last: {request.reject_reason})",
+                        now=now,
+                        max_attempts=config.max_attempts,
+                    )
+            entries.append(
+                NewEntry(
+                    node_id=caller.node_id,
+                    kind=EntryKind.VALIDATOR_REWARD,
+                    amount=max(1, units // 100),
+                    commitment_id=commitment.id,
+                    verdict_id=verdict_id,
+                )
+            )
+            chain.append_entries(session, entries, now=now)
+            return validation_pb2.Verdict(
+                verdict_id=verdict_id,
+                job_id=request.job_id,
+                commitment_id=commitment.id,
+                validator_node_id=caller.node_id,
+                decision=request.decision,
+                reject_reason=request.reject_reason,
+                checks=request.checks,
+                validated_rewards=request.validated_rewards,
+                work_units=units if accepted else -units,
+                recorded_at=timestamp(now),
+            )
+
+        verdict = await self.ctx.run_in_transaction(work)
+        metrics = self.ctx.metrics
+        metrics.verdicts.labels(
+            "accept" if accepted else "reject", request.reject_reason or "none"
+        ).inc()
+        signals = self.ctx.signals
+        if accepted:
+            metrics.work_units.inc(verdict.work_units)
+            signals.fire(signals.rollouts_accepted)
+        else:
+            signals.fire(signals.work_available)
+        return validation_service_pb2.SubmitVerdictResponse(verdict=verdict)
+
+
+def _check_to_json(check: validation_pb2.CheckResult) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "check": check.check,
+        "passed": check.passed,
+        "reason": check.reason,
+        "figures": dict(check.figures),
+    }
+    if check.HasField("rollout_index"):
+        item["rollout_index"] = check.rollout_index
+    return item
+
+
+def _flops_per_token(session: Session, step: int) -> int:
+    from rollnet.v1 import checkpoint_pb2
+
+    row = artifacts.get_checkpoint(session, step)
+    if row is None:
+        return 0
+    return int(checkpoint_pb2.CheckpointManifest.FromString(row.manifest).flops_per_token)
+
+
+COMMITMENT_STATE = {
+    TaskState.SUBMITTED: commitment_pb2.Commitment.STATE_PENDING,
+    TaskState.VALIDATING: commitment_pb2.Commitment.STATE_VALIDATING,
+    TaskState.ACCEPTED: commitment_pb2.Commitment.STATE_ACCEPTED,
+    TaskState.REJECTED: commitment_pb2.Commitment.STATE_REJECTED,
+}
+
+
+def commitment_to_proto(session: Session, row: Commitment) -> commitment_pb2.Commitment:
+    """The wire form of a stored commitment (state derived from its task and verdict)."""
+    task = tasks.get_task(session, row.task_id)
+    assert task is not None
+    verdict = validation.get_verdict_for_commitment(session, row.id)
+    if verdict is not None:
+        state = (
+            commitment_pb2.Commitment.STATE_ACCEPTED
+            if verdict.accepted
+            else commitment_pb2.Commitment.STATE_REJECTED
+        )
+    else:
+        state = COMMITMENT_STATE.get(task.state, commitment_pb2.Commitment.STATE_PENDING)
+    blob = artifacts.get_blob(session, row.rollout_blob_hash)
+    digest = bytes.fromhex(row.rollout_blob_hash)
+    return commitment_pb2.Commitment(
+        commitment_id=row.id,
+        task_id=row.task_id,
+        lease_id=row.lease_id,
+        fencing_token=row.fencing_token,
+        node_id=row.node_id,
+        rollout_batch=common_pb2.BlobRef(blake3=digest, size=blob.size if blob else 0),
+        checkpoint_step=task.checkpoint_step,
+        claimed_work=commitment_pb2.WorkClaim(decode_tokens=row.claimed_work),
+        state=state,
+        validated=verdict is not None,
+        received_at=timestamp(row.received_at),
+    )
+
+
+__all__ = ["TASK_STATE_TO_PROTO", "WorkDesk", "batch_binding_digest", "receipt_message"]

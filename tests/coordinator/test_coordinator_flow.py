@@ -1,0 +1,280 @@
+"""The whole loop through a real coordinator on port 0, on SQLite and PostgreSQL.
+
+trainer publishes a checkpoint and asks for rollouts → worker registers, pulls, uploads a rollout
+batch, commits → validator pulls the job and accepts or rejects → ledger credits or slashes →
+the trainer's stream delivers accepted rollouts; `rollnet ledger verify` passes afterwards.
+"""
+
+from __future__ import annotations
+
+import blake3
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from rollnet.reference.cli import main as cli_main
+from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
+from rollnet.reference.coordinator.server import Coordinator
+from rollnet.reference.coordinator.work import batch_binding_digest
+from rollnet.sdk.client import ConnectionConfig, RollnetClient
+from rollnet.sdk.errors import ErrorReason, RollnetError
+from rollnet.sdk.identity import Identity
+from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.v1 import (
+    blob_service_pb2,
+    checkpoint_pb2,
+    checkpoint_service_pb2,
+    commitment_pb2,
+    commitment_service_pb2,
+    common_pb2,
+    ledger_service_pb2,
+    node_pb2,
+    node_service_pb2,
+    rollout_pb2,
+    rollout_service_pb2,
+    task_service_pb2,
+    validation_pb2,
+    validation_service_pb2,
+)
+
+NETWORK = "rollnet-test"
+
+
+def connect(coordinator: Coordinator, identity: Identity) -> RollnetClient:
+    return RollnetClient.connect(
+        ConnectionConfig(target=coordinator.address, network_id=NETWORK, timeout=30.0), identity
+    )
+
+
+async def register(client: RollnetClient, identity: Identity, role: int) -> None:
+    await client.nodes.register_node(
+        node_service_pb2.RegisterNodeRequest(
+            public_key=identity.public_key,
+            role=role,
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            software_version="test/0",
+            capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
+            hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
+        )
+    )
+
+
+async def publish_checkpoint(client: RollnetClient, trainer: Identity, step: int) -> None:
+    weights = f"weights of step {step}".encode()
+    uploaded = await client.blobs.upload(weights, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+    ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=step,
+        network_id=NETWORK,
+        files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
+        flops_per_token=2_000_000,
+    ).SerializeToString()
+    await client.checkpoints.publish_checkpoint(
+        checkpoint_service_pb2.PublishCheckpointRequest(
+            manifest=manifest, signature=trainer.sign(CHECKPOINT_DOMAIN + manifest)
+        )
+    )
+
+
+async def do_task(
+    client: RollnetClient, worker: Identity
+) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, int]:
+    pulled = await client.tasks.pull_task(
+        task_service_pb2.PullTaskRequest(wait=duration_pb2.Duration(seconds=5))
+    )
+    assert pulled.HasField("task"), "a task was queued, the pull must lease it"
+    task, lease = pulled.task, pulled.lease
+    rollouts = []
+    for prompt_index, prompt_id in enumerate(task.prompt_ids):
+        for sample in range(task.samples_per_prompt):
+            rollouts.append(
+                rollout_pb2.Rollout(
+                    prompt_index=prompt_index,
+                    prompt_id=prompt_id,
+                    sample_index=sample,
+                    prompt_token_ids=[1, 2, 3],
+                    completion_token_ids=[4, 5, 0],
+                    behaviour_logprobs=[-0.1, -0.2, -0.3],
+                    sampling_seed=7 + sample,
+                    finish_reason=rollout_pb2.FINISH_REASON_EOS,
+                    toploc_proof=b"\x00" * 258,
+                )
+            )
+    batch = rollout_pb2.RolloutBatch(
+        task_id=task.task_id,
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
+        node_id=worker.node_id,
+        checkpoint_step=task.checkpoint_step,
+        rollouts=rollouts,
+    ).SerializeToString()
+    uploaded = await client.blobs.upload(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
+    request = commitment_service_pb2.SubmitCommitmentRequest(
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
+        task_id=task.task_id,
+        rollout_batch=uploaded.blob,
+        rollouts=[
+            commitment_pb2.RolloutDigest(
+                sampling_seed=r.sampling_seed,
+                proof_blake3=proof_digest(r.toploc_proof),
+                completion_tokens=len(r.completion_token_ids),
+            )
+            for r in rollouts
+        ],
+        claimed_work=commitment_pb2.WorkClaim(
+            prefill_tokens=3 * len(rollouts), decode_tokens=3 * len(rollouts)
+        ),
+        binding_digest=batch_binding_digest(
+            NETWORK,
+            worker.node_id,
+            task.task_id,
+            lease.lease_id,
+            lease.fencing_token,
+            uploaded.blob.blake3,
+        ),
+    )
+    response = await client.commitments.submit_commitment(request)
+    return response, len(rollouts)
+
+
+@pytest.mark.timeout(120)
+async def test_full_loop_credit_slash_eject_and_verify(
+    coordinator: Coordinator,
+    coordinator_config: object,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    db_url: str,
+) -> None:
+    worker = Identity.generate()
+    trainer = connect(coordinator, trainer_identity)
+    validator = connect(coordinator, validator_identity)
+    client = connect(coordinator, worker)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+
+        # Demand before any checkpoint is refused with its reason.
+        demand = rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=1,
+            environment="arithmetic",
+            prompt_count=4,
+            samples_per_prompt=2,
+            sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=8),
+            prompts_per_task=2,
+        )
+        with pytest.raises(RollnetError) as refused:
+            await trainer.rollouts.request_rollouts(demand)
+        assert refused.value.reason == ErrorReason.CHECKPOINT_NOT_FOUND
+
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        created = await trainer.rollouts.request_rollouts(demand)
+        assert len(created.task_ids) == 2
+
+        # Work 1: accepted and credited.
+        submitted, count = await do_task(client, worker)
+        receipt = submitted.receipt
+        assert receipt.coordinator_public_key == coordinator.ctx.identity.public_key
+        job = await validator.validation.pull_validation_job(
+            validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+        )
+        assert job.job.commitment.commitment_id == submitted.commitment.commitment_id
+        rewards = [common_pb2.Reward(task_reward=1.0, total=1.0)] * count
+        verdict = await validator.validation.submit_verdict(
+            validation_service_pb2.SubmitVerdictRequest(
+                job_id=job.job.job_id,
+                lease_id=job.lease.lease_id,
+                fencing_token=job.lease.fencing_token,
+                decision=validation_pb2.Verdict.DECISION_ACCEPT,
+                validated_rewards=rewards,
+                validated_work=commitment_pb2.WorkClaim(
+                    prefill_tokens=3 * count, decode_tokens=3 * count
+                ),
+            )
+        )
+        assert verdict.verdict.work_units == 6 * count * 2
+        balance = await client.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
+        assert balance.balance == 6 * count * 2
+
+        # The trainer's stream delivers the accepted rollouts with validated rewards.
+        stream = trainer.rollouts.stream(0)
+        received = [await anext(stream) for _ in range(count)]
+        assert [r.validated_reward.total for r in received] == [1.0] * count
+        assert len({r.sequence for r in received}) == count
+
+        # Work 2: rejected → slashed; the task is requeued for someone else.
+        submitted, count = await do_task(client, worker)
+        job = await validator.validation.pull_validation_job(
+            validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+        )
+        await validator.validation.submit_verdict(
+            validation_service_pb2.SubmitVerdictRequest(
+                job_id=job.job.job_id,
+                lease_id=job.lease.lease_id,
+                fencing_token=job.lease.fencing_token,
+                decision=validation_pb2.Verdict.DECISION_REJECT,
+                reject_reason="EXPONENT_MISMATCH",
+            )
+        )
+        balance = await client.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
+        assert balance.slashed == 6 * count * 2
+        assert balance.balance == 0
+
+        head = await client.ledger.get_chain_head(
+            ledger_service_pb2.GetChainHeadRequest(fresh=True)
+        )
+        assert head.head.sequence >= 4
+    finally:
+        for c in (trainer, validator, client):
+            await c.close()
+    await coordinator.stop(grace=0.5)
+    assert cli_main(["ledger", "verify", "--db", db_url]) == 0
+
+
+async def test_unknown_key_and_wrong_role_are_refused(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    stranger = Identity.generate()
+    client = connect(coordinator, stranger)
+    try:
+        with pytest.raises(RollnetError) as refused:
+            await client.tasks.pull_task(task_service_pb2.PullTaskRequest())
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert refused.value.reason == ErrorReason.UNKNOWN_KEY
+        # A trainer role needs the allow-list.
+        with pytest.raises(RollnetError) as refused:
+            await register(client, stranger, common_pb2.ROLE_TRAINER)
+        assert refused.value.reason == ErrorReason.ROLE_NOT_PERMITTED
+        # Unsupported major version names the supported range.
+        with pytest.raises(RollnetError) as refused:
+            await client.nodes.register_node(
+                node_service_pb2.RegisterNodeRequest(
+                    public_key=stranger.public_key,
+                    role=common_pb2.ROLE_WORKER,
+                    protocol_version=common_pb2.ProtocolVersion(major=2),
+                )
+            )
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.reason == ErrorReason.PROTOCOL_VERSION_UNSUPPORTED
+        assert refused.value.metadata["supported_major"] == "1"
+        # A worker may not pull validation jobs.
+        await register(client, stranger, common_pb2.ROLE_WORKER)
+        with pytest.raises(RollnetError) as refused:
+            await client.validation.pull_validation_job(
+                validation_service_pb2.PullValidationJobRequest()
+            )
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        # Bad input is INVALID_ARGUMENT with field violations, never INTERNAL.
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(
+                commitment_service_pb2.SubmitCommitmentRequest()
+            )
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        fields = {v.field for v in refused.value.field_violations}
+        assert {"lease_id", "task_id", "binding_digest"} <= fields
+    finally:
+        await client.close()
+
+
+_ = blake3
