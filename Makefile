@@ -20,7 +20,7 @@ $(STAMP): requirements/dev.txt sdk/pyproject.toml ledger/pyproject.toml referenc
 dev: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rollnet demo --data-dir .data/demo
+	$(BIN)/rollnet coordinator --data-dir .data/demo --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
