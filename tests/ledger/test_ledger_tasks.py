@@ -1,0 +1,326 @@
+"""Task leasing with fencing tokens, on both engines; concurrency and SKIP LOCKED."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from rollnet.ledger import LeaseOutcome, NewTask, TaskState, lease_next_task, submit_task
+from rollnet.ledger.tasks import (
+    count_tasks_by_state,
+    enqueue_tasks,
+    extend_lease,
+    get_task,
+    give_back_task,
+    requeue_expired_leases,
+    requeue_leases_of_node,
+    transition_task,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=60)
+AddNodes = Callable[..., list[str]]
+
+
+def _tasks(count: int, environment: str = "arithmetic", step: int = 0) -> list[NewTask]:
+    return [
+        NewTask(
+            task_id=f"{environment}-{step}-{i:05d}",
+            environment=environment,
+            checkpoint_step=step,
+            prompt_ids=[f"p{i}", f"p{i + 1}"],
+            seed=1000 + i,
+            sampling={"temperature": 1.0, "max_tokens": 64},
+        )
+        for i in range(count)
+    ]
+
+
+def test_leases_oldest_matching_task_with_a_fresh_fencing_token(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(2, "math", step=3), now=T0)
+        enqueue_tasks(session, _tasks(2), now=T0 + timedelta(seconds=1))
+    with sessions.begin() as session:
+        leased = lease_next_task(
+            session, node_id=worker, now=T0, lease_duration=LEASE, environments=["arithmetic"]
+        )
+    assert leased is not None
+    assert leased.task_id == "arithmetic-0-00000"
+    assert (leased.fencing_token, leased.seed) == (1, 1000)
+    assert leased.prompt_ids == ["p0", "p1"]
+    assert leased.sampling == {"temperature": 1.0, "max_tokens": 64}
+    assert leased.lease_deadline == T0 + LEASE
+    with sessions.begin() as session:
+        math = lease_next_task(
+            session, node_id=worker, now=T0, lease_duration=LEASE, min_checkpoint_step=3
+        )
+        assert math is not None
+        assert math.task_id == "math-3-00000"
+        assert (
+            lease_next_task(
+                session,
+                node_id=worker,
+                now=T0,
+                lease_duration=LEASE,
+                environments=["code"],
+            )
+            is None
+        )
+        task = get_task(session, leased.task_id)
+        assert task is not None
+        assert (task.state, task.lease_holder, task.attempt) == (TaskState.LEASED, worker, 1)
+
+
+def test_stale_fencing_token_is_refused_after_expiry_and_release(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    slow, fast = add_nodes(2)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(1), now=T0)
+        first = lease_next_task(session, node_id=slow, now=T0, lease_duration=LEASE)
+    assert first is not None
+    late = T0 + LEASE + timedelta(seconds=1)
+    with sessions.begin() as session:
+        # Expired but not yet requeued: the holder is told its lease expired.
+        outcome = submit_task(
+            session,
+            task_id=first.task_id,
+            lease_id=first.lease_id,
+            fencing_token=first.fencing_token,
+            node_id=slow,
+            now=late,
+        )
+        assert outcome is LeaseOutcome.LEASE_EXPIRED
+        assert requeue_expired_leases(session, now=late, max_attempts=3).requeued == [first.task_id]
+        second = lease_next_task(session, node_id=fast, now=late, lease_duration=LEASE)
+    assert second is not None
+    assert second.task_id == first.task_id
+    assert second.fencing_token == first.fencing_token + 1
+    with sessions.begin() as session:
+        stale = submit_task(
+            session,
+            task_id=first.task_id,
+            lease_id=first.lease_id,
+            fencing_token=first.fencing_token,
+            node_id=slow,
+            now=late,
+        )
+        assert stale is LeaseOutcome.STALE_LEASE
+        thief = submit_task(
+            session,
+            task_id=second.task_id,
+            lease_id=second.lease_id,
+            fencing_token=second.fencing_token,
+            node_id=slow,
+            now=late,
+        )
+        assert thief is LeaseOutcome.WRONG_HOLDER
+        unknown = submit_task(
+            session,
+            task_id="nope",
+            lease_id=second.lease_id,
+            fencing_token=1,
+            node_id=fast,
+            now=late,
+        )
+        assert unknown is LeaseOutcome.UNKNOWN
+        ok = submit_task(
+            session,
+            task_id=second.task_id,
+            lease_id=second.lease_id,
+            fencing_token=second.fencing_token,
+            node_id=fast,
+            now=late,
+        )
+        assert ok is LeaseOutcome.OK
+        duplicate = submit_task(
+            session,
+            task_id=second.task_id,
+            lease_id=second.lease_id,
+            fencing_token=second.fencing_token,
+            node_id=fast,
+            now=late,
+        )
+        assert duplicate is LeaseOutcome.ALREADY_SUBMITTED
+        task = get_task(session, first.task_id)
+        assert task is not None
+        assert task.state is TaskState.SUBMITTED
+
+
+def test_expired_leases_fail_after_the_attempt_cap(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(1), now=T0)
+    now = T0
+    for attempt in (1, 2):
+        with sessions.begin() as session:
+            leased = lease_next_task(session, node_id=worker, now=now, lease_duration=LEASE)
+            assert leased is not None
+            assert leased.fencing_token == attempt
+            now += LEASE
+            result = requeue_expired_leases(session, now=now, max_attempts=2)
+        if attempt == 1:
+            assert (len(result.requeued), result.failed) == (1, [])
+        else:
+            assert (result.requeued, len(result.failed)) == ([], 1)
+    with sessions.begin() as session:
+        assert count_tasks_by_state(session) == {TaskState.FAILED: 1}
+        assert lease_next_task(session, node_id=worker, now=now, lease_duration=LEASE) is None
+
+
+def test_per_node_lease_cap(sessions: sessionmaker[Session], add_nodes: AddNodes) -> None:
+    worker, other = add_nodes(2)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(5), now=T0)
+    with sessions.begin() as session:
+        for _ in range(2):
+            assert lease_next_task(
+                session, node_id=worker, now=T0, lease_duration=LEASE, max_leases_per_node=2
+            )
+        assert (
+            lease_next_task(
+                session, node_id=worker, now=T0, lease_duration=LEASE, max_leases_per_node=2
+            )
+            is None
+        )
+        assert lease_next_task(
+            session, node_id=other, now=T0, lease_duration=LEASE, max_leases_per_node=2
+        )
+
+
+def test_extend_give_back_and_transitions(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(2), now=T0)
+        leased = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+        assert leased is not None
+        lease: dict[str, Any] = {
+            "task_id": leased.task_id,
+            "lease_id": leased.lease_id,
+            "fencing_token": leased.fencing_token,
+            "node_id": worker,
+        }
+        later = T0 + timedelta(seconds=50)
+        assert extend_lease(session, **lease, now=later, lease_duration=LEASE) is LeaseOutcome.OK
+        task = get_task(session, leased.task_id)
+        assert task is not None
+        session.refresh(task)
+        assert task.lease_deadline == later + LEASE
+        assert give_back_task(session, **lease, now=later, max_attempts=3) is LeaseOutcome.OK
+        assert give_back_task(session, **lease, now=later, max_attempts=3) is (
+            LeaseOutcome.NOT_LEASED
+        )
+        again = lease_next_task(session, node_id=worker, now=later, lease_duration=LEASE)
+        assert again is not None
+        assert again.fencing_token == 2
+        # A node that goes offline loses its leases.
+        assert requeue_leases_of_node(session, worker, now=later, max_attempts=3).requeued == [
+            again.task_id
+        ]
+        final = lease_next_task(session, node_id=worker, now=later, lease_duration=LEASE)
+        assert final is not None
+        assert (
+            submit_task(
+                session,
+                task_id=final.task_id,
+                lease_id=final.lease_id,
+                fencing_token=final.fencing_token,
+                node_id=worker,
+                now=later,
+            )
+            is LeaseOutcome.OK
+        )
+        assert transition_task(
+            session,
+            final.task_id,
+            from_state=TaskState.SUBMITTED,
+            to_state=TaskState.VALIDATING,
+            now=later,
+        )
+        assert not transition_task(
+            session,
+            final.task_id,
+            from_state=TaskState.SUBMITTED,
+            to_state=TaskState.ACCEPTED,
+            now=later,
+        )
+        with pytest.raises(ValueError, match="lease_next_task"):
+            transition_task(
+                session,
+                final.task_id,
+                from_state=TaskState.VALIDATING,
+                to_state=TaskState.QUEUED,
+                now=later,
+            )
+
+
+def test_concurrent_workers_lease_every_task_exactly_once(
+    migrated_engine: Engine, sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    workers = add_nodes(6)
+    total = 240
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(total), now=T0)
+    barrier = threading.Barrier(len(workers))
+    leased: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(node_id: str) -> None:
+        try:
+            barrier.wait(timeout=30)
+            while True:
+                with sessions.begin() as session:
+                    task = lease_next_task(session, node_id=node_id, now=T0, lease_duration=LEASE)
+                if task is None:
+                    return
+                with lock:
+                    leased.append(task.task_id)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(node,)) for node in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    counts = Counter(leased)
+    assert len(counts) == total
+    assert set(counts.values()) == {1}
+    with sessions.begin() as session:
+        assert count_tasks_by_state(session) == {TaskState.LEASED: total}
+
+
+def test_skip_locked_lets_a_second_replica_lease_past_an_open_transaction(
+    migrated_engine: Engine, sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """On PostgreSQL a replica never waits on (or re-leases) a task another one is leasing."""
+    if migrated_engine.dialect.name != "postgresql":
+        pytest.skip("SKIP LOCKED is PostgreSQL's; SQLite has a single writer instead")
+    first_worker, second_worker = add_nodes(2)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(2), now=T0)
+    with sessions.begin() as replica_a:
+        held = lease_next_task(replica_a, node_id=first_worker, now=T0, lease_duration=LEASE)
+        assert held is not None
+        # Replica A has not committed; replica B must skip its row, not block on it.
+        with sessions.begin() as replica_b:
+            replica_b.connection().exec_driver_sql("SET LOCAL lock_timeout = '2s'")
+            other = lease_next_task(replica_b, node_id=second_worker, now=T0, lease_duration=LEASE)
+            assert other is not None
+            assert other.task_id != held.task_id

@@ -1,0 +1,306 @@
+"""Blobs, commitments, checkpoints, validation jobs, verdicts and idempotency, on both engines."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from rollnet.ledger import (
+    EntryKind,
+    LeaseOutcome,
+    NewEntry,
+    NewTask,
+    NodeRole,
+    append_entries,
+    balance,
+    lease_next_task,
+    lease_next_validation_job,
+)
+from rollnet.ledger import idempotency as idem
+from rollnet.ledger.artifacts import (
+    ConflictError,
+    NewCommitment,
+    get_blob,
+    get_checkpoint,
+    latest_checkpoint,
+    record_blob,
+    record_checkpoint,
+    record_commitment,
+)
+from rollnet.ledger.models import IdempotencyRecord, LedgerEntry
+from rollnet.ledger.tasks import enqueue_tasks
+from rollnet.ledger.validation import (
+    enqueue_validation_job,
+    get_verdict_for_commitment,
+    requeue_expired_validation_jobs,
+    submit_verdict,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=60)
+AddNodes = Callable[..., list[str]]
+
+
+def _commit_one_task(sessions: sessionmaker[Session], worker: str) -> str:
+    """Queue, lease and commit one task; returns the commitment id."""
+    with sessions.begin() as session:
+        enqueue_tasks(
+            session,
+            [NewTask("t1", "arithmetic", 0, ["p1"], seed=7, sampling={"temperature": 1.0})],
+            now=T0,
+        )
+        lease = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+        assert lease is not None
+        record_blob(
+            session, blake3_hex="ab" * 32, size=10, location="blobs/ab", uploader_id=worker, now=T0
+        )
+        record_commitment(
+            session,
+            NewCommitment(
+                commitment_id="c1",
+                task_id=lease.task_id,
+                node_id=worker,
+                lease_id=lease.lease_id,
+                fencing_token=lease.fencing_token,
+                rollout_blob_hash="ab" * 32,
+                proof_blob_hash=None,
+                sampling_seed=7,
+                claimed_work=1234,
+                request_id="r1",
+                signature=b"\x00" * 64,
+            ),
+            now=T0,
+        )
+    return "c1"
+
+
+def test_blobs_and_checkpoints_are_written_once(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (trainer,) = add_nodes(1, NodeRole.TRAINER)
+    with sessions.begin() as session:
+        blob = record_blob(
+            session, blake3_hex="cd" * 32, size=5, location="x", uploader_id=None, now=T0
+        )
+        assert (
+            record_blob(
+                session, blake3_hex="cd" * 32, size=5, location="y", uploader_id=None, now=T0
+            )
+            is blob
+        )
+        with pytest.raises(ConflictError):
+            record_blob(
+                session, blake3_hex="cd" * 32, size=6, location="x", uploader_id=None, now=T0
+            )
+        assert get_blob(session, "cd" * 32) is blob
+        for step in (0, 1):
+            record_checkpoint(
+                session,
+                step=step,
+                manifest=b"manifest %d" % step,
+                manifest_hash=f"{step:064x}",
+                signature=b"\x01" * 64,
+                signer_public_key=b"\x02" * 32,
+                publisher_id=trainer,
+                now=T0,
+            )
+        with pytest.raises(ConflictError):
+            record_checkpoint(
+                session,
+                step=1,
+                manifest=b"other",
+                manifest_hash="f" * 64,
+                signature=b"\x01" * 64,
+                signer_public_key=b"\x02" * 32,
+                publisher_id=trainer,
+                now=T0,
+            )
+        latest = latest_checkpoint(session)
+        assert latest is not None
+        assert (latest.step, latest.manifest) == (1, b"manifest 1")
+        assert get_checkpoint(session, 0) is not None
+
+
+def test_one_commitment_per_lease(sessions: sessionmaker[Session], add_nodes: AddNodes) -> None:
+    (worker,) = add_nodes(1)
+    _commit_one_task(sessions, worker)
+    with pytest.raises(IntegrityError), sessions.begin() as session:
+        record_commitment(
+            session,
+            NewCommitment(
+                commitment_id="c2",
+                task_id="t1",
+                node_id=worker,
+                lease_id="whatever",
+                fencing_token=1,
+                rollout_blob_hash="ab" * 32,
+                proof_blob_hash=None,
+                sampling_seed=7,
+                claimed_work=1,
+                request_id="r2",
+                signature=b"\x00" * 64,
+            ),
+            now=T0,
+        )
+
+
+def test_validation_job_lease_verdict_and_credit(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    first_validator, second_validator = add_nodes(2, NodeRole.VALIDATOR)
+    commitment_id = _commit_one_task(sessions, worker)
+    with sessions.begin() as session:
+        enqueue_validation_job(session, job_id="j1", commitment_id=commitment_id, now=T0)
+        job = lease_next_validation_job(
+            session, node_id=first_validator, now=T0, lease_duration=LEASE
+        )
+        assert job is not None
+        assert (job.commitment_id, job.fencing_token) == (commitment_id, 1)
+        assert (
+            lease_next_validation_job(
+                session, node_id=second_validator, now=T0, lease_duration=LEASE
+            )
+            is None
+        )
+    late = T0 + LEASE
+    with sessions.begin() as session:
+        assert requeue_expired_validation_jobs(session, now=late) == ["j1"]
+        retry = lease_next_validation_job(
+            session, node_id=second_validator, now=late, lease_duration=LEASE
+        )
+        assert retry is not None
+        assert retry.fencing_token == 2
+    verdict = {
+        "verdict_id": "v1",
+        "accepted": True,
+        "reasons": [],
+        "check_figures": {"toploc": {"exp_mismatch_max": 3, "mant_err_mean": 1.5}},
+        "awarded_work": 1234,
+        "now": late,
+    }
+    with sessions.begin() as session:
+        stale = submit_verdict(
+            session,
+            job_id="j1",
+            lease_id=job.lease_id,
+            fencing_token=job.fencing_token,
+            validator_id=first_validator,
+            **verdict,  # type: ignore[arg-type]
+        )
+        assert stale is LeaseOutcome.STALE_LEASE
+        assert get_verdict_for_commitment(session, commitment_id) is None
+    with sessions.begin() as session:
+        ok = submit_verdict(
+            session,
+            job_id="j1",
+            lease_id=retry.lease_id,
+            fencing_token=retry.fencing_token,
+            validator_id=second_validator,
+            **verdict,  # type: ignore[arg-type]
+        )
+        assert ok is LeaseOutcome.OK
+        # The credit commits atomically with the verdict that earns it.
+        append_entries(
+            session,
+            [
+                NewEntry(
+                    worker, EntryKind.CREDIT, 1234, commitment_id=commitment_id, verdict_id="v1"
+                ),
+                NewEntry(second_validator, EntryKind.VALIDATOR_REWARD, 12, verdict_id="v1"),
+            ],
+            now=late,
+        )
+    with sessions.begin() as session:
+        stored = get_verdict_for_commitment(session, commitment_id)
+        assert stored is not None
+        assert stored.check_figures["toploc"]["exp_mismatch_max"] == 3
+        assert balance(session, worker) == 1234
+        again = submit_verdict(
+            session,
+            job_id="j1",
+            lease_id=retry.lease_id,
+            fencing_token=retry.fencing_token,
+            validator_id=second_validator,
+            **verdict,  # type: ignore[arg-type]
+        )
+        assert again is LeaseOutcome.ALREADY_SUBMITTED
+
+
+def _count(session: Session, model: type[LedgerEntry] | type[IdempotencyRecord]) -> int:
+    return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_repeated_request_returns_the_original_response_and_writes_nothing(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    calls = 0
+
+    def credit(session: Session) -> bytes:
+        nonlocal calls
+        calls += 1
+        [entry] = append_entries(session, [NewEntry(worker, EntryKind.CREDIT, 5)])
+        return f"sequence={entry.sequence}".encode()
+
+    first = idem.run_idempotent(
+        sessions, caller_id=worker, method="/rollnet.v1.X/Credit", request_id="r-1", mutate=credit
+    )
+    second = idem.run_idempotent(
+        sessions, caller_id=worker, method="/rollnet.v1.X/Credit", request_id="r-1", mutate=credit
+    )
+    other = idem.run_idempotent(
+        sessions, caller_id=worker, method="/rollnet.v1.X/Credit", request_id="r-2", mutate=credit
+    )
+    assert (first.response, first.replayed) == (b"sequence=1", False)
+    assert (second.response, second.replayed) == (b"sequence=1", True)
+    assert (other.response, other.replayed) == (b"sequence=2", False)
+    assert calls == 2
+    with sessions.begin() as session:
+        assert _count(session, LedgerEntry) == 2
+        assert idem.lookup(session, worker, "/rollnet.v1.X/Credit", "r-1") == b"sequence=1"
+        assert idem.lookup(session, worker, "/rollnet.v1.X/Other", "r-1") is None
+        assert idem.prune(session, older_than=datetime.now(UTC) + timedelta(days=1)) == 2
+
+
+def test_concurrent_duplicates_mutate_once(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    racers = 4
+    barrier = threading.Barrier(racers)
+    results: list[idem.IdempotentResult] = []
+    errors: list[BaseException] = []
+
+    def credit(session: Session) -> bytes:
+        [entry] = append_entries(session, [NewEntry(worker, EntryKind.CREDIT, 5)])
+        return f"sequence={entry.sequence}".encode()
+
+    def racer() -> None:
+        try:
+            barrier.wait(timeout=30)
+            results.append(
+                idem.run_idempotent(
+                    sessions, caller_id=worker, method="M", request_id="same", mutate=credit
+                )
+            )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer) for _ in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert {result.response for result in results} == {b"sequence=1"}
+    assert sum(not result.replayed for result in results) == 1
+    with sessions.begin() as session:
+        assert _count(session, LedgerEntry) == 1
+        assert _count(session, IdempotencyRecord) == 1
