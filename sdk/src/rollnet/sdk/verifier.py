@@ -1,0 +1,478 @@
+"""Request signing, server side: a ``grpc.aio`` server interceptor that verifies every call.
+
+Plug it into any ``grpc.aio`` server::
+
+    verifier = RequestVerifier(VerifierConfig(audience="my-net", key_resolver=resolve_key,
+                                              method_policy=default_method_policy()))
+    server = grpc.aio.server(interceptors=[verifier])
+
+It rebuilds each method handler so the request deserializer sees the raw bytes received, checks the
+signing headers against them, and only then parses the message with the original deserializer
+and runs the handler. Handlers read the verified caller with :func:`current_caller`.
+"""
+
+from __future__ import annotations
+
+import binascii
+import collections
+import contextvars
+import inspect
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
+from rollnet.sdk.identity import (
+    PUBLIC_KEY_SIZE,
+    SIGNATURE_SIZE,
+    b64url_decode,
+    node_id_from_public_key,
+    verify_signature,
+)
+from rollnet.sdk.methods import EXEMPT_PREFIXES, REGISTER_NODE
+from rollnet.sdk.signing import (
+    AUDIENCE_HEADER,
+    BODY_HASH_HEADER,
+    KEY_HEADER,
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+    SIGNING_HEADERS,
+    TIMESTAMP_HEADER,
+    body_digest,
+    is_valid_audience,
+    signed_bytes,
+)
+from rollnet.v1 import common_pb2
+
+_log = logging.getLogger(__name__)
+
+_TIMESTAMP_RE = re.compile(r"0|[1-9][0-9]{0,15}")
+_NONCE_RE = re.compile(r"[0-9a-f]{32}")
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class KnownKey:
+    """What the server knows about a public key: the answer of a :data:`KeyResolver`."""
+
+    node_id: str
+    role: int
+    """A ``rollnet.v1.Role`` value."""
+    banned: bool = False
+
+
+KeyResolver = Callable[[bytes], Awaitable[KnownKey | None]]
+"""Looks up a raw public key; ``None`` when the key is not registered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The verified identity behind the current call."""
+
+    node_id: str
+    role: int
+    """A ``rollnet.v1.Role`` value; ``ROLE_UNSPECIFIED`` for an unregistered key (RegisterNode)."""
+    public_key: bytes
+    registered: bool
+
+
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rollnet_caller")
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rollnet_request_id")
+
+
+def current_caller() -> Caller:
+    """The verified caller of the call being handled.
+
+    Raises ``LookupError`` outside a call admitted by a :class:`RequestVerifier` (for example in a
+    health check handler, which is exempt from signing).
+    """
+    try:
+        return _CALLER.get()
+    except LookupError:
+        raise LookupError(
+            "no verified caller: not inside a call admitted by RequestVerifier"
+        ) from None
+
+
+def current_request_id() -> str:
+    """The correlation id of the call being handled ("" outside one).
+
+    The request message's ``request_id`` when it has a non-empty one (so retries of one logical
+    call share it), otherwise the call's signing nonce.
+    """
+    return _REQUEST_ID.get("")
+
+
+class VerificationError(Exception):
+    """A call failed verification; ``reason`` and ``code`` are what the client receives."""
+
+    def __init__(self, reason: ErrorReason, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.code = REASON_CODES[reason]
+        self.message = message
+
+
+class NonceCacheFull(Exception):
+    """The nonce cache holds its capacity of live nonces; the call must come back later."""
+
+
+class NonceCache:
+    """Nonces seen per key within the replay window; bounded, entries expire after ``ttl``.
+
+    Expiry is measured on a monotonic clock from the moment a nonce is recorded. A verifier uses
+    ``ttl = 2 * skew`` because an accepted timestamp can lie up to ``skew`` in the future, so
+    the request stays acceptable for up to ``2 * skew`` after it arrives.
+    When the cache is full of live nonces it refuses new ones rather than evicting (evicting would
+    let a flood of fresh nonces re-open a replay window).
+    """
+
+    def __init__(
+        self, *, ttl: float, capacity: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if capacity < 1 or ttl <= 0:
+            raise ValueError("NonceCache needs capacity >= 1 and ttl > 0")
+        self._ttl = ttl
+        self._capacity = capacity
+        self._clock = clock
+        self._expiry: dict[tuple[bytes, str], float] = {}
+        # Insertion order equals expiry order (constant ttl, monotonic clock).
+        self._order: collections.deque[tuple[float, tuple[bytes, str]]] = collections.deque()
+
+    def __len__(self) -> int:
+        self._purge(self._clock())
+        return len(self._expiry)
+
+    def record(self, public_key: bytes, nonce: str) -> bool:
+        """Record ``nonce`` for ``public_key``; ``False`` when it is already recorded and live.
+
+        Raises :class:`NonceCacheFull` when the cache holds ``capacity`` live nonces.
+        """
+        now = self._clock()
+        self._purge(now)
+        entry = (public_key, nonce)
+        if entry in self._expiry:
+            return False
+        if len(self._expiry) >= self._capacity:
+            raise NonceCacheFull
+        expiry = now + self._ttl
+        self._expiry[entry] = expiry
+        self._order.append((expiry, entry))
+        return True
+
+    def _purge(self, now: float) -> None:
+        while self._order and self._order[0][0] <= now:
+            _, entry = self._order.popleft()
+            self._expiry.pop(entry, None)
+
+
+def _default_exempt() -> frozenset[str]:
+    return EXEMPT_PREFIXES
+
+
+def _default_registration() -> frozenset[str]:
+    return frozenset({REGISTER_NODE})
+
+
+@dataclass
+class VerifierConfig:
+    """Settings of a :class:`RequestVerifier`."""
+
+    audience: str
+    """This server's network id; calls signed for another audience are refused."""
+    key_resolver: KeyResolver
+    """Looks up a caller's key (in the ledger, typically)."""
+    method_policy: Mapping[str, frozenset[int]]
+    """Full method path → the ``rollnet.v1.Role`` values that may call it; others are refused."""
+    skew: float = 60.0
+    """Largest accepted distance, in seconds, between the signed timestamp and the server clock
+    (in either direction)."""
+    nonce_capacity: int = 200_000
+    """Most live nonces remembered at once (all keys together)."""
+    registration_methods: frozenset[str] = field(default_factory=_default_registration)
+    """Methods an unknown key may call (its caller then has role ``ROLE_UNSPECIFIED``)."""
+    exempt_prefixes: frozenset[str] = field(default_factory=_default_exempt)
+    """Method path prefixes served without any signature (health, reflection)."""
+    clock: Callable[[], float] = time.time
+    """Unix time in seconds (tests inject a fixed one)."""
+
+
+class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Verifies the signature of every call of a ``grpc.aio`` server (see module docs).
+
+    Refusals are UNAUTHENTICATED or PERMISSION_DENIED (RESOURCE_EXHAUSTED ``RATE_LIMITED`` when
+    the nonce cache is full) with a rollnet ``ErrorInfo`` reason.
+    Handlers of client-streaming methods must read requests from the request iterator (not
+    ``context.read()``): the first message is the signed body.
+    """
+
+    def __init__(self, config: VerifierConfig) -> None:
+        if not is_valid_audience(config.audience):
+            raise ValueError(f"invalid network id {config.audience!r}")
+        self.config = config
+        self.nonces = NonceCache(ttl=2 * config.skew, capacity=config.nonce_capacity)
+
+    async def verify(self, method: str, metadata: Any, body: bytes) -> Caller:
+        """Check one call's signing headers against the bytes of its (first) request message.
+
+        ``metadata`` is the call's invocation metadata (key/value pairs). Returns the caller, or
+        raises :class:`VerificationError`; records the nonce once the signature verifies.
+        """
+        config = self.config
+        headers = _signing_headers(metadata)
+        key, signature, nonce = _decode_headers(headers)
+        audience = headers[AUDIENCE_HEADER]
+        timestamp = headers[TIMESTAMP_HEADER]
+        digest = headers[BODY_HASH_HEADER]
+        if audience != config.audience:
+            raise VerificationError(
+                ErrorReason.AUDIENCE_MISMATCH,
+                f"call signed for network {audience!r}, this is {config.audience!r}",
+            )
+        skew_ms = int(timestamp) - int(config.clock() * 1000)
+        if abs(skew_ms) > config.skew * 1000:
+            raise VerificationError(
+                ErrorReason.TIMESTAMP_SKEW,
+                f"signed timestamp is {skew_ms / 1000:+.3f} s from server time "
+                f"(window ±{config.skew:g} s); fix the clock",
+            )
+        if body_digest(body) != digest:
+            raise VerificationError(
+                ErrorReason.BODY_HASH_MISMATCH, "request bytes do not hash to the signed digest"
+            )
+        if not verify_signature(
+            key, signature, signed_bytes(audience, method, timestamp, nonce, digest)
+        ):
+            raise VerificationError(
+                ErrorReason.SIGNATURE_INVALID, f"signature does not verify for {method}"
+            )
+        known = await config.key_resolver(key)
+        if known is None and method not in config.registration_methods:
+            raise VerificationError(
+                ErrorReason.UNKNOWN_KEY, "key is not registered; call RegisterNode first"
+            )
+        try:
+            fresh = self.nonces.record(key, nonce)
+        except NonceCacheFull:
+            raise VerificationError(
+                ErrorReason.RATE_LIMITED, "too many calls in the replay window"
+            ) from None
+        if not fresh:
+            raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
+        if known is not None and known.banned:
+            raise VerificationError(ErrorReason.NODE_BANNED, "key is banned")
+        allowed = config.method_policy.get(method)
+        if allowed is None:
+            raise VerificationError(ErrorReason.ROLE_NOT_ALLOWED, f"{method} is not callable")
+        if known is None:
+            return Caller(node_id_from_public_key(key), common_pb2.ROLE_UNSPECIFIED, key, False)
+        if known.role not in allowed:
+            raise VerificationError(
+                ErrorReason.ROLE_NOT_ALLOWED,
+                f"role {_role_name(known.role)} may not call {method}",
+            )
+        return Caller(known.node_id, known.role, key, True)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        """Wrap the method handler so it verifies the call before running (grpc.aio API)."""
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or any(method.startswith(p) for p in self.config.exempt_prefixes):
+            return handler
+        metadata = handler_call_details.invocation_metadata
+        if handler.request_streaming:
+            return self._wrap_stream_request(handler, method, metadata)
+        return self._wrap_unary_request(handler, method, metadata)
+
+    async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> Caller:
+        try:
+            caller = await self.verify(method, metadata, body)
+        except VerificationError as exc:
+            _log.info(
+                "call_refused",
+                extra={"method": method, "reason": str(exc.reason), "peer": context.peer()},
+            )
+            retry_after = 1.0 if exc.reason is ErrorReason.RATE_LIMITED else None
+            await abort(context, exc.code, exc.reason, exc.message, retry_after=retry_after)
+        _CALLER.set(caller)
+        _REQUEST_ID.set(_header(metadata, NONCE_HEADER))
+        return caller
+
+    def _wrap_unary_request(self, handler: Any, method: str, metadata: Any) -> Any:
+        deserialize = handler.request_deserializer or _identity
+
+        async def parse(raw: bytes, context: Any) -> Any:
+            await self._admit(method, metadata, raw, context)
+            request = await _parse(deserialize, raw, context)
+            request_id = getattr(request, "request_id", "")
+            if isinstance(request_id, str) and request_id:
+                _REQUEST_ID.set(request_id)
+            return request
+
+        if not handler.response_streaming:
+            inner = handler.unary_unary
+
+            async def unary_unary(raw: bytes, context: Any) -> Any:
+                return await _maybe_await(inner(await parse(raw, context), context))
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, response_serializer=handler.response_serializer
+            )
+
+        inner = handler.unary_stream
+        if inspect.isasyncgenfunction(inner):
+
+            async def unary_stream_gen(raw: bytes, context: Any) -> AsyncIterator[Any]:
+                async for response in inner(await parse(raw, context), context):
+                    yield response
+
+            behavior: Any = unary_stream_gen
+        else:
+
+            async def unary_stream_writes(raw: bytes, context: Any) -> Any:
+                return await _maybe_await(inner(await parse(raw, context), context))
+
+            behavior = unary_stream_writes
+        return grpc.unary_stream_rpc_method_handler(
+            behavior, response_serializer=handler.response_serializer
+        )
+
+    def _wrap_stream_request(self, handler: Any, method: str, metadata: Any) -> Any:
+        deserialize = handler.request_deserializer or _identity
+
+        async def requests(raw_requests: Any, context: Any) -> AsyncIterator[Any]:
+            iterator = aiter(raw_requests)
+            try:
+                first: bytes | None = await anext(iterator)
+            except StopAsyncIteration:
+                first = None
+            await self._admit(method, metadata, first or b"", context)
+
+            async def parsed() -> AsyncIterator[Any]:
+                if first is not None:
+                    yield await _parse(deserialize, first, context)
+                async for raw in iterator:
+                    yield await _parse(deserialize, raw, context)
+
+            return parsed()
+
+        if not handler.response_streaming:
+            inner = handler.stream_unary
+
+            async def stream_unary(raw_requests: Any, context: Any) -> Any:
+                return await _maybe_await(inner(await requests(raw_requests, context), context))
+
+            return grpc.stream_unary_rpc_method_handler(
+                stream_unary, response_serializer=handler.response_serializer
+            )
+
+        inner = handler.stream_stream
+        if inspect.isasyncgenfunction(inner):
+
+            async def stream_stream_gen(raw_requests: Any, context: Any) -> AsyncIterator[Any]:
+                async for response in inner(await requests(raw_requests, context), context):
+                    yield response
+
+            behavior: Any = stream_stream_gen
+        else:
+
+            async def stream_stream_writes(raw_requests: Any, context: Any) -> Any:
+                return await _maybe_await(inner(await requests(raw_requests, context), context))
+
+            behavior = stream_stream_writes
+        return grpc.stream_stream_rpc_method_handler(
+            behavior, response_serializer=handler.response_serializer
+        )
+
+
+def _identity(raw: bytes) -> bytes:
+    return raw
+
+
+async def _maybe_await(result: Any) -> Any:
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+async def _parse(deserialize: Callable[[bytes], Any], raw: bytes, context: Any) -> Any:
+    try:
+        return deserialize(raw)
+    except Exception:  # protobuf raises DecodeError; any parser failure means bad input
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ErrorReason.INVALID_FIELDS,
+            "request message does not parse",
+        )
+
+
+def _header(metadata: Any, name: str) -> str:
+    for key, value in metadata or ():
+        if key == name:
+            return str(value)
+    return ""
+
+
+def _signing_headers(metadata: Any) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for key, value in metadata or ():
+        if key not in SIGNING_HEADERS:
+            continue
+        if key in found:
+            raise VerificationError(ErrorReason.SIGNATURE_MALFORMED, f"header {key} repeated")
+        if not isinstance(value, str):
+            raise VerificationError(ErrorReason.SIGNATURE_MALFORMED, f"header {key} is binary")
+        found[key] = value
+    missing = [name for name in SIGNING_HEADERS if not found.get(name)]
+    if missing:
+        raise VerificationError(
+            ErrorReason.SIGNATURE_MISSING, f"missing or empty header(s): {', '.join(missing)}"
+        )
+    return found
+
+
+def _decode_headers(headers: Mapping[str, str]) -> tuple[bytes, bytes, str]:
+    """Validate every header's syntax; return (public key, signature, nonce)."""
+
+    def malformed(name: str, expected: str) -> VerificationError:
+        return VerificationError(ErrorReason.SIGNATURE_MALFORMED, f"header {name}: {expected}")
+
+    try:
+        key = b64url_decode(headers[KEY_HEADER])
+    except (ValueError, binascii.Error):
+        raise malformed(KEY_HEADER, "expected unpadded base64url") from None
+    if len(key) != PUBLIC_KEY_SIZE:
+        raise malformed(KEY_HEADER, f"expected a {PUBLIC_KEY_SIZE}-byte Ed25519 public key")
+    try:
+        signature = b64url_decode(headers[SIGNATURE_HEADER])
+    except (ValueError, binascii.Error):
+        raise malformed(SIGNATURE_HEADER, "expected unpadded base64url") from None
+    if len(signature) != SIGNATURE_SIZE:
+        raise malformed(SIGNATURE_HEADER, f"expected a {SIGNATURE_SIZE}-byte Ed25519 signature")
+    if not _TIMESTAMP_RE.fullmatch(headers[TIMESTAMP_HEADER]):
+        raise malformed(TIMESTAMP_HEADER, "expected unix milliseconds in decimal")
+    nonce = headers[NONCE_HEADER]
+    if not _NONCE_RE.fullmatch(nonce):
+        raise malformed(NONCE_HEADER, "expected 32 lowercase hex digits")
+    if not _DIGEST_RE.fullmatch(headers[BODY_HASH_HEADER]):
+        raise malformed(BODY_HASH_HEADER, "expected 64 lowercase hex digits")
+    if not is_valid_audience(headers[AUDIENCE_HEADER]):
+        raise malformed(AUDIENCE_HEADER, "expected printable ASCII without spaces")
+    return key, signature, nonce
+
+
+def _role_name(role: int) -> str:
+    try:
+        return str(common_pb2.Role.Name(role))  # type: ignore[arg-type]
+    except ValueError:
+        return str(role)

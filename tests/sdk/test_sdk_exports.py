@@ -1,0 +1,102 @@
+"""The public surface of ``rollnet.sdk``: a snapshot, and a light import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import rollnet.sdk
+
+EXPORTS = [
+    "ALL_METHODS",
+    "AUDIENCE_HEADER",
+    "Aborted",
+    "AlreadyExists",
+    "BODY_HASH_HEADER",
+    "BlobClient",
+    "BlobIntegrityError",
+    "Caller",
+    "Cancelled",
+    "CheckpointClient",
+    "CommitmentClient",
+    "ConnectionConfig",
+    "DEFAULT_CHUNK_SIZE",
+    "DataLoss",
+    "DeadlineExceeded",
+    "ERROR_DOMAIN",
+    "ErrorReason",
+    "FailedPrecondition",
+    "FieldViolation",
+    "Identity",
+    "Internal",
+    "InvalidArgument",
+    "KEY_HEADER",
+    "KeyFileError",
+    "KeyResolver",
+    "KnownKey",
+    "LedgerClient",
+    "Metadata",
+    "NONCE_HEADER",
+    "NodeClient",
+    "NonceCache",
+    "NotFound",
+    "OutOfRange",
+    "PermissionDenied",
+    "REASON_CODES",
+    "REGISTER_NODE",
+    "RequestSigner",
+    "RequestVerifier",
+    "ResourceExhausted",
+    "RetryPolicy",
+    "RollnetClient",
+    "RollnetError",
+    "RolloutClient",
+    "SIGNATURE_HEADER",
+    "SIGNING_HEADERS",
+    "SignedHeaders",
+    "TIMESTAMP_HEADER",
+    "TaskClient",
+    "TlsConfig",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "ValidationClient",
+    "VerificationError",
+    "VerifierConfig",
+    "abort",
+    "body_digest",
+    "build_status",
+    "current_caller",
+    "current_request_id",
+    "default_method_policy",
+    "error_type",
+    "from_rpc_error",
+    "is_retryable",
+    "method_path",
+    "node_id_from_public_key",
+    "open_channel",
+    "signed_bytes",
+    "signing_interceptors",
+    "verify_signature",
+]
+
+
+def test_exports_snapshot() -> None:
+    assert sorted(rollnet.sdk.__all__) == EXPORTS
+    for name in rollnet.sdk.__all__:
+        assert hasattr(rollnet.sdk, name), name
+
+
+def test_import_is_light() -> None:
+    """Importing the SDK must not pull in torch, SQLAlchemy, vLLM or transformers."""
+    code = (
+        "import json, sys, rollnet.sdk; "
+        "print(json.dumps(sorted(m for m in ('torch', 'sqlalchemy', 'vllm', 'transformers') "
+        "if m in sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(result.stdout) == []

@@ -1,0 +1,361 @@
+"""The request verifier on a real grpc.aio server: what it admits and each reason it refuses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sdk_testing import NETWORK_ID, Swarm
+
+from rollnet.sdk import (
+    AUDIENCE_HEADER,
+    BODY_HASH_HEADER,
+    KEY_HEADER,
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+    SIGNING_HEADERS,
+    TIMESTAMP_HEADER,
+    ErrorReason,
+    Identity,
+    NodeClient,
+    NonceCache,
+    PermissionDenied,
+    RequestSigner,
+    RetryPolicy,
+    RollnetError,
+    Unauthenticated,
+    from_rpc_error,
+    method_path,
+    signing_interceptors,
+)
+from rollnet.sdk.verifier import NonceCacheFull
+from rollnet.v1 import common_pb2, node_service_pb2
+
+GET_NODE = method_path("NodeService", "GetNode")
+REGISTER = method_path("NodeService", "RegisterNode")
+LIST_NODES = method_path("NodeService", "ListNodes")
+NO_RETRY = RetryPolicy.no_retry()
+
+
+async def raw_call(
+    swarm: Swarm, method: str, body: bytes, metadata: Sequence[tuple[str, str]]
+) -> bytes:
+    """Send exact bytes and headers on an unsigned channel; raise the typed error on failure."""
+    async with grpc.aio.insecure_channel(swarm.target) as channel:
+        call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        try:
+            response: bytes = await call(body, metadata=tuple(metadata), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return response
+
+
+def signed(
+    identity: Identity,
+    method: str,
+    body: bytes,
+    *,
+    audience: str = NETWORK_ID,
+    clock: Callable[[], float] = time.time,
+) -> list[tuple[str, str]]:
+    return list(RequestSigner(identity, audience, clock=clock).sign(method, body).as_metadata())
+
+
+def replace(metadata: list[tuple[str, str]], name: str, value: str | None) -> list[tuple[str, str]]:
+    """Metadata with header ``name`` set to ``value`` (``None``: dropped)."""
+    kept = [(k, v) for k, v in metadata if k != name]
+    return kept if value is None else [*kept, (name, value)]
+
+
+def get_node_body(node_id: str = "n1") -> bytes:
+    return node_service_pb2.GetNodeRequest(node_id=node_id).SerializeToString(deterministic=True)
+
+
+async def expect_refusal(
+    swarm: Swarm, method: str, body: bytes, metadata: Sequence[tuple[str, str]]
+) -> RollnetError:
+    with pytest.raises(RollnetError) as info:
+        await raw_call(swarm, method, body, metadata)
+    return info.value
+
+
+async def test_signed_call_succeeds_and_handler_sees_the_caller(swarm: Swarm) -> None:
+    async with swarm.channel(swarm.worker) as channel:
+        response = await NodeClient(channel).get_node(node_service_pb2.GetNodeRequest(node_id="x"))
+    assert response.node.node_id == "x"
+    (seen,) = swarm.nodes.observed
+    assert seen.caller_node_id == swarm.worker.node_id
+    assert seen.caller_role == common_pb2.ROLE_WORKER
+    assert seen.caller_registered
+    assert len(seen.request_id) == 32  # the signing nonce, as GetNode has no request_id
+
+
+async def test_raw_signed_bytes_succeed(swarm: Swarm) -> None:
+    body = get_node_body()
+    response = await raw_call(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
+    assert node_service_pb2.GetNodeResponse.FromString(response).node.node_id == "n1"
+
+
+@pytest.mark.parametrize("header", SIGNING_HEADERS)
+@pytest.mark.parametrize("value", [None, ""], ids=["absent", "empty"])
+async def test_missing_or_empty_header_is_refused(
+    swarm: Swarm, header: str, value: str | None
+) -> None:
+    body = get_node_body()
+    metadata = replace(signed(swarm.worker, GET_NODE, body), header, value)
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert isinstance(error, Unauthenticated)
+    assert error.reason == ErrorReason.SIGNATURE_MISSING
+    assert header in error.message
+
+
+async def test_unsigned_call_is_refused(swarm: Swarm) -> None:
+    error = await expect_refusal(swarm, GET_NODE, get_node_body(), [])
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.SIGNATURE_MISSING
+    assert swarm.nodes.observed == []
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        (KEY_HEADER, "not base64!"),
+        (KEY_HEADER, "AAAA"),  # decodes, but 3 bytes
+        (SIGNATURE_HEADER, "AAAA"),
+        (TIMESTAMP_HEADER, "12.5"),
+        (TIMESTAMP_HEADER, "-1000"),
+        (NONCE_HEADER, "ABCDEF0123456789ABCDEF0123456789"),  # uppercase
+        (BODY_HASH_HEADER, "00"),
+        (AUDIENCE_HEADER, "has space"),
+    ],
+)
+async def test_malformed_header_is_refused(swarm: Swarm, header: str, value: str) -> None:
+    body = get_node_body()
+    metadata = replace(signed(swarm.worker, GET_NODE, body), header, value)
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.SIGNATURE_MALFORMED
+
+
+async def test_repeated_header_is_refused(swarm: Swarm) -> None:
+    body = get_node_body()
+    metadata = signed(swarm.worker, GET_NODE, body)
+    nonce = dict(metadata)[NONCE_HEADER]
+    error = await expect_refusal(swarm, GET_NODE, body, [*metadata, (NONCE_HEADER, nonce)])
+    assert error.reason == ErrorReason.SIGNATURE_MALFORMED
+
+
+async def test_signature_by_another_key_is_refused(swarm: Swarm) -> None:
+    body = get_node_body()
+    forged = signed(Identity.generate(), GET_NODE, body)
+    genuine_key = dict(signed(swarm.worker, GET_NODE, body))[KEY_HEADER]
+    error = await expect_refusal(swarm, GET_NODE, body, replace(forged, KEY_HEADER, genuine_key))
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+
+
+async def test_body_altered_after_signing_is_refused(swarm: Swarm) -> None:
+    metadata = signed(swarm.worker, GET_NODE, get_node_body("n1"))
+    error = await expect_refusal(swarm, GET_NODE, get_node_body("n2"), metadata)
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.BODY_HASH_MISMATCH
+    assert swarm.nodes.observed == []
+
+
+async def test_body_hash_header_rewritten_to_match_is_refused(swarm: Swarm) -> None:
+    """Fixing up the digest header for an altered body breaks the signature instead."""
+    from rollnet.sdk import body_digest
+
+    altered = get_node_body("n2")
+    metadata = replace(
+        signed(swarm.worker, GET_NODE, get_node_body("n1")), BODY_HASH_HEADER, body_digest(altered)
+    )
+    error = await expect_refusal(swarm, GET_NODE, altered, metadata)
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+
+
+@pytest.mark.parametrize("offset", [61.0, -61.0])
+async def test_timestamp_outside_window_is_refused(swarm: Swarm, offset: float) -> None:
+    body = get_node_body()
+    metadata = signed(swarm.worker, GET_NODE, body, clock=lambda: time.time() + offset)
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.TIMESTAMP_SKEW
+
+
+@pytest.mark.parametrize("offset", [55.0, -55.0])
+async def test_timestamp_inside_window_is_admitted(swarm: Swarm, offset: float) -> None:
+    body = get_node_body()
+    metadata = signed(swarm.worker, GET_NODE, body, clock=lambda: time.time() + offset)
+    await raw_call(swarm, GET_NODE, body, metadata)
+
+
+async def test_wrong_audience_is_refused(swarm: Swarm) -> None:
+    body = get_node_body()
+    metadata = signed(swarm.worker, GET_NODE, body, audience="another-network")
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.AUDIENCE_MISMATCH
+
+
+async def test_audience_header_swapped_after_signing_is_refused(swarm: Swarm) -> None:
+    body = get_node_body()
+    metadata = signed(swarm.worker, GET_NODE, body, audience="another-network")
+    error = await expect_refusal(
+        swarm, GET_NODE, body, replace(metadata, AUDIENCE_HEADER, NETWORK_ID)
+    )
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+
+
+async def test_unknown_key_is_refused_except_on_register(swarm: Swarm) -> None:
+    stranger = Identity.generate()
+    body = get_node_body()
+    error = await expect_refusal(swarm, GET_NODE, body, signed(stranger, GET_NODE, body))
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.UNKNOWN_KEY
+
+    async with swarm.channel(stranger) as channel:
+        response = await NodeClient(channel).register_node(
+            node_service_pb2.RegisterNodeRequest(
+                public_key=stranger.public_key, role=common_pb2.ROLE_WORKER
+            )
+        )
+    assert response.node.node_id == stranger.node_id
+    (seen,) = swarm.nodes.observed
+    assert not seen.caller_registered
+    assert seen.caller_role == common_pb2.ROLE_UNSPECIFIED
+
+
+async def test_role_not_allowed_is_refused(swarm: Swarm) -> None:
+    async with swarm.channel(swarm.worker) as channel:
+        with pytest.raises(PermissionDenied) as info:
+            await NodeClient(channel).list_nodes(node_service_pb2.ListNodesRequest())
+    assert info.value.reason == ErrorReason.ROLE_NOT_ALLOWED
+    async with swarm.channel(swarm.operator) as channel:
+        await NodeClient(channel).list_nodes(node_service_pb2.ListNodesRequest())
+
+
+async def test_method_absent_from_policy_is_refused(swarm: Swarm) -> None:
+    policy = dict(swarm.verifier.config.method_policy)
+    del policy[GET_NODE]
+    swarm.verifier.config.method_policy = policy
+    async with swarm.channel(swarm.operator) as channel:
+        with pytest.raises(PermissionDenied) as info:
+            await NodeClient(channel).get_node(node_service_pb2.GetNodeRequest())
+    assert info.value.reason == ErrorReason.ROLE_NOT_ALLOWED
+
+
+async def test_banned_key_is_refused(swarm: Swarm) -> None:
+    swarm.register(swarm.worker, common_pb2.ROLE_WORKER, banned=True)
+    async with swarm.channel(swarm.worker) as channel:
+        with pytest.raises(PermissionDenied) as info:
+            await NodeClient(channel).get_node(node_service_pb2.GetNodeRequest())
+    assert info.value.reason == ErrorReason.NODE_BANNED
+
+
+class Recorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Records the metadata and request bytes of each call, as sent after signing."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[tuple[str, str]], bytes]] = []
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        method = client_call_details.method
+        self.sent.append(
+            (
+                method.decode() if isinstance(method, bytes) else method,
+                list(client_call_details.metadata or ()),
+                bytes(request),
+            )
+        )
+        return await continuation(client_call_details, request)
+
+
+async def capture(swarm: Swarm, request: Any, *, call: str = "get_node") -> tuple[Any, ...]:
+    recorder = Recorder()
+    signer = RequestSigner(swarm.worker, NETWORK_ID)
+    async with grpc.aio.insecure_channel(
+        swarm.target, interceptors=[*signing_interceptors(signer), recorder]
+    ) as channel:
+        await getattr(NodeClient(channel), call)(request, retry=NO_RETRY)
+    (sent,) = recorder.sent
+    return sent
+
+
+async def test_replayed_request_is_refused(swarm: Swarm) -> None:
+    method, metadata, body = await capture(swarm, node_service_pb2.GetNodeRequest(node_id="r"))
+    assert {k for k, _ in metadata} >= set(SIGNING_HEADERS)
+    error = await expect_refusal(swarm, method, body, metadata)
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.NONCE_REPLAYED
+    assert len(swarm.nodes.observed) == 1
+
+
+async def test_signature_for_one_method_is_refused_on_another(swarm: Swarm) -> None:
+    method, metadata, body = await capture(
+        swarm,
+        node_service_pb2.DeregisterNodeRequest(request_id="abc"),
+        call="deregister_node",
+    )
+    assert method == method_path("NodeService", "DeregisterNode")
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+
+
+async def test_nonce_is_recorded_only_after_the_signature_verifies(swarm: Swarm) -> None:
+    body = get_node_body()
+    nonce = bytes(range(16))
+    genuine = RequestSigner(swarm.worker, NETWORK_ID).sign(GET_NODE, body, nonce=nonce)
+    forged = RequestSigner(Identity.generate(), NETWORK_ID).sign(GET_NODE, body, nonce=nonce)
+    metadata = replace(list(forged.as_metadata()), KEY_HEADER, genuine.key)
+    error = await expect_refusal(swarm, GET_NODE, body, metadata)
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+    await raw_call(swarm, GET_NODE, body, genuine.as_metadata())
+
+
+async def test_request_id_of_the_message_is_the_call_id(swarm: Swarm) -> None:
+    async with swarm.channel(swarm.worker) as channel:
+        await NodeClient(channel).deregister_node(
+            node_service_pb2.DeregisterNodeRequest(request_id="rid-1")
+        )
+    assert swarm.nodes.observed[0].request_id == "rid-1"
+
+
+async def test_health_is_exempt_from_signing(swarm: Swarm) -> None:
+    async with grpc.aio.insecure_channel(swarm.target) as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_generated_stub_on_signed_channel_is_admitted(swarm: Swarm) -> None:
+    from rollnet.v1 import node_service_pb2_grpc
+
+    signer = RequestSigner(swarm.worker, NETWORK_ID)
+    async with grpc.aio.insecure_channel(
+        swarm.target, interceptors=signing_interceptors(signer)
+    ) as channel:
+        response = await node_service_pb2_grpc.NodeServiceStub(channel).GetNode(
+            node_service_pb2.GetNodeRequest(node_id="stub"), timeout=5
+        )
+    assert response.node.node_id == "stub"
+
+
+def test_nonce_cache_expires_and_is_bounded() -> None:
+    now = [0.0]
+    cache = NonceCache(ttl=10.0, capacity=2, clock=lambda: now[0])
+    assert cache.record(b"k", "a")
+    assert not cache.record(b"k", "a")
+    assert cache.record(b"other-key", "a")  # nonces are per key
+    with pytest.raises(NonceCacheFull):
+        cache.record(b"k", "b")
+    now[0] = 10.0
+    assert len(cache) == 0
+    assert cache.record(b"k", "a")
