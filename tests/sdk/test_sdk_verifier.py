@@ -350,12 +350,28 @@ async def test_generated_stub_on_signed_channel_is_admitted(swarm: Swarm) -> Non
 
 def test_nonce_cache_expires_and_is_bounded() -> None:
     now = [0.0]
-    cache = NonceCache(ttl=10.0, capacity=2, clock=lambda: now[0])
+    cache = NonceCache(ttl=10.0, capacity=3, per_key_capacity=2, clock=lambda: now[0])
     assert cache.record(b"k", "a")
     assert not cache.record(b"k", "a")
     assert cache.record(b"other-key", "a")  # nonces are per key
+    assert cache.record(b"k", "b")
     with pytest.raises(NonceCacheFull):
-        cache.record(b"k", "b")
+        cache.record(b"k", "c")  # this key's share is full
+    with pytest.raises(NonceCacheFull):
+        cache.record(b"third-key", "a")  # the whole cache is full
+    now[0] = 9.9
+    assert not cache.record(b"k", "a")  # still live just before expiry
     now[0] = 10.0
     assert len(cache) == 0
     assert cache.record(b"k", "a")
+    assert cache.record(b"k", "c")
+
+
+async def test_full_nonce_cache_refuses_with_retry_info(swarm: Swarm) -> None:
+    swarm.verifier.nonces = NonceCache(ttl=120.0, capacity=1)
+    body = get_node_body()
+    await raw_call(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
+    error = await expect_refusal(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.reason == ErrorReason.RATE_LIMITED
+    assert error.retry_after is not None
