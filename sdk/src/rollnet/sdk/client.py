@@ -100,8 +100,8 @@ def _channel_options(config: ConnectionConfig) -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.primary_user_agent", config.user_agent),
-        # The SDK does its own retries (it must re-sign each attempt); gRPC's would resend the
-        # same nonce and be refused as a replay.
+        # The SDK retries by itself because each attempt must be signed afresh: a gRPC retry
+        # policy would resend the same nonce after the server saw it, a refused replay.
         ("grpc.enable_retries", 0),
     ]
     if config.keepalive_time is not None:
