@@ -129,3 +129,12 @@ def get_checkpoint(session: Session, step: int) -> Checkpoint | None:
 def latest_checkpoint(session: Session) -> Checkpoint | None:
     """The checkpoint with the highest step, if any."""
     return session.scalars(select(Checkpoint).order_by(Checkpoint.step.desc()).limit(1)).first()
+
+
+def find_commitment(session: Session, task_id: str, fencing_token: int) -> Commitment | None:
+    """The commitment made under one lease attempt of a task, if any (at most one exists)."""
+    return session.scalars(
+        select(Commitment).where(
+            Commitment.task_id == task_id, Commitment.fencing_token == fencing_token
+        )
+    ).first()

@@ -202,3 +202,31 @@ def set_state_reason(session: Session, node_id: str, reason: str) -> None:
         .values(state_reason=reason[:1000])
         .execution_options(synchronize_session=False)
     )
+
+
+def record_heartbeats(
+    session: Session, node_ids: Collection[str], *, now: datetime
+) -> dict[str, tuple[NodeState, NodeRole]]:
+    """Group commit of many heartbeats: one conditional UPDATE, one SELECT.
+
+    Revivable nodes (see :data:`HEARTBEAT_REVIVABLE_STATES`) become ACTIVE with ``now`` as their
+    last heartbeat; ejected, banned and deregistered ones are untouched. Returns the state and
+    role of every known node among ``node_ids`` after the update (unknown ids are absent).
+    """
+    ids = sorted(set(node_ids))
+    if not ids:
+        return {}
+    session.execute(
+        update(Node)
+        .where(Node.id.in_(ids), Node.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)))
+        .values(
+            last_heartbeat_at=now,
+            state=NodeState.ACTIVE,
+            state_changed_at=case(
+                (Node.state == NodeState.ACTIVE, Node.state_changed_at), else_=now
+            ),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    rows = session.execute(select(Node.id, Node.state, Node.role).where(Node.id.in_(ids)))
+    return {row.id: (NodeState(row.state), NodeRole(row.role)) for row in rows}

@@ -401,3 +401,33 @@ def requeue_copy(session: Session, task_id: str, *, new_task_id: str, now: datet
         ],
         now=now,
     )
+
+
+def extend_leases(
+    session: Session,
+    holders: Collection[tuple[str, str]],
+    *,
+    now: datetime,
+    lease_duration: timedelta,
+) -> set[str]:
+    """Extend many live task leases at once; ``holders`` are ``(lease id, holder node id)``.
+
+    One UPDATE; returns the lease ids that were live, held by the named node, and extended.
+    """
+    from sqlalchemy import tuple_
+
+    pairs = sorted(set(holders))
+    if not pairs:
+        return set()
+    rows = session.execute(
+        update(Task)
+        .where(
+            tuple_(Task.lease_id, Task.lease_holder).in_(pairs),
+            Task.state == TaskState.LEASED,
+            Task.lease_deadline > now,
+        )
+        .values(lease_deadline=now + lease_duration, updated_at=now)
+        .returning(Task.lease_id)
+        .execution_options(synchronize_session=False)
+    )
+    return {row.lease_id for row in rows}

@@ -245,3 +245,30 @@ def count_rejected_commitments(session: Session, node_id: str) -> int:
         .where(Commitment.node_id == node_id, Verdict.accepted.is_(False))
     )
     return int(count or 0)
+
+
+def extend_validation_leases(
+    session: Session,
+    holders: Sequence[tuple[str, str]],
+    *,
+    now: datetime,
+    lease_duration: timedelta,
+) -> set[str]:
+    """Extend many live validation-job leases; ``holders`` are ``(lease id, validator id)``."""
+    from sqlalchemy import tuple_
+
+    pairs = sorted(set(holders))
+    if not pairs:
+        return set()
+    rows = session.execute(
+        update(ValidationJob)
+        .where(
+            tuple_(ValidationJob.lease_id, ValidationJob.lease_holder).in_(pairs),
+            ValidationJob.state == ValidationJobState.LEASED,
+            ValidationJob.lease_deadline > now,
+        )
+        .values(lease_deadline=now + lease_duration, updated_at=now)
+        .returning(ValidationJob.lease_id)
+        .execution_options(synchronize_session=False)
+    )
+    return {row.lease_id for row in rows}

@@ -16,6 +16,7 @@ from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.verifier import KnownKey
 
 T = TypeVar("T")
 
@@ -55,6 +56,8 @@ class CoordinatorContext:
     metrics: CoordinatorMetrics
     clock: Callable[[], datetime] = utc_now
     signals: Signals = field(default_factory=Signals)
+    #: public key -> (what the verifier needs, monotonic expiry); see server.resolve.
+    key_cache: dict[bytes, tuple[KnownKey, float]] = field(default_factory=dict)
     sessions: sessionmaker[Session] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import blake3
 import numpy as np
 from google.protobuf import json_format, struct_pb2
 from sqlalchemy.orm import Session
@@ -155,12 +156,23 @@ class Dispatcher:
                     ErrorReason.CHECKPOINT_NOT_FOUND,
                     "no checkpoint is published yet: publish one before requesting rollouts",
                 )
+            ids = [
+                _task_id(caller.node_id, request.request_id, index)
+                for index in range(-(-request.prompt_count // per_task))
+            ]
+            if request.request_id and tasks.get_task(session, ids[0]) is not None:
+                # The same demand again (a retry whose answer was lost): create nothing.
+                first = tasks.get_task(session, ids[0])
+                assert first is not None
+                return rollout_service_pb2.RequestRolloutsResponse(
+                    task_ids=ids, checkpoint_step=first.checkpoint_step
+                )
             new_tasks = []
-            for start in range(0, request.prompt_count, per_task):
+            for index, start in enumerate(range(0, request.prompt_count, per_task)):
                 chunk = prompt_ids[start : start + per_task]
                 new_tasks.append(
                     NewTask(
-                        task_id=secrets.token_hex(12),
+                        task_id=ids[index],
                         environment=request.environment,
                         checkpoint_step=latest.step,
                         prompt_ids=[str(int(p)) for p in chunk],
@@ -288,6 +300,13 @@ class Dispatcher:
         if response.requeued:
             self.ctx.signals.fire(self.ctx.signals.work_available)
         return response
+
+
+def _task_id(node_id: str, request_id: str, index: int) -> str:
+    """Task ids derive from the demand's request id, so a repeated demand creates nothing."""
+    if not request_id:
+        return secrets.token_hex(12)
+    return blake3.blake3(f"{node_id}\n{request_id}\n{index}".encode()).hexdigest()[:24]
 
 
 def _violation(field: str, description: str) -> Any:

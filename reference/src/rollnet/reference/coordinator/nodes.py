@@ -10,7 +10,7 @@ from datetime import timedelta
 from google.protobuf import duration_pb2, timestamp_pb2
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, nodes, tasks, validation
+from rollnet.ledger import nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
 from rollnet.reference.coordinator.context import (
@@ -18,6 +18,7 @@ from rollnet.reference.coordinator.context import (
     PROTOCOL_MINOR,
     CoordinatorContext,
 )
+from rollnet.reference.coordinator.heartbeats import HeartbeatBatcher
 from rollnet.reference.coordinator.refusal import Refusal, Violations
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
@@ -164,6 +165,7 @@ class NodeRegistry:
     def __init__(self, ctx: CoordinatorContext) -> None:
         self.ctx = ctx
         self.limiter = RegistrationLimiter(ctx.config.registrations_per_ip_per_minute)
+        self.heartbeats = HeartbeatBatcher(ctx)
 
     # ---------------------------------------------------------------- registration
     def _check_request(self, request: node_service_pb2.RegisterNodeRequest) -> None:
@@ -343,47 +345,35 @@ class NodeRegistry:
         v = Violations()
         v.require(len(request.held_lease_ids) <= 1024, "held_lease_ids", "at most 1024")
         v.raise_if_any()
-        config = self.ctx.config
-        now = self.ctx.clock()
-
-        def work(session: Session) -> tuple[Node, list[node_service_pb2.LeaseStatus], int]:
-            alive = nodes.record_heartbeat(session, caller.node_id, now=now)
-            row = nodes.get_node(session, caller.node_id)
-            if row is None:
-                raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
-            if not alive:
-                refuse_unusable(row)
-            statuses = []
-            for lease_id in request.held_lease_ids:
-                deadline = tasks.extend_lease_by_id(
-                    session,
-                    lease_id=lease_id,
-                    node_id=caller.node_id,
-                    now=now,
-                    lease_duration=config.lease_duration,
-                ) or validation.extend_validation_lease_by_id(
-                    session,
-                    lease_id=lease_id,
-                    node_id=caller.node_id,
-                    now=now,
-                    lease_duration=config.lease_duration,
-                )
-                status = node_service_pb2.LeaseStatus(lease_id=lease_id, valid=deadline is not None)
-                if deadline is not None:
-                    status.deadline.CopyFrom(timestamp(deadline))
-                statuses.append(status)
-            latest = artifacts.latest_checkpoint(session)
-            return row, statuses, latest.step if latest is not None else 0
-
-        row, statuses, latest_step = await self.ctx.run_in_transaction(work)
+        result = await self.heartbeats.submit(caller.node_id, tuple(request.held_lease_ids))
+        if not result.known or result.state is None:
+            raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+        if result.state is NodeState.BANNED:
+            raise Refusal(ErrorReason.NODE_BANNED, f"node {caller.node_id} is banned")
+        if result.state is NodeState.EJECTED:
+            raise Refusal(ErrorReason.NODE_EJECTED, f"node {caller.node_id} was ejected")
+        if result.state is NodeState.DEREGISTERED:
+            raise Refusal(
+                ErrorReason.NODE_DEREGISTERED,
+                f"node {caller.node_id} deregistered; call RegisterNode",
+            )
+        deadline = timestamp(result.deadline)
+        statuses = []
+        for lease_id in request.held_lease_ids:
+            status = node_service_pb2.LeaseStatus(
+                lease_id=lease_id, valid=lease_id in result.extended
+            )
+            if status.valid:
+                status.deadline.CopyFrom(deadline)
+            statuses.append(status)
         response = node_service_pb2.HeartbeatResponse(
-            state=STATE_FROM_DB[row.state],
+            state=STATE_FROM_DB[result.state],
             heartbeat_interval=duration(self.clamp_interval(request.requested_interval)),
             leases=statuses,
             server_time=timestamp(self.ctx.clock()),
         )
-        if latest_step > request.checkpoint_step and row.role is not NodeRole.OPERATOR:
-            response.commands.add().update_checkpoint.step = latest_step
+        if result.latest_step > request.checkpoint_step and result.role is not NodeRole.OPERATOR:
+            response.commands.add().update_checkpoint.step = result.latest_step
         return response
 
     # ---------------------------------------------------------------- leaving and admin
@@ -467,6 +457,7 @@ class NodeRegistry:
             return node_to_proto(row, reject_count(session, node_id))
 
         node = await self.ctx.run_in_transaction(work)
+        self.ctx.key_cache.clear()
         self.ctx.signals.fire(self.ctx.signals.work_available)
         return node
 

@@ -25,6 +25,7 @@ from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.dispatch import Dispatcher
+from rollnet.reference.coordinator.interceptors import CallerLimiter, RpcObserver, TokenBuckets
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, NodeRegistry
@@ -40,8 +41,8 @@ from rollnet.reference.coordinator.servicers import (
     ValidationServicer,
 )
 from rollnet.reference.coordinator.work import WorkDesk
-from rollnet.sdk.identity import Identity
-from rollnet.sdk.methods import default_method_policy
+from rollnet.sdk.identity import Identity, node_id_from_public_key
+from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy
 from rollnet.sdk.verifier import KnownKey, RequestVerifier, VerifierConfig
 from rollnet.v1 import (
     blob_service_pb2,
@@ -63,6 +64,7 @@ from rollnet.v1 import (
 )
 
 log = logging.getLogger("rollnet.coordinator")
+KEY_CACHE_SECONDS = 2.0
 
 _SERVICE_DESCRIPTORS = (
     node_service_pb2,
@@ -87,49 +89,6 @@ def load_or_create_identity(config: CoordinatorConfig) -> Identity:
     return identity
 
 
-class RpcLogInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """One summary line and one metrics sample per unary RPC (method, peer, code, duration)."""
-
-    def __init__(self, metrics: CoordinatorMetrics) -> None:
-        self.metrics = metrics
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method = details.method
-        inner = handler.unary_unary
-        metrics = self.metrics
-
-        async def logged(request: Any, context: Any) -> Any:
-            started = time.perf_counter()
-            code = "OK"
-            try:
-                return await inner(request, context)
-            except BaseException:
-                code = context.code().name if context.code() else "UNKNOWN"
-                raise
-            finally:
-                elapsed = time.perf_counter() - started
-                metrics.rpcs.labels(method, code).inc()
-                metrics.rpc_seconds.labels(method).observe(elapsed)
-                log.info(
-                    "rpc",
-                    extra={
-                        "method": method,
-                        "peer": context.peer(),
-                        "code": code,
-                        "duration_ms": round(elapsed * 1000, 3),
-                    },
-                )
-
-        return grpc.unary_unary_rpc_method_handler(
-            logged,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
 @dataclass
 class Coordinator:
     """A running coordinator (see :func:`start_coordinator`)."""
@@ -138,6 +97,7 @@ class Coordinator:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    registry: NodeRegistry
     metrics_port: int | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -168,6 +128,7 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.server.stop(grace)
+        await self.registry.heartbeats.close()
         self.ctx.engine.dispose()
 
     async def wait(self) -> None:
@@ -233,8 +194,11 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     )
 
     async def resolve(public_key: bytes) -> KnownKey | None:
-        from rollnet.sdk.identity import node_id_from_public_key
-
+        # Every signed call resolves its key; a short-lived cache keeps that off the database.
+        # Bans clear the cache at once on this replica; other replicas see them within the TTL.
+        cached = ctx.key_cache.get(public_key)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
         node_id = node_id_from_public_key(public_key)
 
         def work(session: Session) -> KnownKey | None:
@@ -245,7 +209,10 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
                 node_id=row.id, role=ROLE_FROM_DB[row.role], banned=row.state == "banned"
             )
 
-        return await ctx.run_in_transaction(work)
+        known = await ctx.run_in_transaction(work)
+        if known is not None:
+            ctx.key_cache[public_key] = (known, time.monotonic() + KEY_CACHE_SECONDS)
+        return known
 
     verifier = RequestVerifier(
         VerifierConfig(
@@ -255,8 +222,13 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             skew=config.signature_skew.total_seconds(),
         )
     )
+    limiter = CallerLimiter(
+        TokenBuckets(rate=config.rate_limit_per_key, burst=config.rate_burst_per_key),
+        EXEMPT_PREFIXES,
+    )
     server = grpc.aio.server(
-        interceptors=[RpcLogInterceptor(metrics), verifier],
+        # Outermost first: observe everything, verify signatures, then limit verified callers.
+        interceptors=[RpcObserver(metrics), verifier, limiter],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -307,7 +279,9 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         port = server.add_secure_port(config.listen, credentials)
     else:
         port = server.add_insecure_port(config.listen)
-    coordinator = Coordinator(ctx=ctx, server=server, port=port, health=health_servicer)
+    coordinator = Coordinator(
+        ctx=ctx, server=server, port=port, health=health_servicer, registry=registry
+    )
     await coordinator.set_serving(False)
     await server.start()
     readiness = await asyncio.to_thread(check_ready, engine)

@@ -6,7 +6,7 @@ import hashlib
 import secrets
 import struct
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -46,6 +46,7 @@ from rollnet.v1 import (
 )
 
 BATCH_BINDING_DOMAIN = "rollnet/v1/batch-commitment"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RECEIPT_DOMAIN = b"rollnet-receipt-v1\n"
 # Work units are MFLOPs: tokens x forward FLOPs per token / 10^6.
 FLOPS_PER_WORK_UNIT = 1_000_000
@@ -62,7 +63,7 @@ def batch_binding_digest(
 
 def receipt_message(commitment_id: str, binding: bytes, received_at: datetime) -> bytes:
     """The bytes a receipt signature covers (docs/protocol.md, "Receipts")."""
-    micros = int(received_at.timestamp() * 1_000_000)
+    micros = (received_at - _EPOCH) // timedelta(microseconds=1)
     return (
         RECEIPT_DOMAIN
         + commitment_id.encode()
@@ -242,15 +243,21 @@ class WorkDesk:
             raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
         batch = self._load_batch(request.rollout_batch.blake3)
         now = self.ctx.clock()
-        commitment_id = secrets.token_hex(12)
-        signature = self.ctx.identity.sign(
-            receipt_message(commitment_id, request.binding_digest, now)
-        )
 
-        def work(session: Session) -> tuple[commitment_pb2.Commitment, bool]:
+        def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
             task = tasks.get_task(session, request.task_id)
             if task is None:
                 raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
+            existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
+            if (
+                existing is not None
+                and existing.node_id == caller.node_id
+                and existing.lease_id == request.lease_id
+                and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
+            ):
+                # The same work submitted again (a retry whose first answer was lost): answer
+                # with the original commitment and receipt, write nothing.
+                return self._response(session, existing, request), False
             blob = artifacts.get_blob(session, request.rollout_batch.blake3.hex())
             if blob is None or blob.size != request.rollout_batch.size:
                 raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
@@ -267,7 +274,8 @@ class WorkDesk:
                 raise lease_outcome_refusal(outcome, f"task {request.task_id}")
             prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
             decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
-            artifacts.record_commitment(
+            commitment_id = secrets.token_hex(12)
+            row = artifacts.record_commitment(
                 session,
                 NewCommitment(
                     commitment_id=commitment_id,
@@ -280,7 +288,9 @@ class WorkDesk:
                     sampling_seed=task.seed,
                     claimed_work=prefill + decode,
                     request_id=request.request_id,
-                    signature=signature,
+                    signature=self.ctx.identity.sign(
+                        receipt_message(commitment_id, request.binding_digest, now)
+                    ),
                 ),
                 now=now,
             )
@@ -298,38 +308,29 @@ class WorkDesk:
                 self._credit_unchecked(
                     session, task, commitment_id, caller.node_id, prefill, decode, now
                 )
-            return (
-                commitment_pb2.Commitment(
-                    commitment_id=commitment_id,
-                    task_id=request.task_id,
-                    lease_id=request.lease_id,
-                    fencing_token=request.fencing_token,
-                    node_id=caller.node_id,
-                    rollout_batch=request.rollout_batch,
-                    checkpoint_step=task.checkpoint_step,
-                    rollouts=request.rollouts,
-                    claimed_work=request.claimed_work,
-                    binding_digest=request.binding_digest,
-                    state=(
-                        commitment_pb2.Commitment.STATE_PENDING
-                        if check
-                        else commitment_pb2.Commitment.STATE_ACCEPTED
-                    ),
-                    validated=False,
-                    received_at=timestamp(now),
-                ),
-                check,
-            )
+            return self._response(session, row, request), check
 
-        commitment, queued = await self.ctx.run_in_transaction(work)
+        response, queued = await self.ctx.run_in_transaction(work)
         signals = self.ctx.signals
         signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
+        return response
+
+    def _response(
+        self,
+        session: Session,
+        row: Commitment,
+        request: commitment_service_pb2.SubmitCommitmentRequest,
+    ) -> commitment_service_pb2.SubmitCommitmentResponse:
+        commitment = commitment_to_proto(session, row)
+        commitment.rollouts.extend(request.rollouts)
+        commitment.claimed_work.CopyFrom(request.claimed_work)
+        commitment.binding_digest = request.binding_digest
         receipt = commitment_pb2.Receipt(
-            commitment_id=commitment_id,
+            commitment_id=row.id,
             binding_digest=request.binding_digest,
-            received_at=timestamp(now),
+            received_at=timestamp(row.received_at),
             coordinator_public_key=self.ctx.identity.public_key,
-            signature=signature,
+            signature=row.signature,
         )
         return commitment_service_pb2.SubmitCommitmentResponse(
             commitment=commitment, receipt=receipt

@@ -1,0 +1,132 @@
+"""Group commit of heartbeats: many nodes' heartbeats, one transaction.
+
+Flower's SuperLink spends one database transaction per heartbeat and tops out near 230/s on this
+class of machine. Here concurrent heartbeats are queued and flushed together every few
+milliseconds (or when the batch is full): one conditional UPDATE revives the batch's nodes, one
+SELECT reads their states, one UPDATE per lease kind extends every listed lease. Each caller still
+gets its own answer, and a heartbeat is acknowledged only after its batch committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import artifacts, nodes, tasks, validation
+from rollnet.ledger.enums import NodeRole, NodeState
+from rollnet.reference.coordinator.context import CoordinatorContext
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    """What one node's heartbeat found, after its batch committed."""
+
+    known: bool
+    state: NodeState | None
+    role: NodeRole | None
+    extended: frozenset[str]
+    deadline: datetime
+    latest_step: int
+
+
+@dataclass
+class _Pending:
+    node_id: str
+    lease_ids: tuple[str, ...]
+    future: asyncio.Future[HeartbeatResult]
+
+
+class HeartbeatBatcher:
+    """Collects heartbeats and commits them in groups."""
+
+    def __init__(
+        self, ctx: CoordinatorContext, *, max_batch: int = 512, max_delay: float = 0.002
+    ) -> None:
+        self.ctx = ctx
+        self.max_batch = max_batch
+        self.max_delay = max_delay
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._runner: asyncio.Task[None] | None = None
+
+    async def submit(self, node_id: str, lease_ids: tuple[str, ...]) -> HeartbeatResult:
+        """Queue one heartbeat and wait until its batch is committed."""
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+        future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(node_id, lease_ids, future))
+        return await future
+
+    async def close(self) -> None:
+        """Stop the flushing task (pending heartbeats fail with CancelledError)."""
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            loop = asyncio.get_running_loop()
+            flush_at = loop.time() + self.max_delay
+            while len(batch) < self.max_batch:
+                remaining = flush_at - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+            while len(batch) < self.max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                results = await self._commit(batch)
+            except Exception as error:  # the whole batch failed: every caller hears why
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(error)
+                continue
+            for item, result in zip(batch, results, strict=True):
+                if not item.future.done():
+                    item.future.set_result(result)
+
+    async def _commit(self, batch: list[_Pending]) -> list[HeartbeatResult]:
+        config = self.ctx.config
+        now = self.ctx.clock()
+        deadline = now + config.lease_duration
+
+        def work(session: Session) -> list[HeartbeatResult]:
+            states = nodes.record_heartbeats(session, [p.node_id for p in batch], now=now)
+            holders = [
+                (lease_id, p.node_id)
+                for p in batch
+                if p.node_id in states
+                for lease_id in p.lease_ids
+            ]
+            extended = tasks.extend_leases(
+                session, holders, now=now, lease_duration=config.lease_duration
+            )
+            extended |= validation.extend_validation_leases(
+                session, holders, now=now, lease_duration=config.lease_duration
+            )
+            latest = artifacts.latest_checkpoint(session)
+            step = latest.step if latest is not None else 0
+            results = []
+            for item in batch:
+                state_role = states.get(item.node_id)
+                results.append(
+                    HeartbeatResult(
+                        known=state_role is not None,
+                        state=state_role[0] if state_role else None,
+                        role=state_role[1] if state_role else None,
+                        extended=frozenset(i for i in item.lease_ids if i in extended),
+                        deadline=deadline,
+                        latest_step=step,
+                    )
+                )
+            return results
+
+        return await self.ctx.run_in_transaction(work)

@@ -1,0 +1,225 @@
+"""Server interceptors of the coordinator, one concern each.
+
+``RpcObserver`` (outermost) times every call and emits one structured log line and one metrics
+sample per RPC. ``CallerLimiter`` runs inside the signature verifier: it records the verified node
+and request id for that log line and enforces the per-key token bucket.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+
+from rollnet.reference.coordinator.metrics import CoordinatorMetrics
+from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
+from rollnet.sdk.verifier import current_caller, current_request_id
+
+log = structlog.get_logger("rollnet.coordinator.rpc")
+
+_CALL_FIELDS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("rollnet_call")
+
+Behavior = Callable[[Any, Any], Any]
+
+
+def _rewrap(handler: Any, wrap: Callable[[Behavior, bool, bool], Behavior]) -> Any:
+    """A copy of ``handler`` whose behaviour is ``wrap(behaviour, request_streaming,
+    response_streaming)``; serializers are kept."""
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            wrap(handler.unary_unary, False, False),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            wrap(handler.unary_stream, False, True),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            wrap(handler.stream_unary, True, False),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
+
+
+def _code_of(context: Any, error: BaseException | None) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    return "OK" if error is None else "UNKNOWN"
+
+
+class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """One log line (method, peer, node, request id, code, duration) and metrics per RPC."""
+
+    def __init__(self, metrics: CoordinatorMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method: str = details.method
+
+        def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
+            if resp_stream and inspect.isasyncgenfunction(inner):
+
+                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                    fields: dict[str, str] = {}
+                    token = _CALL_FIELDS.set(fields)
+                    started = time.perf_counter()
+                    error: BaseException | None = None
+                    try:
+                        async for item in inner(request, context):
+                            yield item
+                    except BaseException as exc:
+                        error = exc
+                        raise
+                    finally:
+                        _CALL_FIELDS.reset(token)
+                        self._emit(method, context, fields, started, error)
+
+                return streaming
+
+            async def unary(request: Any, context: Any) -> Any:
+                fields: dict[str, str] = {}
+                token = _CALL_FIELDS.set(fields)
+                started = time.perf_counter()
+                error: BaseException | None = None
+                try:
+                    return await inner(request, context)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    _CALL_FIELDS.reset(token)
+                    self._emit(method, context, fields, started, error)
+
+            return unary
+
+        return _rewrap(handler, wrap)
+
+    def _emit(
+        self,
+        method: str,
+        context: Any,
+        fields: dict[str, str],
+        started: float,
+        error: BaseException | None,
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        code = _code_of(context, error)
+        self.metrics.rpcs.labels(method, code).inc()
+        self.metrics.rpc_seconds.labels(method).observe(elapsed)
+        log.info(
+            "rpc",
+            method=method,
+            peer=context.peer(),
+            node=fields.get("node", ""),
+            request_id=fields.get("request_id", ""),
+            code=code,
+            duration_ms=round(elapsed * 1000, 3),
+        )
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+@dataclass
+class TokenBuckets:
+    """Per-key token buckets: ``rate`` tokens a second, at most ``burst`` saved up."""
+
+    rate: float
+    burst: int
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[bytes, _Bucket] = field(default_factory=dict)
+
+    def take(self, key: bytes) -> float | None:
+        """Spend one token of ``key``: None when allowed, else seconds until one is available."""
+        now = self.clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) > 100_000:
+                self._forget_full(now)
+            bucket = self._buckets[key] = _Bucket(float(self.burst), now)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.updated) * self.rate)
+        bucket.updated = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return None
+        return (1.0 - bucket.tokens) / self.rate
+
+    def _forget_full(self, now: float) -> None:
+        # Buckets that would be full again carry no information.
+        for key in [
+            k
+            for k, b in self._buckets.items()
+            if b.tokens + (now - b.updated) * self.rate >= self.burst
+        ]:
+            del self._buckets[key]
+
+
+class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Inside the verifier: annotate the call's log line and enforce the per-key rate limit."""
+
+    def __init__(self, buckets: TokenBuckets, exempt_prefixes: frozenset[str]) -> None:
+        self.buckets = buckets
+        self.exempt_prefixes = exempt_prefixes
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or any(details.method.startswith(p) for p in self.exempt_prefixes):
+            return handler
+
+        def admit(context: Any) -> float | None:
+            caller = current_caller()
+            fields = _CALL_FIELDS.get(None)
+            if fields is not None:
+                fields["node"] = caller.node_id
+                fields["request_id"] = current_request_id()
+            return self.buckets.take(caller.public_key)
+
+        def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
+            if resp_stream and inspect.isasyncgenfunction(inner):
+
+                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                    wait = admit(context)
+                    if wait is not None:
+                        await _refuse_rate(context, wait)
+                    async for item in inner(request, context):
+                        yield item
+
+                return streaming
+
+            async def unary(request: Any, context: Any) -> Any:
+                wait = admit(context)
+                if wait is not None:
+                    await _refuse_rate(context, wait)
+                return await inner(request, context)
+
+            return unary
+
+        return _rewrap(handler, wrap)
+
+
+async def _refuse_rate(context: Any, wait: float) -> None:
+    await abort(
+        context,
+        REASON_CODES[ErrorReason.RATE_LIMITED],
+        ErrorReason.RATE_LIMITED,
+        f"per-key rate limit exceeded; retry in {wait:.3f} s",
+        retry_after=wait,
+    )
