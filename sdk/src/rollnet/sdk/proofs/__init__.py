@@ -1,0 +1,82 @@
+"""Verifiable rollouts: TOPLOC commitments, seeded Gumbel-max sampling and the rollout checks.
+
+Importing this package needs numpy (and blake3) only. The torch twin of the noise generator is
+:mod:`rollnet.sdk.proofs.sampling_torch` (``rollnet-sdk[torch]``), imported on demand.
+"""
+
+from rollnet.sdk.proofs.assigned import check_assigned_data
+from rollnet.sdk.proofs.binding import (
+    LeaseBinding,
+    check_binding,
+    commitment_digest,
+    derive_sampling_seed,
+    proof_digest,
+    tokens_digest,
+)
+from rollnet.sdk.proofs.report import (
+    CheckName,
+    CheckResult,
+    Reason,
+    Verdict,
+    VerificationReport,
+)
+from rollnet.sdk.proofs.sampling import check_sampling, gumbel_noise, gumbel_scores, noise_bits
+from rollnet.sdk.proofs.termination import FINISH_EOS, FINISH_LENGTH, check_termination
+from rollnet.sdk.proofs.thresholds import (
+    BFLOAT16,
+    FLOAT32,
+    TOPLOC_PAPER,
+    Thresholds,
+    thresholds_for,
+)
+from rollnet.sdk.proofs.toploc import (
+    PROOF_BYTES,
+    TOPK,
+    WINDOW,
+    ProofFormatError,
+    WindowStats,
+    build_proof,
+    check_toploc,
+    parse_proof,
+    verify_proof,
+)
+from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollout
+
+__all__ = [
+    "BFLOAT16",
+    "FINISH_EOS",
+    "FINISH_LENGTH",
+    "FLOAT32",
+    "PROOF_BYTES",
+    "TOPK",
+    "TOPLOC_PAPER",
+    "WINDOW",
+    "CheckName",
+    "CheckResult",
+    "LeaseBinding",
+    "ProofFormatError",
+    "Reason",
+    "RolloutAssignment",
+    "RolloutClaim",
+    "Thresholds",
+    "Verdict",
+    "VerificationReport",
+    "WindowStats",
+    "build_proof",
+    "check_assigned_data",
+    "check_binding",
+    "check_sampling",
+    "check_termination",
+    "check_toploc",
+    "commitment_digest",
+    "derive_sampling_seed",
+    "gumbel_noise",
+    "gumbel_scores",
+    "noise_bits",
+    "parse_proof",
+    "proof_digest",
+    "thresholds_for",
+    "tokens_digest",
+    "verify_proof",
+    "verify_rollout",
+]

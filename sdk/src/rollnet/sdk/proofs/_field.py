@@ -1,0 +1,158 @@
+"""Vectorized arithmetic over GF(65497) for TOPLOC's polynomial encoding.
+
+Everything is batched over windows (leading axis). Field elements are kept in [0, p) with
+p < 2**16, so any product is below 2**32 and a sum of up to 2**21 products is an integer below
+2**53: float64 represents it exactly, which lets BLAS matrix products and FFT convolutions do the
+heavy lifting exactly (FFT rounding error at these lengths is below 2**-10, and results are
+rounded back to integers). Modular reductions, the slow part in numpy, are only taken on small
+arrays.
+
+Interpolation uses the Lagrange form with O(log k) numpy calls and no Python loop per coefficient:
+with M(x) = prod_j (x - x_j) and w_j = y_j / M'(x_j), the monomial coefficients of
+P(x) = sum_j w_j M(x) / (x - x_j) are c_i = sum_e s_e m_{i+1+e} with s_e = sum_j w_j x_j**e.
+Power sums and evaluations split exponents as e = 16*h + l (baby steps x**l, giant steps
+x**(16h)), so an O(k**2) Vandermonde product becomes one exact float64 matmul plus O(k*sqrt(k))
+reductions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+PRIME = 65497
+"""The field modulus: the third-largest prime below 2**16, as in the TOPLOC library."""
+
+BABY = 16
+"""Baby-step size of the exponent split e = BABY*h + l."""
+
+Int64Array = npt.NDArray[np.int64]
+Float64Array = npt.NDArray[np.float64]
+
+_INVERSES: Int64Array | None = None
+
+
+def _inverse_table() -> Int64Array:
+    """Inverses of every field element (0 maps to 0), built once by Fermat's little theorem."""
+    global _INVERSES
+    if _INVERSES is None:
+        base = np.arange(PRIME, dtype=np.int64)
+        result = np.ones(PRIME, dtype=np.int64)
+        exponent = PRIME - 2
+        while exponent:
+            if exponent & 1:
+                result = result * base % PRIME
+            base = base * base % PRIME
+            exponent >>= 1
+        result[0] = 0
+        _INVERSES = result
+    return _INVERSES
+
+
+def inverse(values: Int64Array) -> Int64Array:
+    """Multiplicative inverses of non-zero field elements (elementwise)."""
+    return _inverse_table()[values]
+
+
+def _reduce(values: Float64Array) -> Int64Array:
+    """Exact non-negative integers held in float64 (< 2**53) -> int64 residues mod p."""
+    return np.asarray(np.rint(values).astype(np.int64) % PRIME, dtype=np.int64)
+
+
+def powers(x: Int64Array, count: int) -> Int64Array:
+    """``x**e mod p`` for e in [0, count): shape ``x.shape + (count,)``, by repeated doubling."""
+    out = np.ones((*x.shape, count), dtype=np.int64)
+    if count > 1:
+        out[..., 1] = x % PRIME
+    filled = min(2, count)
+    while filled < count:
+        step = min(filled, count - filled)
+        # x**(filled + e) = x**filled * x**e: doubles the filled prefix each round.
+        x_filled = out[..., filled - 1] * (x % PRIME) % PRIME
+        out[..., filled : filled + step] = out[..., :step] * x_filled[..., None] % PRIME
+        filled += step
+    return out
+
+
+def _baby_giant(x: Int64Array, count: int) -> tuple[Float64Array, Float64Array]:
+    """Baby steps ``x**l`` (l < BABY) and giant steps ``x**(BABY*h)`` covering e < count."""
+    giant_count = -(-count // BABY)
+    baby = powers(x, BABY)
+    step = baby[..., BABY - 1] * (x % PRIME) % PRIME  # x**BABY
+    giant = powers(step, giant_count)
+    return baby.astype(np.float64), giant.astype(np.float64)
+
+
+def convolve(a: Int64Array, b: Int64Array) -> Int64Array:
+    """Polynomial products mod p along the last axis (ascending coefficients), batched, by FFT."""
+    n = a.shape[-1] + b.shape[-1] - 1
+    size = 1 << (n - 1).bit_length()
+    product = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[..., :n]
+    return _reduce(product)
+
+
+def vanishing_polynomial(x: Int64Array) -> Int64Array:
+    """Coefficients of ``prod_j (X - x_j)`` for each row of ``x`` [B, k]: shape [B, k + 1]."""
+    batch, k = x.shape
+    size = 1
+    while size < k:
+        size *= 2
+    # Pad with the constant polynomial 1 to a power-of-two number of factors, then multiply
+    # neighbours pairwise: log2(k) batched FFT products.
+    factors = np.zeros((batch, size, 2), dtype=np.int64)
+    factors[:, :, 0] = 1
+    factors[:, :k, 0] = (-x) % PRIME
+    factors[:, :k, 1] = 1
+    while factors.shape[1] > 1:
+        factors = convolve(factors[:, 0::2, :], factors[:, 1::2, :])
+    return factors[:, 0, : k + 1]
+
+
+def _evaluate_many(
+    coefficients: Int64Array, x: Int64Array, steps: tuple[Float64Array, Float64Array] | None = None
+) -> Int64Array:
+    """``sum_e coefficients[b, e] * x[b, q]**e`` for [B, n] polynomials at [B, q] points."""
+    batch, n = coefficients.shape
+    giant_count = -(-n // BABY)
+    padded = np.zeros((batch, giant_count * BABY), dtype=np.float64)
+    padded[:, :n] = coefficients
+    blocks = padded.reshape(batch, giant_count, BABY).transpose(0, 2, 1)  # [B, l, h]
+    baby, giant = steps if steps is not None else _baby_giant(x, n)  # [B, q, BABY], [B, q, H]
+    inner = _reduce(baby @ blocks)  # [B, q, h]: sum_l c_{16h+l} x**l
+    return _reduce((inner * giant).sum(axis=-1))
+
+
+def _weighted_power_sums(
+    weights: Int64Array, count: int, steps: tuple[Float64Array, Float64Array]
+) -> Int64Array:
+    """``s_e = sum_j weights[b, j] * x[b, j]**e`` for e < count: shape [B, count]."""
+    batch = weights.shape[0]
+    baby, giant = steps  # [B, k, BABY], [B, k, H] from _baby_giant(x, count)
+    weighted = _reduce(giant * weights[..., None].astype(np.float64))  # [B, k, H]
+    sums = _reduce(np.swapaxes(weighted, 1, 2).astype(np.float64) @ baby)  # [B, H, BABY]
+    return sums.reshape(batch, -1)[:, :count]
+
+
+def interpolate(x: Int64Array, y: Int64Array) -> Int64Array:
+    """Coefficients (ascending, length k) of the degree < k polynomial through ``(x_j, y_j)``.
+
+    ``x`` [B, k] must hold distinct field elements per row; ``y`` [B, k] any integers.
+    """
+    x = np.asarray(x, dtype=np.int64) % PRIME
+    y = np.asarray(y, dtype=np.int64) % PRIME
+    k = x.shape[1]
+    m = vanishing_polynomial(x)  # [B, k+1], m[:, k] == 1
+    derivative = m[:, 1:] * np.arange(1, k + 1, dtype=np.int64) % PRIME  # M'(X)
+    steps = _baby_giant(x, k)
+    weights = y * inverse(_evaluate_many(derivative, x, steps)) % PRIME  # [B, k]
+    s = _weighted_power_sums(weights, k, steps)  # [B, k]
+    # c_i = sum_e s_e m_{i+1+e}: correlate s with m, i.e. convolve reversed s with m.
+    full = convolve(s[:, ::-1], m)  # index (k-1-e) + t holds s_e m_t
+    return np.asarray(full[:, k : 2 * k], dtype=np.int64)
+
+
+def evaluate(coefficients: Int64Array, x: Int64Array) -> Int64Array:
+    """Evaluate polynomials [B, n] at points [B, q]: returns [B, q] in [0, p)."""
+    return _evaluate_many(
+        np.asarray(coefficients, dtype=np.int64) % PRIME, np.asarray(x, dtype=np.int64)
+    )

@@ -1,0 +1,172 @@
+"""Commitment digests and sampling seeds that bind a rollout to its node, lease and task.
+
+Every value is encoded before hashing with one unambiguous rule (documented byte for byte in
+``docs/verification.md``), so a digest can be recomputed in any language:
+
+* ``str``  -> tag ``0x01``, 4-byte big-endian byte length, UTF-8 bytes
+* ``bytes`` -> tag ``0x02``, 4-byte big-endian length, the bytes
+* ``int``  -> tag ``0x03``, 8-byte big-endian two's-complement (must fit in int64)
+
+A message is a domain string (encoded as ``str``) followed by its fields in a fixed order, and the
+digest is BLAKE3-256 of the concatenation. The domain names the purpose and version, so a digest
+made for one purpose can never be accepted for another.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import blake3
+
+from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
+
+COMMITMENT_DOMAIN = "rollnet/v1/rollout-commitment"
+SEED_DOMAIN = "rollnet/v1/sampling-seed"
+TOKENS_DOMAIN = "rollnet/v1/rollout-tokens"
+PROOF_DOMAIN = "rollnet/v1/toploc-proof"
+
+_STR, _BYTES, _INT = b"\x01", b"\x02", b"\x03"
+
+
+def encode_field(value: str | bytes | int) -> bytes:
+    """The tagged, length-prefixed encoding of one field."""
+    if isinstance(value, bool):
+        raise TypeError("booleans are not binding fields; use an int")
+    if isinstance(value, int):
+        return _INT + struct.pack(">q", value)
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        return _STR + struct.pack(">I", len(data)) + data
+    if isinstance(value, bytes):
+        return _BYTES + struct.pack(">I", len(value)) + value
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def domain_digest(domain: str, fields: Sequence[str | bytes | int]) -> bytes:
+    """BLAKE3-256 of the domain followed by the fields, each encoded by :func:`encode_field`."""
+    hasher = blake3.blake3()
+    hasher.update(encode_field(domain))
+    for value in fields:
+        hasher.update(encode_field(value))
+    return bytes(hasher.digest())
+
+
+@dataclass(frozen=True)
+class LeaseBinding:
+    """What the coordinator assigned: who works on which task under which lease attempt."""
+
+    network_id: str
+    node_id: str
+    task_id: str
+    lease_id: str
+    fencing_token: int
+
+
+def derive_sampling_seed(lease: LeaseBinding, rollout_index: int) -> int:
+    """The Gumbel seed for one rollout of a lease: first 8 digest bytes, top bit cleared.
+
+    Deriving the seed from the lease means a rollout generated for one node, lease or rollout
+    index fails the sampling check anywhere else, and a worker cannot shop for lucky seeds.
+    """
+    digest = domain_digest(
+        SEED_DOMAIN,
+        [
+            lease.network_id,
+            lease.node_id,
+            lease.task_id,
+            lease.lease_id,
+            lease.fencing_token,
+            rollout_index,
+        ],
+    )
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _token_bytes(ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def tokens_digest(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> bytes:
+    """BLAKE3 of a rollout's token ids (each list as little-endian uint32s, length-prefixed)."""
+    return domain_digest(TOKENS_DOMAIN, [_token_bytes(prompt_ids), _token_bytes(completion_ids)])
+
+
+def proof_digest(proof: bytes) -> bytes:
+    """BLAKE3 of a rollout's TOPLOC proof bytes."""
+    return domain_digest(PROOF_DOMAIN, [proof])
+
+
+def commitment_digest(
+    lease: LeaseBinding,
+    *,
+    blob_blake3: bytes,
+    rollout_index: int,
+    sampling_seed: int,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    proof: bytes,
+) -> bytes:
+    """The digest a worker signs for one rollout: binds lease, blob, index, seed, tokens, proof."""
+    return domain_digest(
+        COMMITMENT_DOMAIN,
+        [
+            lease.network_id,
+            lease.node_id,
+            lease.task_id,
+            lease.lease_id,
+            lease.fencing_token,
+            blob_blake3,
+            rollout_index,
+            sampling_seed,
+            tokens_digest(prompt_ids, completion_ids),
+            proof_digest(proof),
+        ],
+    )
+
+
+def check_binding(
+    lease: LeaseBinding,
+    *,
+    blob_blake3: bytes,
+    rollout_index: int,
+    claimed_seed: int,
+    claimed_digest: bytes,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    proof: bytes,
+) -> CheckResult:
+    """The commitment digest matches this lease and rollout, and the seed is the derived one."""
+    expected_seed = derive_sampling_seed(lease, rollout_index)
+    expected_digest = commitment_digest(
+        lease,
+        blob_blake3=blob_blake3,
+        rollout_index=rollout_index,
+        sampling_seed=claimed_seed,
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        proof=proof,
+    )
+    figures: dict[str, Figure] = {
+        "rollout_index": rollout_index,
+        "expected_seed": expected_seed,
+        "claimed_seed": claimed_seed,
+    }
+    if expected_digest != claimed_digest:
+        return CheckResult(
+            CheckName.BINDING,
+            False,
+            Reason.COMMITMENT_DIGEST_MISMATCH,
+            figures,
+            "commitment digest does not match this node, lease, task, blob and rollout",
+        )
+    if claimed_seed != expected_seed:
+        return CheckResult(
+            CheckName.BINDING,
+            False,
+            Reason.SEED_NOT_DERIVED,
+            figures,
+            "sampling seed is not the one derived from the lease and rollout index",
+        )
+    return CheckResult(CheckName.BINDING, True, None, figures)

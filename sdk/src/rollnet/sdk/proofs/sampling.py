@@ -1,0 +1,152 @@
+"""Seeded Gumbel-max sampling: counter-based noise (numpy) and the validator's sampling check.
+
+The noise for ``(seed, position, token)`` is a pure function of those integers, so a validator
+can regenerate exactly what the worker used. The integer hash is built only from operations
+that cannot overflow a signed 64-bit integer (32-bit values, 16-bit limb multiplies, shifts,
+xor, masks), so the torch twin in :mod:`rollnet.sdk.proofs.sampling_torch` computes the same bits
+on any device. Only the final ``-log(-log u)`` is floating point (float64); libm differences there
+are ~1e-16 and far below the sampling tolerance.
+
+Hash: ``h = mix(mix(mix(mix(seed_lo ^ K) ^ seed_hi) ^ position) ^ token)`` with ``mix`` the
+"lowbias32" integer finalizer (xorshift-multiply, constants 0x7FEB352D and 0x846CA68B), then
+``u = (h >> 8 + 0.5) / 2**24`` in (0, 1) and ``g = -log(-log u)``.
+
+The worker picks ``argmax(logits / T + g)`` at completion position ``i`` (0-based) with the
+rollout's seed; the validator recomputes the scores from its own logits. Top-k / top-p would
+compose by setting the scores of excluded tokens to ``-inf`` on both sides before the argmax (the
+validator re-derives the same mask from its logits; a margin near the mask boundary needs the
+same tolerance treatment as the argmax). Temperature must be > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
+from rollnet.sdk.proofs.thresholds import Thresholds
+
+MASK32 = 0xFFFFFFFF
+SEED_KEY = 0x243F6A88  # first digits of pi: separates the seed words from a zero input
+MIX_MUL_1 = 0x7FEB352D
+MIX_MUL_2 = 0x846CA68B
+UNIFORM_BITS = 24
+MAX_SEED = (1 << 63) - 1
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def _mul32(x: Int64Array, constant: int) -> Int64Array:
+    """``x * constant mod 2**32`` with every intermediate below 2**34."""
+    c_lo, c_hi = constant & 0xFFFF, constant >> 16
+    x_lo, x_hi = x & 0xFFFF, x >> 16
+    cross = ((x_hi * c_lo + x_lo * c_hi) & 0xFFFF) << 16
+    return (x_lo * c_lo + cross) & MASK32
+
+
+def _mix(x: Int64Array) -> Int64Array:
+    x = x ^ (x >> 16)
+    x = _mul32(x, MIX_MUL_1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, MIX_MUL_2)
+    return x ^ (x >> 16)
+
+
+def check_seed(seed: int) -> int:
+    """Validate a sampling seed (a non-negative 63-bit integer) and return it."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"sampling seed must be in [0, 2**63), got {seed}")
+    return seed
+
+
+def noise_bits(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int) -> Int64Array:
+    """32-bit hashes ``[N, V]`` for N (seed, position) pairs and every token id in [0, V)."""
+    seed_array = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    position_array = np.asarray(positions, dtype=np.int64).reshape(-1)
+    if seed_array.shape != position_array.shape:
+        raise ValueError("seeds and positions must have the same length")
+    if (seed_array < 0).any() or (position_array < 0).any() or (position_array > MASK32).any():
+        raise ValueError("seeds must be non-negative and positions in [0, 2**32)")
+    h = _mix((seed_array & MASK32) ^ SEED_KEY)
+    h = _mix(h ^ (seed_array >> 32))
+    h = _mix(h ^ position_array)
+    tokens = np.arange(vocab_size, dtype=np.int64)
+    return _mix(h[:, None] ^ tokens[None, :])
+
+
+def uniforms_from_bits(bits: Int64Array) -> npt.NDArray[np.float64]:
+    """Map 32-bit hashes to uniforms in (0, 1) with 24-bit resolution, never 0 or 1."""
+    return ((bits >> (32 - UNIFORM_BITS)).astype(np.float64) + 0.5) * (2.0**-UNIFORM_BITS)
+
+
+def gumbel_noise(
+    seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int
+) -> npt.NDArray[np.float64]:
+    """Standard Gumbel noise ``[N, V]`` (float64) for N (seed, position) pairs."""
+    u = uniforms_from_bits(noise_bits(seeds, positions, vocab_size))
+    return np.asarray(-np.log(-np.log(u)), dtype=np.float64)
+
+
+def gumbel_scores(
+    logits: npt.ArrayLike, seed: int, temperature: float, start_position: int = 0
+) -> npt.NDArray[np.float64]:
+    """``logits / temperature + g`` for one sequence's rows ``[T, V]`` from ``start_position``."""
+    if not temperature > 0:
+        raise ValueError("Gumbel-max sampling needs a temperature > 0")
+    array = np.asarray(logits, dtype=np.float64)
+    steps = array.shape[0]
+    positions = np.arange(start_position, start_position + steps, dtype=np.int64)
+    seeds = np.full(steps, check_seed(seed), dtype=np.int64)
+    return array / temperature + gumbel_noise(seeds, positions, array.shape[1])
+
+
+def sampling_margins(
+    logits: npt.ArrayLike, completion_ids: Sequence[int], seed: int, temperature: float
+) -> npt.NDArray[np.float64]:
+    """Per token: Gumbel score of the chosen token minus the best other token's score.
+
+    Non-negative for an exact replay of the worker's sampling; numeric noise makes it slightly
+    negative at worst.
+    """
+    scores = gumbel_scores(logits, seed, temperature)
+    rows = np.arange(scores.shape[0])
+    chosen = np.asarray(completion_ids, dtype=np.int64)
+    chosen_score = scores[rows, chosen]
+    scores[rows, chosen] = -np.inf
+    return np.asarray(chosen_score - scores.max(axis=1), dtype=np.float64)
+
+
+def check_sampling(
+    logits: npt.ArrayLike,
+    completion_ids: Sequence[int],
+    *,
+    seed: int,
+    temperature: float,
+    thresholds: Thresholds,
+) -> CheckResult:
+    """Each token wins the seeded Gumbel-max race under the validator's logits, within tolerance."""
+    array = np.asarray(logits, dtype=np.float64)
+    ids = np.asarray(completion_ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= array.shape[1]):
+        return CheckResult(
+            CheckName.SAMPLING, False, Reason.TOKEN_OUT_OF_VOCABULARY, {}, "token id out of range"
+        )
+    margins = sampling_margins(array, completion_ids, seed, temperature)
+    violations = np.flatnonzero(margins < -thresholds.sampling_tolerance)
+    figures: dict[str, Figure] = {
+        "min_margin": float(margins.min()) if margins.size else 0.0,
+        "violations": int(violations.size),
+        "tokens": int(margins.size),
+    }
+    if violations.size:
+        figures["first_violation"] = int(violations[0])
+        return CheckResult(
+            CheckName.SAMPLING,
+            False,
+            Reason.TOKEN_NOT_SAMPLED,
+            figures,
+            f"{violations.size} token(s) did not win the seeded Gumbel-max draw",
+        )
+    return CheckResult(CheckName.SAMPLING, True, None, figures)

@@ -1,0 +1,66 @@
+"""Termination check: a rollout ends with a probable EOS or at the length limit, never truncated."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
+from rollnet.sdk.proofs.thresholds import Thresholds
+
+FINISH_EOS = "eos"
+"""Finish reason: the last token is an end-of-sequence token."""
+FINISH_LENGTH = "length"
+"""Finish reason: the completion reached ``max_new_tokens``."""
+
+
+def _log_softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return np.asarray(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
+
+
+def check_termination(
+    completion_ids: Sequence[int],
+    *,
+    finish_reason: str,
+    eos_token_ids: Collection[int],
+    max_new_tokens: int,
+    last_logits: npt.ArrayLike,
+    temperature: float,
+    thresholds: Thresholds,
+) -> CheckResult:
+    """The rollout ends with a probable EOS, or at exactly the length limit; no EOS before the end.
+
+    ``last_logits`` are the validator's logits [V] at the row that chose the final token.
+    """
+    length = len(completion_ids)
+    figures: dict[str, Figure] = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
+
+    def fail(reason: Reason, detail: str) -> CheckResult:
+        return CheckResult(CheckName.TERMINATION, False, reason, figures, detail)
+
+    if length == 0:
+        return fail(Reason.EMPTY_COMPLETION, "completion is empty")
+    if length > max_new_tokens:
+        return fail(Reason.TOO_LONG, "completion is longer than the limit")
+    early = [i for i, t in enumerate(completion_ids[:-1]) if t in eos_token_ids]
+    if early:
+        figures["first_eos"] = early[0]
+        return fail(Reason.EOS_BEFORE_END, "EOS inside the completion")
+    ends_with_eos = completion_ids[-1] in eos_token_ids
+    if ends_with_eos:
+        logprobs = _log_softmax(np.asarray(last_logits, dtype=np.float64) / temperature)
+        eos_prob = float(np.exp(logprobs[list(eos_token_ids)]).sum())
+        figures["eos_probability"] = eos_prob
+        if finish_reason != FINISH_EOS:
+            return fail(Reason.FINISH_REASON_MISMATCH, "ends with EOS but claims another reason")
+        if eos_prob < thresholds.min_eos_probability:
+            return fail(Reason.EOS_IMPROBABLE, "final EOS is improbable under the model")
+        return CheckResult(CheckName.TERMINATION, True, None, figures)
+    if length < max_new_tokens:
+        return fail(Reason.TRUNCATED, "ends without EOS before the length limit")
+    if finish_reason != FINISH_LENGTH:
+        return fail(Reason.FINISH_REASON_MISMATCH, "hit the length limit but claims another reason")
+    return CheckResult(CheckName.TERMINATION, True, None, figures)
