@@ -8,28 +8,81 @@ Submodules hold the details: :mod:`~rollnet.ledger.models` (tables),
 :mod:`~rollnet.ledger.idempotency`.
 """
 
-from rollnet.ledger.chain import (
-    AppendedEntry,
-    ChainTip,
-    NewEntry,
-    SignedHead,
-    append_entries,
-    balance,
-    balances,
-    chain_tip,
-    latest_signed_head,
-    list_entries,
-    sign_chain_head,
-)
-from rollnet.ledger.engine import Readiness, check_ready, create_engine, session_factory
-from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState, ValidationJobState
-from rollnet.ledger.export import export_jsonl, verify_database
-from rollnet.ledger.group_commit import GroupCommitAppender
-from rollnet.ledger.leases import LeaseOutcome
-from rollnet.ledger.migrate import check_models_match, upgrade_to_head
-from rollnet.ledger.tasks import LeasedTask, NewTask, lease_next_task, submit_task
-from rollnet.ledger.validation import LeasedValidationJob, lease_next_validation_job
-from rollnet.ledger.verify import VerificationReport, verify_export
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollnet.ledger.chain import (
+        AppendedEntry,
+        ChainTip,
+        NewEntry,
+        SignedHead,
+        append_entries,
+        balance,
+        balances,
+        chain_tip,
+        latest_signed_head,
+        list_entries,
+        sign_chain_head,
+    )
+    from rollnet.ledger.engine import Readiness, check_ready, create_engine, session_factory
+    from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState, ValidationJobState
+    from rollnet.ledger.export import export_jsonl, verify_database
+    from rollnet.ledger.group_commit import GroupCommitAppender
+    from rollnet.ledger.leases import LeaseOutcome
+    from rollnet.ledger.migrate import check_models_match, upgrade_to_head
+    from rollnet.ledger.tasks import LeasedTask, NewTask, lease_next_task, submit_task
+    from rollnet.ledger.validation import LeasedValidationJob, lease_next_validation_job
+    from rollnet.ledger.verify import VerificationReport, verify_export
+
+# Imported on first use (PEP 562): `import rollnet.ledger.verify` must stay light — verifying an
+# export needs neither SQLAlchemy nor the models.
+_EXPORTS: dict[str, str] = {
+    "AppendedEntry": "rollnet.ledger.chain",
+    "ChainTip": "rollnet.ledger.chain",
+    "EntryKind": "rollnet.ledger.enums",
+    "GroupCommitAppender": "rollnet.ledger.group_commit",
+    "LeaseOutcome": "rollnet.ledger.leases",
+    "LeasedTask": "rollnet.ledger.tasks",
+    "LeasedValidationJob": "rollnet.ledger.validation",
+    "NewEntry": "rollnet.ledger.chain",
+    "NewTask": "rollnet.ledger.tasks",
+    "NodeRole": "rollnet.ledger.enums",
+    "NodeState": "rollnet.ledger.enums",
+    "Readiness": "rollnet.ledger.engine",
+    "SignedHead": "rollnet.ledger.chain",
+    "TaskState": "rollnet.ledger.enums",
+    "ValidationJobState": "rollnet.ledger.enums",
+    "VerificationReport": "rollnet.ledger.verify",
+    "append_entries": "rollnet.ledger.chain",
+    "balance": "rollnet.ledger.chain",
+    "balances": "rollnet.ledger.chain",
+    "chain_tip": "rollnet.ledger.chain",
+    "check_models_match": "rollnet.ledger.migrate",
+    "check_ready": "rollnet.ledger.engine",
+    "create_engine": "rollnet.ledger.engine",
+    "export_jsonl": "rollnet.ledger.export",
+    "latest_signed_head": "rollnet.ledger.chain",
+    "lease_next_task": "rollnet.ledger.tasks",
+    "lease_next_validation_job": "rollnet.ledger.validation",
+    "list_entries": "rollnet.ledger.chain",
+    "session_factory": "rollnet.ledger.engine",
+    "sign_chain_head": "rollnet.ledger.chain",
+    "submit_task": "rollnet.ledger.tasks",
+    "upgrade_to_head": "rollnet.ledger.migrate",
+    "verify_database": "rollnet.ledger.export",
+    "verify_export": "rollnet.ledger.verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AppendedEntry",

@@ -49,19 +49,12 @@ _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _ABSENT = b"\x00"
 _PRESENT = b"\x01"
+_EMPTY_TEXT = b"\x00\x00\x00\x00"
+#: str-encodings of recently seen node ids and kinds (bounded: cleared when full).
+_TEXT_CACHE: dict[str, bytes] = {}
+_TEXT_CACHE_LIMIT = 65_536
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-
-
-def _text(value: str) -> bytes:
-    encoded = value.encode()
-    return _U32.pack(len(encoded)) + encoded
-
-
-def _optional_text(value: str | None) -> bytes:
-    if value is None:
-        return _ABSENT
-    return _PRESENT + _text(value)
 
 
 def canonical_entry_bytes(
@@ -79,21 +72,69 @@ def canonical_entry_bytes(
 
     Raises :class:`ValueError` when a number does not fit its field.
     """
+    return encode_entry(sequence, time_us, node_id, kind, amount, commitment_id, verdict_id, memo)
+
+
+def encode_entry(
+    sequence: int,
+    time_us: int,
+    node_id: str,
+    kind: str,
+    amount: int,
+    commitment_id: str | None,
+    verdict_id: str | None,
+    memo: str,
+) -> bytes:
+    """:func:`canonical_entry_bytes` with positional arguments (the hot path of appends and
+    verification, where keyword passing is measurable)."""
+    # Written out flat, with node ids and kinds (few distinct values) encoded once and cached.
+    node = _TEXT_CACHE.get(node_id)
+    if node is None:
+        node = _cache_text(node_id)
+    kind_bytes = _TEXT_CACHE.get(kind)
+    if kind_bytes is None:
+        kind_bytes = _cache_text(kind)
     try:
-        return b"".join(
-            (
-                _ENTRY_PREFIX,
-                _SEQUENCE_TIME.pack(sequence, time_us),
-                _text(node_id),
-                _text(kind),
-                _I64.pack(amount),
-                _optional_text(commitment_id),
-                _optional_text(verdict_id),
-                _text(memo),
-            )
-        )
+        sequence_time = _SEQUENCE_TIME.pack(sequence, time_us)
+        amount_bytes = _I64.pack(amount)
     except struct.error as exc:
         raise ValueError(f"ledger entry field out of range: {exc}") from exc
+    if commitment_id is None:
+        commitment = _ABSENT
+    else:
+        encoded = commitment_id.encode()
+        commitment = _PRESENT + _U32.pack(len(encoded)) + encoded
+    if verdict_id is None:
+        verdict = _ABSENT
+    else:
+        encoded = verdict_id.encode()
+        verdict = _PRESENT + _U32.pack(len(encoded)) + encoded
+    if memo:
+        encoded = memo.encode()
+        memo_bytes = _U32.pack(len(encoded)) + encoded
+    else:
+        memo_bytes = _EMPTY_TEXT
+    return b"".join(
+        (
+            _ENTRY_PREFIX,
+            sequence_time,
+            node,
+            kind_bytes,
+            amount_bytes,
+            commitment,
+            verdict,
+            memo_bytes,
+        )
+    )
+
+
+def _cache_text(value: str) -> bytes:
+    encoded = value.encode()
+    text = _U32.pack(len(encoded)) + encoded
+    if len(_TEXT_CACHE) >= _TEXT_CACHE_LIMIT:
+        _TEXT_CACHE.clear()
+    _TEXT_CACHE[value] = text
+    return text
 
 
 def chain_hash(prev_hash: bytes, canonical: bytes) -> bytes:
@@ -109,7 +150,8 @@ def chain_head_message(network_id: str, sequence: int, head_hash: bytes) -> byte
     """
     if len(head_hash) != HASH_SIZE:
         raise ValueError(f"head hash must be {HASH_SIZE} bytes, got {len(head_hash)}")
-    return _HEAD_PREFIX + _text(network_id) + _U64.pack(sequence) + head_hash
+    network = network_id.encode()
+    return _HEAD_PREFIX + _U32.pack(len(network)) + network + _U64.pack(sequence) + head_hash
 
 
 def datetime_to_us(moment: datetime) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import case, func, select, update
@@ -23,10 +24,9 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger._columns import utc_now
 from rollnet.ledger.canonical import (
-    canonical_entry_bytes,
-    chain_hash,
     chain_head_message,
     datetime_to_us,
+    encode_entry,
 )
 from rollnet.ledger.enums import EntryKind
 from rollnet.ledger.models import Base, LedgerChainTip, LedgerEntry, SignedChainHead
@@ -51,6 +51,7 @@ class NewEntry:
 
     def __post_init__(self) -> None:
         kind = EntryKind(self.kind)
+        object.__setattr__(self, "kind", kind)  # accept "credit" as well as EntryKind.CREDIT
         if not _I64_MIN <= self.amount <= _I64_MAX:
             raise ValueError(f"amount {self.amount} does not fit a signed 64-bit integer")
         if kind in (EntryKind.CREDIT, EntryKind.VALIDATOR_REWARD) and self.amount < 0:
@@ -124,50 +125,50 @@ def append_entries(
     prev_hash = tip.head_hash
     sequence = tip.sequence
     appended: list[AppendedEntry] = []
-    rows: list[dict[str, object]] = []
     for entry in entries:
         sequence += 1
-        kind = EntryKind(entry.kind)
-        canonical = canonical_entry_bytes(
-            sequence=sequence,
-            time_us=time_us,
-            node_id=entry.node_id,
-            kind=kind.value,
-            amount=entry.amount,
-            commitment_id=entry.commitment_id,
-            verdict_id=entry.verdict_id,
-            memo=entry.memo,
+        kind = entry.kind
+        canonical = encode_entry(
+            sequence,
+            time_us,
+            entry.node_id,
+            kind.value,
+            entry.amount,
+            entry.commitment_id,
+            entry.verdict_id,
+            entry.memo,
         )
-        entry_hash = chain_hash(prev_hash, canonical)
-        rows.append(
-            {
-                "sequence": sequence,
-                "recorded_at": recorded_at,
-                "node_id": entry.node_id,
-                "kind": kind,
-                "amount": entry.amount,
-                "commitment_id": entry.commitment_id,
-                "verdict_id": entry.verdict_id,
-                "memo": entry.memo,
-                "prev_hash": prev_hash,
-                "entry_hash": entry_hash,
-            }
-        )
+        entry_hash = blake3(prev_hash + canonical).digest()
         appended.append(
             AppendedEntry(
-                sequence=sequence,
-                recorded_at=recorded_at,
-                node_id=entry.node_id,
-                kind=kind,
-                amount=entry.amount,
-                commitment_id=entry.commitment_id,
-                verdict_id=entry.verdict_id,
-                memo=entry.memo,
-                prev_hash=prev_hash,
-                entry_hash=entry_hash,
+                sequence,
+                recorded_at,
+                entry.node_id,
+                kind,
+                entry.amount,
+                entry.commitment_id,
+                entry.verdict_id,
+                entry.memo,
+                prev_hash,
+                entry_hash,
             )
         )
         prev_hash = entry_hash
+    rows = [
+        {
+            "sequence": stored.sequence,
+            "recorded_at": recorded_at,
+            "node_id": stored.node_id,
+            "kind": stored.kind,
+            "amount": stored.amount,
+            "commitment_id": stored.commitment_id,
+            "verdict_id": stored.verdict_id,
+            "memo": stored.memo,
+            "prev_hash": stored.prev_hash,
+            "entry_hash": stored.entry_hash,
+        }
+        for stored in appended
+    ]
     # Core executemany: one round trip per batch (insertmanyvalues on PostgreSQL).
     session.execute(_ENTRIES_TABLE.insert(), rows)
     session.execute(

@@ -13,20 +13,24 @@ of the first signed head the chain contradicts (or that is forged), whichever is
 
 from __future__ import annotations
 
+import itertools
 import json
+import multiprocessing
+import os
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from blake3 import blake3
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from rollnet.ledger.canonical import (
     GENESIS_HASH,
     HASH_SIZE,
-    canonical_entry_bytes,
-    chain_hash,
     chain_head_message,
+    encode_entry,
 )
 from rollnet.ledger.export_format import EXPORT_FORMAT, EXPORT_VERSION
 
@@ -89,6 +93,30 @@ class VerificationReport:
         return "\n".join(lines)
 
 
+def _sequence_failure(expected: int, found: object) -> tuple[int, str]:
+    return (
+        expected,
+        f"expected entry {expected} but found sequence {found}"
+        " (entries missing, reordered or duplicated)",
+    )
+
+
+def _link_failure(sequence: int) -> tuple[int, str]:
+    return (
+        sequence,
+        f"prev_hash of entry {sequence} is not the hash of entry {sequence - 1}"
+        " (entries reordered, removed or replaced)",
+    )
+
+
+def _encoding_failure(sequence: int, exc: Exception) -> tuple[int, str]:
+    return (sequence, f"entry {sequence} cannot be encoded: {exc}")
+
+
+def _hash_failure(sequence: int) -> tuple[int, str]:
+    return (sequence, f"entry {sequence}'s contents do not hash to its entry_hash (entry altered)")
+
+
 class ChainVerifier:
     """Streaming verifier: feed entries in sequence order and heads in any order, then finish.
 
@@ -96,12 +124,20 @@ class ChainVerifier:
     sequence).
     """
 
-    def __init__(self, pinned_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        pinned_key: bytes | None = None,
+        *,
+        start_sequence: int = 1,
+        start_prev_hash: bytes = GENESIS_HASH,
+    ) -> None:
         if pinned_key is not None and len(pinned_key) != HASH_SIZE:
             raise ValueError("a pinned Ed25519 public key is 32 bytes")
         self._pinned_key = pinned_key
-        self._expected = 1
-        self._prev_hash = GENESIS_HASH
+        # A verifier may start mid-chain to check one span of a file in a worker process; the
+        # spans are then stitched together with absorb_span().
+        self._expected = start_sequence
+        self._prev_hash = start_prev_hash
         self._hashes = bytearray()
         self._heads: list[HeadRecord] = []
         self._entry_failure: tuple[int, str] | None = None
@@ -145,43 +181,44 @@ class ChainVerifier:
             return
         expected = self._expected
         if sequence != expected:
-            self._entry_failure = (
-                expected,
-                f"expected entry {expected} but found sequence {sequence}"
-                " (entries missing, reordered or duplicated)",
-            )
+            self._entry_failure = _sequence_failure(expected, sequence)
             return
         if prev_hash != self._prev_hash:
-            self._entry_failure = (
-                sequence,
-                f"prev_hash of entry {sequence} is not the hash of entry {sequence - 1}"
-                " (entries reordered, removed or replaced)",
-            )
+            self._entry_failure = _link_failure(sequence)
             return
         try:
-            canonical = canonical_entry_bytes(
-                sequence=sequence,
-                time_us=time_us,
-                node_id=node_id,
-                kind=kind,
-                amount=amount,
-                commitment_id=commitment_id,
-                verdict_id=verdict_id,
-                memo=memo,
+            canonical = encode_entry(
+                sequence, time_us, node_id, kind, amount, commitment_id, verdict_id, memo
             )
         except (ValueError, TypeError, AttributeError) as exc:
-            self._entry_failure = (sequence, f"entry {sequence} cannot be encoded: {exc}")
+            self._entry_failure = _encoding_failure(sequence, exc)
             return
-        computed = chain_hash(prev_hash, canonical)
+        computed = blake3(prev_hash + canonical).digest()
         if computed != entry_hash:
-            self._entry_failure = (
-                sequence,
-                f"entry {sequence}'s contents do not hash to its entry_hash (entry altered)",
-            )
+            self._entry_failure = _hash_failure(sequence)
             return
         self._hashes += computed
         self._prev_hash = computed
         self._expected = expected + 1
+
+    def absorb_span(self, span: SpanResult) -> None:
+        """Continue the chain with a span verified on its own (see :func:`verify_span`)."""
+        for head in span.heads:
+            self.add_head(head)
+        if self._entry_failure is not None or span.first_sequence is None:
+            return
+        if span.first_sequence != self._expected:
+            self._entry_failure = _sequence_failure(self._expected, span.first_sequence)
+            return
+        if span.first_prev_hash != self._prev_hash:
+            self._entry_failure = _link_failure(span.first_sequence)
+            return
+        verified = len(span.hashes) // HASH_SIZE
+        if verified:
+            self._hashes += span.hashes
+            self._prev_hash = span.hashes[-HASH_SIZE:]
+            self._expected += verified
+        self._entry_failure = span.failure
 
     def add_head(self, head: HeadRecord) -> None:
         """Record a signed head; it is checked in :meth:`finish`."""
@@ -320,49 +357,92 @@ class ExportFormatError(ValueError):
     """The export file is not in the ``rollnet.ledger.export`` format."""
 
 
-def verify_export(path: Path | str, *, pinned_key: bytes | None = None) -> VerificationReport:
-    """Verify a JSON Lines export written by ``rollnet ledger export``."""
-    verifier = ChainVerifier(pinned_key)
+@dataclass(frozen=True, slots=True)
+class SpanResult:
+    """What :func:`verify_span` found in one byte range of an export file."""
+
+    #: Sequence and prev hash of the span's first entry (None: the span has no entries).
+    first_sequence: int | None
+    first_prev_hash: bytes
+    #: Recomputed hashes of the entries verified, in order, 32 bytes each.
+    hashes: bytes
+    #: The first failing entry in the span, if any (entries after it were not checked).
+    failure: tuple[int, str] | None
+    heads: list[HeadRecord]
+
+
+#: Exports at least this large are verified by several processes (one span each).
+PARALLEL_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+
+def verify_span(path: str, start: int, end: int) -> SpanResult:
+    """Verify the lines that begin in bytes ``[start, end)`` of an export (after its header).
+
+    Entry hashes and the links between consecutive entries are checked here; the link into the
+    span's first entry is checked when spans are stitched (:meth:`ChainVerifier.absorb_span`).
+    The checks are those of :meth:`ChainVerifier.add_entry_fields`, inlined: this loop is the
+    verifier's hot path. Raises :class:`ExportFormatError` on a malformed line.
+    """
     loads = json.loads
     fromhex = bytes.fromhex
-    add_entry = verifier.add_entry_fields
-    with open(path, encoding="utf-8") as lines:
-        header_raw = lines.readline()
-        try:
-            header = loads(header_raw)
-        except json.JSONDecodeError as exc:
-            raise ExportFormatError(f"{path}: first line is not JSON: {exc}") from exc
-        if (
-            not isinstance(header, dict)
-            or header.get("type") != "header"
-            or header.get("format") != EXPORT_FORMAT
-        ):
-            raise ExportFormatError(f"{path}: not a {EXPORT_FORMAT} file")
-        if header.get("version") != EXPORT_VERSION:
-            raise ExportFormatError(f"{path}: unsupported export version {header.get('version')}")
-        verifier.set_tip(int(header["tip_sequence"]), fromhex(header["tip_hash"]))
-        for line_number, line in enumerate(lines, start=2):
+    first_sequence: int | None = None
+    first_prev_hash = GENESIS_HASH
+    expected = 0
+    prev_hash = GENESIS_HASH
+    prev_hex = ""
+    hashes = bytearray()
+    failure: tuple[int, str] | None = None
+    heads: list[HeadRecord] = []
+    with open(path, "rb") as lines:
+        lines.seek(start)
+        position = start
+        for raw in lines:
+            if position >= end:
+                break
+            offset = position
+            position += len(raw)
             # Once an entry failed only heads still matter (they can follow the entries).
-            if verifier.failed and '"signed_head"' not in line:
+            if failure is not None and b'"signed_head"' not in raw:
                 continue
             try:
-                record = loads(line)
+                record = loads(raw.decode())
                 kind_of_line = record["type"]
                 if kind_of_line == "entry":
-                    add_entry(
-                        record["sequence"],
-                        record["time_us"],
-                        record["node_id"],
-                        record["kind"],
-                        record["amount"],
-                        record["commitment_id"],
-                        record["verdict_id"],
-                        record["memo"],
-                        fromhex(record["prev_hash"]),
-                        fromhex(record["entry_hash"]),
-                    )
+                    sequence = record["sequence"]
+                    if first_sequence is None:
+                        first_sequence = expected = sequence
+                        prev_hex = record["prev_hash"]
+                        prev_hash = first_prev_hash = fromhex(prev_hex)
+                    if sequence != expected:
+                        failure = _sequence_failure(expected, sequence)
+                        continue
+                    if record["prev_hash"] != prev_hex:
+                        failure = _link_failure(sequence)
+                        continue
+                    try:
+                        canonical = encode_entry(
+                            sequence,
+                            record["time_us"],
+                            record["node_id"],
+                            record["kind"],
+                            record["amount"],
+                            record["commitment_id"],
+                            record["verdict_id"],
+                            record["memo"],
+                        )
+                    except (ValueError, TypeError, AttributeError) as exc:
+                        failure = _encoding_failure(sequence, exc)
+                        continue
+                    computed = blake3(prev_hash + canonical).digest()
+                    prev_hex = computed.hex()
+                    if prev_hex != record["entry_hash"]:
+                        failure = _hash_failure(sequence)
+                        continue
+                    hashes += computed
+                    prev_hash = computed
+                    expected += 1
                 elif kind_of_line == "signed_head":
-                    verifier.add_head(
+                    heads.append(
                         HeadRecord(
                             network_id=record["network_id"],
                             sequence=int(record["sequence"]),
@@ -373,6 +453,90 @@ def verify_export(path: Path | str, *, pinned_key: bytes | None = None) -> Verif
                     )
                 else:
                     raise ExportFormatError(f"unknown line type {kind_of_line!r}")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ExportFormatError(f"{path}:{line_number}: malformed line: {exc}") from exc
+            except (
+                json.JSONDecodeError,
+                UnicodeDecodeError,
+                KeyError,
+                TypeError,
+                ValueError,
+            ) as exc:
+                raise ExportFormatError(f"{path}: malformed line at byte {offset}: {exc}") from exc
+    return SpanResult(
+        first_sequence=first_sequence,
+        first_prev_hash=first_prev_hash,
+        hashes=bytes(hashes),
+        failure=failure,
+        heads=heads,
+    )
+
+
+def _read_header(path: Path | str) -> tuple[tuple[int, bytes], int]:
+    """The tip the header claims and the byte offset where the body starts."""
+    with open(path, "rb") as lines:
+        header_raw = lines.readline()
+        body_start = lines.tell()
+    try:
+        header = json.loads(header_raw)
+    except json.JSONDecodeError as exc:
+        raise ExportFormatError(f"{path}: first line is not JSON: {exc}") from exc
+    if (
+        not isinstance(header, dict)
+        or header.get("type") != "header"
+        or header.get("format") != EXPORT_FORMAT
+    ):
+        raise ExportFormatError(f"{path}: not a {EXPORT_FORMAT} file")
+    if header.get("version") != EXPORT_VERSION:
+        raise ExportFormatError(f"{path}: unsupported export version {header.get('version')}")
+    try:
+        tip = (int(header["tip_sequence"]), bytes.fromhex(header["tip_hash"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportFormatError(f"{path}: malformed header: {exc}") from exc
+    return tip, body_start
+
+
+def _span_bounds(path: Path | str, body_start: int, spans: int) -> list[tuple[int, int]]:
+    """Split the body into ``spans`` byte ranges, each starting at the beginning of a line."""
+    size = os.path.getsize(path)
+    cuts = [body_start]
+    with open(path, "rb") as lines:
+        for i in range(1, spans):
+            target = body_start + (size - body_start) * i // spans
+            if target <= cuts[-1]:
+                continue
+            lines.seek(target - 1)
+            lines.readline()  # finish the line that straddles the cut
+            if lines.tell() < size and lines.tell() > cuts[-1]:
+                cuts.append(lines.tell())
+    cuts.append(size)
+    return list(itertools.pairwise(cuts))
+
+
+def verify_export(
+    path: Path | str, *, pinned_key: bytes | None = None, workers: int | None = None
+) -> VerificationReport:
+    """Verify a JSON Lines export written by ``rollnet ledger export``.
+
+    Large exports are verified by ``workers`` processes (default: one per CPU for files of at
+    least :data:`PARALLEL_THRESHOLD_BYTES`, else one), each hashing one span of the file; the
+    spans are stitched in order, so the result is identical to a sequential pass.
+    """
+    tip, body_start = _read_header(path)
+    if workers is None:
+        big = os.path.getsize(path) >= PARALLEL_THRESHOLD_BYTES
+        workers = min(os.cpu_count() or 1, 8) if big else 1
+    verifier = ChainVerifier(pinned_key)
+    verifier.set_tip(*tip)
+    bounds = _span_bounds(path, body_start, max(workers, 1))
+    if workers <= 1 or len(bounds) == 1:
+        for start, end in bounds:
+            verifier.absorb_span(verify_span(str(path), start, end))
+        return verifier.finish()
+    # spawn, not fork: the caller may be multi-threaded (a server, a test runner). The calling
+    # process verifies the first span itself while the workers take the others.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(bounds) - 1, mp_context=context) as pool:
+        futures = [pool.submit(verify_span, str(path), start, end) for start, end in bounds[1:]]
+        verifier.absorb_span(verify_span(str(path), *bounds[0]))
+        for future in futures:
+            verifier.absorb_span(future.result())
     return verifier.finish()
