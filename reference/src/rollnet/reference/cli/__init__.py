@@ -17,6 +17,8 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "ledger",
     "keys",
     "coordinator",
+    "nodes",
+    "checkpoint",
 )
 
 

@@ -185,7 +185,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--data-dir``, ``--config`` and one flag per option to ``parser``."""
     parser.add_argument("--data-dir", type=Path, required=True, help="state directory")
     parser.add_argument("--config", type=Path, help="TOML file (flags and env override it)")
-    parser.add_argument("--db", dest="database_url", default=None, help=OPTIONS[0].help)
+    database = OPTIONS[0]
+    parser.add_argument(
+        "--db", dest="database_url", default=None, help=f"{database.help} [{database.env}]"
+    )
     for option in OPTIONS[1:]:
         parser.add_argument(
             option.flag, dest=option.name, default=None, help=f"{option.help} [{option.env}]"

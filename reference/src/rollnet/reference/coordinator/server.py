@@ -180,6 +180,14 @@ async def _every(seconds: float, action: Any) -> None:
         await asyncio.sleep(seconds)
 
 
+async def _serve_when_ready(coordinator: Coordinator, interval: float = 0.25) -> None:
+    """Say SERVING as soon as the database answers at the head revision."""
+    while not (await asyncio.to_thread(check_ready, coordinator.ctx.engine)).ready:
+        await asyncio.sleep(interval)
+    log.info("database ready")
+    await coordinator.set_serving(True)
+
+
 async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) -> Coordinator:
     """Open the database (migrating it), bind the port, start serving and sweeping."""
     engine = create_engine(config.database_url, config.data_dir)
@@ -287,6 +295,9 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     readiness = await asyncio.to_thread(check_ready, engine)
     if not readiness.ready:
         log.error("database not ready: %s", readiness.detail)
+        # Stay NOT_SERVING but keep looking: the schema may be migrated, or the database come
+        # back, after the coordinator started.
+        coordinator._tasks.append(asyncio.create_task(_serve_when_ready(coordinator)))
     else:
         await coordinator.set_serving(True)
     if config.metrics_listen:

@@ -1,0 +1,214 @@
+"""Publishing a Hugging Face model directory as a rollnet checkpoint.
+
+The publisher walks the directory (``config.json``, tokenizer files, ``*.safetensors``), cuts
+every file into fixed-size shards, uploads each shard as a ``BLOB_KIND_CHECKPOINT_SHARD`` blob,
+builds a ``CheckpointManifest`` (per file: relative path, whole-file BLAKE3 and size, shard digests
+in order; ``flops_per_token``) and signs ``b"rollnet-checkpoint-v1\\n" || manifest`` with the
+trainer key before calling ``PublishCheckpoint`` (docs/protocol.md, "Other signed bytes"). The
+trainer publishes through the same function; ``rollnet checkpoint publish`` is its command line.
+
+``flops_per_token`` is ``2 x parameter count`` (one multiply and one add per weight in a forward
+pass), counted from the safetensors headers alone, so publishing never loads torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import blake3
+from google.protobuf import timestamp_pb2
+
+from rollnet.sdk import Identity, RollnetClient
+from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
+
+CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
+"""Domain prefix of the trainer's signature over the manifest bytes."""
+
+DEFAULT_SHARD_SIZE = 64 * 1024 * 1024
+"""Bytes per shard unless the caller chooses otherwise."""
+
+# What a Hugging Face model directory holds that a worker needs: configuration, tokenizer and
+# safetensors weights. Other formats (pickled *.bin, *.pt) are never shipped: unpickling is code
+# execution on every worker.
+PUBLISHED_SUFFIXES = frozenset({".json", ".safetensors", ".txt", ".model", ".jinja", ".tiktoken"})
+
+_SAFETENSORS_HEADER_CAP = 100 * 1024 * 1024
+
+
+class CheckpointDirError(ValueError):
+    """The model directory cannot be published (missing files, unreadable safetensors)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """One shard of one file: where its bytes are."""
+
+    path: Path
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedCheckpoint:
+    """What :func:`publish_model_dir` did."""
+
+    checkpoint: checkpoint_pb2.Checkpoint
+    """The checkpoint as the coordinator recorded it."""
+    manifest: checkpoint_pb2.CheckpointManifest
+    """The manifest that was signed (``checkpoint.manifest`` is its serialization)."""
+    shards_uploaded: int
+    """Shards sent (including ones the coordinator already had)."""
+    shards_already_present: int
+    """Shards the coordinator already stored (duplicate uploads cost nothing there)."""
+    bytes_uploaded: int
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """The files of ``model_dir`` that a checkpoint carries, sorted by relative path.
+
+    Raises :class:`CheckpointDirError` when there is no ``config.json`` or no ``*.safetensors``.
+    """
+    if not model_dir.is_dir():
+        raise CheckpointDirError(f"{model_dir} is not a directory")
+    files = sorted(
+        (
+            path
+            for path in model_dir.rglob("*")
+            if path.is_file()
+            and path.suffix in PUBLISHED_SUFFIXES
+            and not any(part.startswith(".") for part in path.relative_to(model_dir).parts)
+        ),
+        key=lambda path: path.relative_to(model_dir).as_posix(),
+    )
+    names = {path.relative_to(model_dir).as_posix() for path in files}
+    if "config.json" not in names:
+        raise CheckpointDirError(f"{model_dir} has no config.json")
+    if not any(name.endswith(".safetensors") for name in names):
+        raise CheckpointDirError(f"{model_dir} has no *.safetensors weights")
+    return files
+
+
+def safetensors_parameter_count(path: Path) -> int:
+    """The number of parameters in a safetensors file, read from its header only."""
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) != 8:
+            raise CheckpointDirError(f"{path}: too short for a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > _SAFETENSORS_HEADER_CAP:
+            raise CheckpointDirError(f"{path}: safetensors header of {length} bytes is implausible")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointDirError(f"{path}: safetensors header is not JSON: {error}") from error
+    if not isinstance(header, dict):
+        raise CheckpointDirError(f"{path}: safetensors header is not an object")
+    total = 0
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        shape = tensor.get("shape") if isinstance(tensor, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise CheckpointDirError(f"{path}: tensor {name!r} has no valid shape")
+        total += math.prod(shape)
+    return total
+
+
+def flops_per_token(files: list[Path]) -> int:
+    """Forward FLOPs per token: twice the parameters in the safetensors files."""
+    return 2 * sum(safetensors_parameter_count(p) for p in files if p.suffix == ".safetensors")
+
+
+def plan_shards(path: Path, shard_size: int) -> list[ShardPlan]:
+    """Cut a file into ``shard_size`` pieces (the last one shorter; an empty file has none)."""
+    if shard_size < 1:
+        raise ValueError("shard_size must be positive")
+    size = path.stat().st_size
+    return [
+        ShardPlan(path, offset, min(shard_size, size - offset))
+        for offset in range(0, size, shard_size)
+    ]
+
+
+def read_shard(shard: ShardPlan) -> bytes:
+    """The bytes of one shard."""
+    with open(shard.path, "rb") as handle:
+        handle.seek(shard.offset)
+        data = handle.read(shard.size)
+    if len(data) != shard.size:
+        raise CheckpointDirError(f"{shard.path} changed while it was being published")
+    return data
+
+
+def _file_shards(path: Path, shard_size: int) -> Iterator[tuple[ShardPlan, bytes]]:
+    for shard in plan_shards(path, shard_size):
+        yield shard, read_shard(shard)
+
+
+def sign_manifest(identity: Identity, manifest: bytes) -> bytes:
+    """The trainer's signature over ``"rollnet-checkpoint-v1\\n" || manifest``."""
+    return identity.sign(CHECKPOINT_DOMAIN + manifest)
+
+
+async def publish_model_dir(
+    client: RollnetClient,
+    identity: Identity,
+    model_dir: Path,
+    step: int,
+    network_id: str,
+    *,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    created_at: datetime | None = None,
+) -> PublishedCheckpoint:
+    """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
+
+    ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
+    in memory at a time. ``created_at`` defaults to the newest modification time of the files,
+    so republishing an unchanged directory at the same step builds the identical manifest, which
+    the coordinator accepts again (its shards are already stored).
+    """
+    files = model_files(model_dir)
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=step, network_id=network_id, flops_per_token=flops_per_token(files)
+    )
+    stamp = timestamp_pb2.Timestamp()
+    if created_at is None:
+        newest = max(path.stat().st_mtime_ns for path in files)
+        created_at = datetime.fromtimestamp(newest // 1000 / 1e6, tz=UTC)
+    stamp.FromDatetime(created_at)
+    manifest.created_at.CopyFrom(stamp)
+    uploaded = already = sent_bytes = 0
+    for path in files:
+        whole = blake3.blake3()
+        entry = checkpoint_pb2.CheckpointFile(path=path.relative_to(model_dir).as_posix())
+        total = 0
+        for shard, data in _file_shards(path, shard_size):
+            whole.update(data)
+            total += shard.size
+            stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+            uploaded += 1
+            already += int(stored.already_present)
+            sent_bytes += shard.size
+            entry.shards.append(common_pb2.BlobRef(blake3=stored.blob.blake3, size=shard.size))
+        entry.content.CopyFrom(common_pb2.BlobRef(blake3=whole.digest(), size=total))
+        manifest.files.append(entry)
+    manifest_bytes = manifest.SerializeToString(deterministic=True)
+    published = await client.checkpoints.publish_checkpoint(
+        checkpoint_service_pb2.PublishCheckpointRequest(
+            manifest=manifest_bytes, signature=sign_manifest(identity, manifest_bytes)
+        )
+    )
+    return PublishedCheckpoint(
+        checkpoint=published.checkpoint,
+        manifest=manifest,
+        shards_uploaded=uploaded,
+        shards_already_present=already,
+        bytes_uploaded=sent_bytes,
+    )

@@ -1,0 +1,99 @@
+"""``rollnet checkpoint publish``: publish a model directory as a checkpoint (trainer key).
+
+Until the trainer publishes by itself, this is how a network gets its first checkpoint: the
+files of a Hugging Face model directory are cut into shards, uploaded to the coordinator as blobs
+and described by a signed manifest (see :mod:`rollnet.reference.checkpoints`). Exit codes: 0
+published, 1 the coordinator refused (the reason is printed), 2 bad local input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rollnet.reference.cli.nodes import EXIT_OK, EXIT_USAGE, connection_arguments, run_with_client
+from rollnet.sdk import Identity, RollnetClient
+from rollnet.v1 import common_pb2
+
+_MIB = 1024 * 1024
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from rollnet.reference.checkpoints import CheckpointDirError, model_files, publish_model_dir
+
+    if args.step < 1:
+        print("rollnet checkpoint publish: --step must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.shard_mib <= 0:
+        print("rollnet checkpoint publish: --shard-mib must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        model_files(args.model)
+    except CheckpointDirError as error:
+        print(f"rollnet checkpoint publish: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def action(client: RollnetClient, identity: Identity) -> int:
+        published = await publish_model_dir(
+            client,
+            identity,
+            args.model,
+            args.step,
+            args.network_id,
+            shard_size=int(args.shard_mib * _MIB),
+        )
+        manifest = published.manifest
+        summary = {
+            "step": published.checkpoint.step,
+            "files": len(manifest.files),
+            "shards": published.shards_uploaded,
+            "shards_already_present": published.shards_already_present,
+            "bytes": published.bytes_uploaded,
+            "flops_per_token": manifest.flops_per_token,
+        }
+        if args.json:
+            print(json.dumps(summary))
+        else:
+            print(
+                f"published step {summary['step']}: {summary['files']} files, "
+                f"{summary['shards']} shards ({summary['shards_already_present']} already "
+                f"stored), {summary['bytes']} bytes, flops_per_token {summary['flops_per_token']}"
+            )
+        return EXIT_OK
+
+    return run_with_client(args, "checkpoint publish", common_pb2.ROLE_TRAINER, action)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``checkpoint`` command group."""
+    parser = subparsers.add_parser(
+        "checkpoint",
+        help="publish model checkpoints (trainer key)",
+        description="Publish checkpoints to a coordinator.",
+    )
+    commands = parser.add_subparsers(dest="checkpoint_command", metavar="COMMAND", required=True)
+    publish = commands.add_parser(
+        "publish",
+        parents=[connection_arguments()],
+        help="upload a model directory as shards and publish its signed manifest",
+        description=(
+            "Upload a Hugging Face model directory (config.json, tokenizer files, *.safetensors) "
+            "as content-addressed shards and publish a manifest signed by --key, which must be "
+            "on the coordinator's trainers allow-list. Steps must strictly increase; "
+            "republishing the identical checkpoint is harmless."
+        ),
+    )
+    publish.add_argument("--model", required=True, type=Path, metavar="DIR", help="model dir")
+    publish.add_argument("--step", required=True, type=int, metavar="N", help="checkpoint step")
+    publish.add_argument(
+        "--shard-mib",
+        type=float,
+        default=64.0,
+        metavar="MIB",
+        help="shard size in MiB (default 64)",
+    )
+    publish.add_argument("--json", action="store_true", help="print a JSON summary")
+    publish.set_defaults(handler=_publish)

@@ -1,0 +1,327 @@
+"""``rollnet nodes``: operator commands against a running coordinator (``list``, ``show``,
+``eject``, ``ban``).
+
+Every command signs its calls with an operator key (``--key``) whose node id or public key is on
+the coordinator's ``operators`` allow-list. The key is registered with the operator role first,
+which is idempotent, so the commands work on a fresh coordinator and on one that has seen the key.
+Exit codes: 0 done, 1 the coordinator refused (the reason is printed), 2 bad local input (key
+file, arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf import json_format
+
+from rollnet.sdk import (
+    ConnectionConfig,
+    Identity,
+    KeyFileError,
+    RollnetClient,
+    RollnetError,
+    TlsConfig,
+)
+from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+DEFAULT_NETWORK_ID = "rollnet-local"
+SOFTWARE_VERSION = "rollnet-cli/0.1"
+
+_STATES = {
+    name.removeprefix("STATE_").lower(): value
+    for name, value in node_pb2.Node.State.items()
+    if value != node_pb2.Node.STATE_UNSPECIFIED
+}
+_ROLES = {
+    name.removeprefix("ROLE_").lower(): value
+    for name, value in common_pb2.Role.items()
+    if value != common_pb2.ROLE_UNSPECIFIED
+}
+
+T = TypeVar("T")
+
+
+def state_name(state: int) -> str:
+    """``active`` for ``STATE_ACTIVE`` (and so on)."""
+    return node_pb2.Node.State.Name(state).removeprefix("STATE_").lower()  # type: ignore[arg-type]
+
+
+def role_name(role: int) -> str:
+    """``worker`` for ``ROLE_WORKER`` (and so on)."""
+    return common_pb2.Role.Name(role).removeprefix("ROLE_").lower()  # type: ignore[arg-type]
+
+
+def connection_arguments() -> argparse.ArgumentParser:
+    """The options every command that talks to a coordinator shares."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--coordinator", required=True, metavar="HOST:PORT", help="coordinator address"
+    )
+    parent.add_argument("--key", required=True, type=Path, metavar="FILE", help="node key file")
+    parent.add_argument(
+        "--network-id",
+        default=DEFAULT_NETWORK_ID,
+        metavar="ID",
+        help=f"the coordinator's network id (default {DEFAULT_NETWORK_ID})",
+    )
+    parent.add_argument(
+        "--tls-ca",
+        type=Path,
+        metavar="FILE",
+        help="PEM roots to verify the coordinator's TLS certificate (enables TLS)",
+    )
+    parent.add_argument(
+        "--tls-server-name", metavar="NAME", help="expected TLS server name (with --tls-ca)"
+    )
+    parent.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per-call deadline"
+    )
+    return parent
+
+
+def connection_config(args: argparse.Namespace) -> ConnectionConfig:
+    """The SDK connection described by :func:`connection_arguments`."""
+    tls = None
+    if args.tls_ca is not None or args.tls_server_name:
+        tls = TlsConfig(root_certificates=args.tls_ca, server_name_override=args.tls_server_name)
+    return ConnectionConfig(
+        target=args.coordinator, network_id=args.network_id, tls=tls, timeout=args.timeout
+    )
+
+
+async def register_as(client: RollnetClient, identity: Identity, role: int) -> None:
+    """Register ``identity`` with ``role`` (idempotent for the same key and role)."""
+    await client.nodes.register_node(
+        node_service_pb2.RegisterNodeRequest(
+            public_key=identity.public_key,
+            role=role,  # type: ignore[arg-type]
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            software_version=SOFTWARE_VERSION,
+        )
+    )
+
+
+def run_with_client(
+    args: argparse.Namespace,
+    command: str,
+    role: int,
+    action: Callable[[RollnetClient, Identity], Awaitable[int]],
+) -> int:
+    """Load the key, connect, register with ``role`` and run ``action``; map errors to exits."""
+    try:
+        identity = Identity.load(args.key)
+    except KeyFileError as error:
+        print(f"rollnet {command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def main() -> int:
+        async with RollnetClient.connect(connection_config(args), identity) as client:
+            await register_as(client, identity, role)
+            return await action(client, identity)
+
+    try:
+        return asyncio.run(main())
+    except RollnetError as error:
+        print(f"rollnet {command}: {describe_error(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def describe_error(error: RollnetError) -> str:
+    """``PERMISSION_DENIED ROLE_NOT_PERMITTED: message`` (code, reason, message)."""
+    reason = f" {error.reason}" if error.reason else ""
+    return f"{error.code.name}{reason}: {error.message}"
+
+
+def node_to_dict(node: node_pb2.Node) -> dict[str, Any]:
+    """A node as JSON-ready data (proto field names; enums and timestamps as strings)."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        node, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    data["public_key"] = node.public_key.hex()
+    data["state"] = state_name(node.state)
+    data["role"] = role_name(node.role)
+    return data
+
+
+def _when(stamp: Any, has: bool) -> str:
+    if not has:
+        return "-"
+    moment = stamp.ToDatetime(tzinfo=UTC)
+    return str(moment.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def format_table(nodes: Sequence[node_pb2.Node]) -> str:
+    """Nodes as an aligned text table, one line per node."""
+    header = ("NODE", "ROLE", "STATE", "POOL", "STREAK", "REJECTS", "LAST HEARTBEAT (UTC)")
+    rows = [
+        (
+            node.node_id,
+            role_name(node.role),
+            state_name(node.state),
+            node.pool or "-",
+            str(node.trust_streak),
+            str(node.reject_count),
+            _when(node.last_heartbeat_at, node.HasField("last_heartbeat_at")),
+        )
+        for node in nodes
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    title = "  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))
+    return "\n".join(line.rstrip() for line in [title, *lines])
+
+
+def format_node(node: node_pb2.Node) -> str:
+    """One node as ``key: value`` lines."""
+    hardware = node.hardware
+    accelerators = ", ".join(
+        f"{a.count}x {a.name} ({a.memory_bytes // 2**30} GiB)" for a in hardware.accelerators
+    )
+    caps = node.capabilities
+    lines = [
+        ("node_id", node.node_id),
+        ("public_key", node.public_key.hex()),
+        ("role", role_name(node.role)),
+        ("state", state_name(node.state)),
+        ("state_reason", node.state_reason or "-"),
+        ("pool", node.pool or "-"),
+        ("protocol", f"{node.protocol_version.major}.{node.protocol_version.minor}"),
+        ("software", node.software_version or "-"),
+        ("trust_streak", str(node.trust_streak)),
+        ("reject_count", str(node.reject_count)),
+        ("registered_at", _when(node.registered_at, node.HasField("registered_at"))),
+        ("last_heartbeat", _when(node.last_heartbeat_at, node.HasField("last_heartbeat_at"))),
+        ("environments", ", ".join(caps.environments) or "-"),
+        ("backends", ", ".join(caps.backends) or "-"),
+        ("cpu_cores", str(hardware.cpu_cores)),
+        ("memory", f"{hardware.memory_bytes / 2**30:.1f} GiB"),
+        ("accelerators", accelerators or "-"),
+    ]
+    width = max(len(key) for key, _ in lines)
+    return "\n".join(f"{key.ljust(width)}  {value}" for key, value in lines)
+
+
+def _print_nodes(nodes: Sequence[node_pb2.Node], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([node_to_dict(n) for n in nodes], indent=2))
+    else:
+        print(format_table(nodes))
+
+
+def _list(args: argparse.Namespace) -> int:
+    async def action(client: RollnetClient, _identity: Identity) -> int:
+        nodes: list[node_pb2.Node] = []
+        token = ""
+        while True:
+            page = await client.nodes.list_nodes(
+                node_service_pb2.ListNodesRequest(
+                    page_size=500,
+                    page_token=token,
+                    state=_STATES.get(args.state or "", 0),  # type: ignore[arg-type]
+                    role=_ROLES.get(args.role or "", 0),  # type: ignore[arg-type]
+                )
+            )
+            nodes.extend(page.nodes)
+            token = page.next_page_token
+            if not token:
+                break
+        _print_nodes(nodes, args.json)
+        return EXIT_OK
+
+    return run_with_client(args, "nodes list", common_pb2.ROLE_OPERATOR, action)
+
+
+def _show(args: argparse.Namespace) -> int:
+    async def action(client: RollnetClient, _identity: Identity) -> int:
+        response = await client.nodes.get_node(node_service_pb2.GetNodeRequest(node_id=args.node))
+        if args.json:
+            print(json.dumps(node_to_dict(response.node), indent=2))
+        else:
+            print(format_node(response.node))
+        return EXIT_OK
+
+    return run_with_client(args, "nodes show", common_pb2.ROLE_OPERATOR, action)
+
+
+def _eject(args: argparse.Namespace) -> int:
+    async def action(client: RollnetClient, _identity: Identity) -> int:
+        response = await client.nodes.eject_node(
+            node_service_pb2.EjectNodeRequest(node_id=args.node, reason=args.reason)
+        )
+        _report_removal(response.node, args.json)
+        return EXIT_OK
+
+    return run_with_client(args, "nodes eject", common_pb2.ROLE_OPERATOR, action)
+
+
+def _ban(args: argparse.Namespace) -> int:
+    async def action(client: RollnetClient, _identity: Identity) -> int:
+        response = await client.nodes.ban_node(
+            node_service_pb2.BanNodeRequest(node_id=args.node, reason=args.reason)
+        )
+        _report_removal(response.node, args.json)
+        return EXIT_OK
+
+    return run_with_client(args, "nodes ban", common_pb2.ROLE_OPERATOR, action)
+
+
+def _report_removal(node: node_pb2.Node, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(node_to_dict(node), indent=2))
+    else:
+        print(f"{node.node_id}: {state_name(node.state)} ({node.state_reason})")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``nodes`` command group."""
+    parser = subparsers.add_parser(
+        "nodes",
+        help="list, inspect, eject and ban nodes (operator key)",
+        description=(
+            "Operator commands against a running coordinator. --key must be a key on the "
+            "coordinator's operators allow-list; it is registered with the operator role first "
+            "(idempotent)."
+        ),
+    )
+    commands = parser.add_subparsers(dest="nodes_command", metavar="COMMAND", required=True)
+    parent = connection_arguments()
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    listing = commands.add_parser(
+        "list", parents=[parent, output], help="list nodes (all pages) as a table"
+    )
+    listing.add_argument("--state", choices=sorted(_STATES), help="only nodes in this state")
+    listing.add_argument("--role", choices=sorted(_ROLES), help="only nodes with this role")
+    listing.set_defaults(handler=_list)
+
+    show = commands.add_parser("show", parents=[parent, output], help="show one node in full")
+    show.add_argument("node", metavar="NODE", help="node id (32 hex characters)")
+    show.set_defaults(handler=_show)
+
+    eject = commands.add_parser(
+        "eject",
+        parents=[parent, output],
+        help="eject a node: its leases are revoked and it may take no more work",
+    )
+    eject.add_argument("node", metavar="NODE", help="node id")
+    eject.add_argument("--reason", required=True, help="why (recorded on the node)")
+    eject.set_defaults(handler=_eject)
+
+    ban = commands.add_parser(
+        "ban", parents=[parent, output], help="ban a node's key for good (terminal)"
+    )
+    ban.add_argument("node", metavar="NODE", help="node id")
+    ban.add_argument("--reason", required=True, help="why (recorded on the node)")
+    ban.set_defaults(handler=_ban)

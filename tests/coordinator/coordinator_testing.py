@@ -1,0 +1,260 @@
+"""Helpers for coordinator tests: signed clients, a trainer's checkpoint and demand, a worker's
+pull-upload-commit, and waiting on conditions with a deadline (never fixed sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message
+
+from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
+from rollnet.reference.coordinator.work import batch_binding_digest
+from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient, TlsConfig
+from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.v1 import (
+    blob_service_pb2,
+    checkpoint_pb2,
+    checkpoint_service_pb2,
+    commitment_pb2,
+    commitment_service_pb2,
+    common_pb2,
+    node_pb2,
+    node_service_pb2,
+    rollout_pb2,
+    rollout_service_pb2,
+    task_pb2,
+    task_service_pb2,
+    validation_pb2,
+    validation_service_pb2,
+)
+
+NETWORK = "rollnet-test"
+T = TypeVar("T")
+
+
+def connect(
+    address: str,
+    identity: Identity,
+    *,
+    tls: TlsConfig | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: float = 15.0,
+) -> RollnetClient:
+    """A signed client; by default it does not retry, so every refusal reaches the test."""
+    return RollnetClient.connect(
+        ConnectionConfig(
+            target=address,
+            network_id=NETWORK,
+            tls=tls,
+            timeout=timeout,
+            retry=retry or RetryPolicy.no_retry(),
+        ),
+        identity,
+    )
+
+
+def register_request(
+    identity: Identity, role: int, **fields: object
+) -> node_service_pb2.RegisterNodeRequest:
+    """A plausible RegisterNodeRequest for ``identity`` (``fields`` override)."""
+    request = node_service_pb2.RegisterNodeRequest(
+        public_key=identity.public_key,
+        role=role,  # type: ignore[arg-type]
+        protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+        software_version="test/0",
+        capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
+        hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
+    )
+    for name, value in fields.items():
+        if isinstance(value, Message):
+            getattr(request, name).CopyFrom(value)
+        else:
+            setattr(request, name, value)
+    return request
+
+
+async def register(
+    client: RollnetClient, identity: Identity, role: int, **fields: object
+) -> node_service_pb2.RegisterNodeResponse:
+    """Register ``identity`` with ``role``."""
+    return await client.nodes.register_node(register_request(identity, role, **fields))
+
+
+async def publish_checkpoint(
+    client: RollnetClient, trainer: Identity, step: int, flops_per_token: int = 2_000_000
+) -> None:
+    """Publish a one-shard checkpoint (enough for tasks to be created against it)."""
+    weights = f"weights of step {step}".encode()
+    uploaded = await client.blobs.upload(weights, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+    ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=step,
+        network_id=NETWORK,
+        files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
+        flops_per_token=flops_per_token,
+    ).SerializeToString()
+    await client.checkpoints.publish_checkpoint(
+        checkpoint_service_pb2.PublishCheckpointRequest(
+            manifest=manifest, signature=trainer.sign(CHECKPOINT_DOMAIN + manifest)
+        )
+    )
+
+
+async def request_tasks(
+    client: RollnetClient, count: int, *, samples_per_prompt: int = 1, step: int = 1
+) -> list[str]:
+    """Ask for ``count`` one-prompt tasks; returns their ids."""
+    created = await client.rollouts.request_rollouts(
+        rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=step,
+            environment="arithmetic",
+            prompt_count=count,
+            samples_per_prompt=samples_per_prompt,
+            sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=8),
+            prompts_per_task=1,
+        )
+    )
+    return list(created.task_ids)
+
+
+async def pull(client: RollnetClient, wait: float = 5.0) -> task_service_pb2.PullTaskResponse:
+    """One PullTask long-poll of at most ``wait`` seconds."""
+    seconds = int(wait)
+    return await client.tasks.pull_task(
+        task_service_pb2.PullTaskRequest(
+            wait=duration_pb2.Duration(seconds=seconds, nanos=int((wait - seconds) * 1e9))
+        )
+    )
+
+
+@dataclass
+class Work:
+    """A leased task and a worker's finished rollout batch for it."""
+
+    task: task_pb2.Task
+    lease: task_pb2.Lease
+    batch: bytes
+    rollouts: list[rollout_pb2.Rollout]
+
+
+def make_work(worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease) -> Work:
+    """An honest-looking rollout batch for ``task`` under ``lease``."""
+    rollouts = [
+        rollout_pb2.Rollout(
+            prompt_index=prompt_index,
+            prompt_id=prompt_id,
+            sample_index=sample,
+            prompt_token_ids=[1, 2, 3],
+            completion_token_ids=[4, 5, 0],
+            behaviour_logprobs=[-0.1, -0.2, -0.3],
+            sampling_seed=7 + sample,
+            finish_reason=rollout_pb2.FINISH_REASON_EOS,
+            toploc_proof=b"\x00" * 258,
+        )
+        for prompt_index, prompt_id in enumerate(task.prompt_ids)
+        for sample in range(task.samples_per_prompt)
+    ]
+    batch = rollout_pb2.RolloutBatch(
+        task_id=task.task_id,
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
+        node_id=worker.node_id,
+        checkpoint_step=task.checkpoint_step,
+        rollouts=rollouts,
+    ).SerializeToString()
+    return Work(task=task, lease=lease, batch=batch, rollouts=rollouts)
+
+
+def commitment_request(
+    worker: Identity, work: Work, blob: common_pb2.BlobRef
+) -> commitment_service_pb2.SubmitCommitmentRequest:
+    """The SubmitCommitment request for uploaded ``work``."""
+    return commitment_service_pb2.SubmitCommitmentRequest(
+        lease_id=work.lease.lease_id,
+        fencing_token=work.lease.fencing_token,
+        task_id=work.task.task_id,
+        rollout_batch=blob,
+        rollouts=[
+            commitment_pb2.RolloutDigest(
+                sampling_seed=r.sampling_seed,
+                proof_blake3=proof_digest(r.toploc_proof),
+                completion_tokens=len(r.completion_token_ids),
+            )
+            for r in work.rollouts
+        ],
+        claimed_work=commitment_pb2.WorkClaim(
+            prefill_tokens=3 * len(work.rollouts), decode_tokens=3 * len(work.rollouts)
+        ),
+        binding_digest=batch_binding_digest(
+            NETWORK,
+            worker.node_id,
+            work.task.task_id,
+            work.lease.lease_id,
+            work.lease.fencing_token,
+            blob.blake3,
+        ),
+    )
+
+
+async def upload_and_commit(
+    client: RollnetClient, worker: Identity, work: Work
+) -> commitment_service_pb2.SubmitCommitmentResponse:
+    """Upload ``work``'s batch and submit its commitment."""
+    uploaded = await client.blobs.upload(work.batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
+    return await client.commitments.submit_commitment(
+        commitment_request(worker, work, uploaded.blob)
+    )
+
+
+async def pull_and_commit(
+    client: RollnetClient, worker: Identity
+) -> commitment_service_pb2.SubmitCommitmentResponse:
+    """Lease a task (it must be there) and commit honest-looking work for it."""
+    pulled = await pull(client)
+    assert pulled.HasField("task"), "a task was queued, the pull must lease it"
+    return await upload_and_commit(client, worker, make_work(worker, pulled.task, pulled.lease))
+
+
+async def judge_next_job(
+    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH"
+) -> validation_service_pb2.SubmitVerdictResponse:
+    """Pull the next validation job and accept or reject it."""
+    job = await validator.validation.pull_validation_job(
+        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+    )
+    assert job.HasField("job"), "a validation job was queued"
+    count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
+    request = validation_service_pb2.SubmitVerdictRequest(
+        job_id=job.job.job_id,
+        lease_id=job.lease.lease_id,
+        fencing_token=job.lease.fencing_token,
+    )
+    if accept:
+        request.decision = validation_pb2.Verdict.DECISION_ACCEPT
+        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
+        request.validated_work.CopyFrom(
+            commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
+        )
+    else:
+        request.decision = validation_pb2.Verdict.DECISION_REJECT
+        request.reject_reason = reason
+    return await validator.validation.submit_verdict(request)
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[T | None]], *, within: float = 10.0, what: str = "condition"
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,184 @@
+"""What operators and load balancers see: health driven by readiness and draining, reflection,
+Prometheus metrics, and TLS on the listening port."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from coordinator_testing import connect, register
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from rollnet.ledger import create_engine, upgrade_to_head
+from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.server import Coordinator, start_coordinator
+from rollnet.sdk import Identity, RollnetError, TlsConfig
+from rollnet.v1 import common_pb2
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Reflection, metrics and TLS do not depend on the database: SQLite is enough for them.
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+async def _health(address: str, service: str = "") -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        status: int = response.status
+        return status
+
+
+async def test_health_follows_readiness_and_draining(
+    coordinator_config: CoordinatorConfig, db_url: str
+) -> None:
+    # A database that is not migrated yet: the port is open but the coordinator is not ready.
+    coordinator = await start_coordinator(coordinator_config, migrate=False)
+    try:
+        assert await _health(coordinator.address) == NOT_SERVING
+        assert await _health(coordinator.address, "rollnet.v1.TaskService") == NOT_SERVING
+        # Once the schema reaches head the coordinator says SERVING on its own.
+        engine = create_engine(db_url)
+        await asyncio.to_thread(upgrade_to_head, engine)
+        engine.dispose()
+        deadline = asyncio.get_running_loop().time() + 10
+        while await _health(coordinator.address) != SERVING:
+            assert asyncio.get_running_loop().time() < deadline, "never became SERVING"
+            await asyncio.sleep(0.05)
+        assert await _health(coordinator.address, "rollnet.v1.NodeService") == SERVING
+
+        # Draining: a watcher sees NOT_SERVING before the server goes away.
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+            assert (await anext(aiter(watch))).status == SERVING
+            stopping = asyncio.create_task(coordinator.stop(grace=0.5))
+            assert (await anext(aiter(watch))).status == NOT_SERVING
+            await stopping
+    finally:
+        await coordinator.stop(grace=0.1)
+
+
+@sqlite_only
+async def test_reflection_lists_every_rollnet_service(coordinator: Coordinator) -> None:
+    async with grpc.aio.insecure_channel(coordinator.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+        async def ask(request: reflection_pb2.ServerReflectionRequest) -> object:
+            call = stub.ServerReflectionInfo(iter([request]), timeout=5)
+            return await anext(aiter(call))
+
+        listed = await ask(reflection_pb2.ServerReflectionRequest(list_services=""))
+        names = {s.name for s in listed.list_services_response.service}  # type: ignore[attr-defined]
+        for service in (
+            "NodeService",
+            "TaskService",
+            "BlobService",
+            "CommitmentService",
+            "ValidationService",
+            "CheckpointService",
+            "RolloutService",
+            "LedgerService",
+        ):
+            assert f"rollnet.v1.{service}" in names
+        assert "grpc.health.v1.Health" in names
+        # What grpcurl does next: fetch the file that defines a service.
+        described = await ask(
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="rollnet.v1.TaskService")
+        )
+        files = described.file_descriptor_response.file_descriptor_proto  # type: ignore[attr-defined]
+        assert any(b"PullTask" in f for f in files)
+
+
+@sqlite_only
+async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfig) -> None:
+    coordinator = await start_coordinator(
+        with_overrides(coordinator_config, metrics_listen="127.0.0.1:0")
+    )
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        assert coordinator.metrics_port
+        url = f"http://127.0.0.1:{coordinator.metrics_port}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body: bytes = response.read()
+            return body.decode()
+
+        text = await asyncio.to_thread(scrape)
+        samples = [line for line in text.splitlines() if line.startswith("rollnet_rpcs_total{")]
+        assert any(
+            "RegisterNode" in line and 'code="OK"' in line and line.endswith(" 1.0")
+            for line in samples
+        ), samples
+        assert "rollnet_rpc_duration_seconds_bucket" in text
+    finally:
+        await client.close()
+        await coordinator.stop(grace=0.1)
+
+
+def _self_signed(host: str) -> tuple[bytes, bytes]:
+    """A throwaway (key PEM, certificate PEM) valid for ``host``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+@sqlite_only
+async def test_tls_listener(coordinator_config: CoordinatorConfig, tmp_path: Path) -> None:
+    key_pem, cert_pem = _self_signed("coordinator.rollnet.test")
+    (tmp_path / "tls.key").write_bytes(key_pem)
+    (tmp_path / "tls.crt").write_bytes(cert_pem)
+    coordinator = await start_coordinator(
+        with_overrides(
+            coordinator_config, tls_cert=tmp_path / "tls.crt", tls_key=tmp_path / "tls.key"
+        )
+    )
+    worker = Identity.generate()
+    secure = connect(
+        coordinator.address,
+        worker,
+        tls=TlsConfig(
+            root_certificates=tmp_path / "tls.crt",
+            server_name_override="coordinator.rollnet.test",
+        ),
+    )
+    plaintext = connect(coordinator.address, worker, timeout=3.0)
+    try:
+        registered = await register(secure, worker, common_pb2.ROLE_WORKER)
+        assert registered.node.node_id == worker.node_id
+        with pytest.raises(RollnetError) as refused:
+            await register(plaintext, worker, common_pb2.ROLE_WORKER)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await secure.close()
+        await plaintext.close()
+        await coordinator.stop(grace=0.1)
