@@ -85,8 +85,27 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         # IMMEDIATE takes the write lock up front (waiting up to busy_timeout): one writer, and no
-        # read-then-write transaction can fail half-way with SQLITE_BUSY_SNAPSHOT.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # read-then-write transaction can fail half-way with SQLITE_BUSY_SNAPSHOT. Transactions
+        # declared read-only (see read_only_session) take no lock: WAL readers never block.
+        if connection.get_execution_options().get(READ_ONLY_OPTION):
+            connection.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+#: Execution option marking a transaction that only reads (no write lock on SQLite).
+READ_ONLY_OPTION = "rollnet_read_only"
+
+
+def read_only_session(sessions: sessionmaker[Session]) -> Session:
+    """A session whose transactions only read: on SQLite they take no write lock.
+
+    Use as ``with read_only_session(sessions) as session: ...``; writing through it is a bug
+    (SQLite would then fail with ``SQLITE_BUSY`` under contention instead of waiting).
+    """
+    session = sessions()
+    session.connection(execution_options={READ_ONLY_OPTION: True})
+    return session
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -34,6 +34,8 @@ def configure_logging(level: str = "INFO", *, json: bool | None = None) -> None:
     )
     structlog.configure(
         processors=[
+            # Drop records below the level before any other processor spends time on them.
+            structlog.stdlib.filter_by_level,
             *_SHARED_PROCESSORS,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,

@@ -96,11 +96,13 @@ class CheckpointDesk:
         now = self.ctx.clock()
         manifest_hash = blake3.blake3(request.manifest).hexdigest()
 
-        def work(session: Session) -> checkpoint_pb2.Checkpoint:
+        def work(session: Session) -> checkpoint_service_pb2.PublishCheckpointResponse:
             latest = artifacts.latest_checkpoint(session)
             if latest is not None and manifest.step <= latest.step:
                 if latest.step == manifest.step and latest.manifest_hash == manifest_hash:
-                    return checkpoint_to_proto(latest)
+                    return checkpoint_service_pb2.PublishCheckpointResponse(
+                        checkpoint=checkpoint_to_proto(latest)
+                    )
                 raise Refusal(
                     ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC,
                     f"step {manifest.step} is not after the latest published step {latest.step}",
@@ -118,11 +120,13 @@ class CheckpointDesk:
                 )
             except ConflictError as error:
                 raise Refusal(ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC, str(error)) from error
-            return checkpoint_to_proto(row)
+            return checkpoint_service_pb2.PublishCheckpointResponse(
+                checkpoint=checkpoint_to_proto(row)
+            )
 
-        checkpoint = await self.ctx.run_in_transaction(work)
+        response = await self.ctx.run_in_transaction(work)
         self.ctx.signals.fire(self.ctx.signals.checkpoint_published)
-        return checkpoint_service_pb2.PublishCheckpointResponse(checkpoint=checkpoint)
+        return response
 
     async def latest(self) -> checkpoint_pb2.Checkpoint | None:
         """The newest checkpoint, if any."""
@@ -131,7 +135,7 @@ class CheckpointDesk:
             row = artifacts.latest_checkpoint(session)
             return None if row is None else checkpoint_to_proto(row)
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def get(self, step: int) -> checkpoint_pb2.Checkpoint:
         """The checkpoint of ``step``."""
@@ -142,7 +146,7 @@ class CheckpointDesk:
                 raise Refusal(ErrorReason.CHECKPOINT_NOT_FOUND, f"no checkpoint at step {step}")
             return checkpoint_to_proto(row)
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def watch(self, after_step: int) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
         """Yield each checkpoint newer than ``after_step`` as it is published, forever."""

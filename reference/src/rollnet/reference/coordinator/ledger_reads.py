@@ -62,7 +62,7 @@ class LedgerDesk:
                 head_sequence=tip.sequence,
             )
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def balance(self, node_id: str) -> ledger_service_pb2.GetBalanceResponse:
         """A node's totals."""
@@ -77,7 +77,7 @@ class LedgerDesk:
                 entry_count=totals.entry_count,
             )
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def chain_head(self, *, fresh: bool) -> ledger_service_pb2.GetChainHeadResponse:
         """The newest signed head, signing one over the current tip when ``fresh``."""
@@ -138,7 +138,7 @@ class LedgerDesk:
                     found.append((entry.sequence, (commitment, task, rewards)))
                 return found
 
-            batch = await self.ctx.run_in_transaction(work)
+            batch = await self.ctx.run_read(work)
             for sequence, (commitment, task, rewards) in batch:
                 entry_after = sequence
                 if task is None or task.checkpoint_step < min_checkpoint_step:

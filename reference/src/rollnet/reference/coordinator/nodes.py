@@ -384,7 +384,7 @@ class NodeRegistry:
         now = self.ctx.clock()
         config = self.ctx.config
 
-        def work(session: Session) -> int:
+        def work(session: Session) -> node_service_pb2.DeregisterNodeResponse:
             row = nodes.get_node(session, caller.node_id)
             if row is None:
                 raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
@@ -395,13 +395,15 @@ class NodeRegistry:
             )
             jobs = validation.requeue_validation_jobs_of_node(session, caller.node_id, now=now)
             nodes.set_node_state(session, caller.node_id, NodeState.DEREGISTERED, now=now)
-            return len(released.requeued) + len(released.failed) + len(jobs)
+            return node_service_pb2.DeregisterNodeResponse(
+                released_leases=len(released.requeued) + len(released.failed) + len(jobs)
+            )
 
-        released = await self.ctx.run_in_transaction(work)
-        if released:
+        response = await self.ctx.run_in_transaction(work)
+        if response.released_leases:
             self.ctx.signals.fire(self.ctx.signals.work_available)
             self.ctx.signals.fire(self.ctx.signals.jobs_available)
-        return node_service_pb2.DeregisterNodeResponse(released_leases=released)
+        return response
 
     async def get(self, caller: Caller, node_id: str) -> node_pb2.Node:
         """One node; non-operators may only read themselves."""
@@ -415,7 +417,7 @@ class NodeRegistry:
                 raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {target}")
             return node_to_proto(row, reject_count(session, target))
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def list(
         self, request: node_service_pb2.ListNodesRequest
@@ -439,7 +441,7 @@ class NodeRegistry:
                 response.next_page_token = page[-1].id
             return response
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     async def remove(self, node_id: str, reason: str, state: NodeState) -> node_pb2.Node:
         """Eject or ban a node: revoke its leases (tasks requeued) and record why."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +65,7 @@ from rollnet.v1 import (
 )
 
 log = logging.getLogger("rollnet.coordinator")
-KEY_CACHE_SECONDS = 2.0
+KEY_CACHE_SECONDS = 30.0
 
 _SERVICE_DESCRIPTORS = (
     node_service_pb2,
@@ -129,7 +130,7 @@ class Coordinator:
                 await task
         await self.server.stop(grace)
         await self.registry.heartbeats.close()
-        self.ctx.engine.dispose()
+        self.ctx.close()
 
     async def wait(self) -> None:
         """Wait until the server stops."""
@@ -203,7 +204,8 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
 
     async def resolve(public_key: bytes) -> KnownKey | None:
         # Every signed call resolves its key; a short-lived cache keeps that off the database.
-        # Bans clear the cache at once on this replica; other replicas see them within the TTL.
+        # Bans clear it at once on this replica; handlers re-read the node state from the database
+        # (heartbeat, pull, submit), so another replica refuses a banned node at once as well.
         cached = ctx.key_cache.get(public_key)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
@@ -217,7 +219,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
                 node_id=row.id, role=ROLE_FROM_DB[row.role], banned=row.state == "banned"
             )
 
-        known = await ctx.run_in_transaction(work)
+        known = await ctx.run_read(work)
         if known is not None:
             ctx.key_cache[public_key] = (known, time.monotonic() + KEY_CACHE_SECONDS)
         return known
@@ -315,7 +317,12 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
 async def serve_forever(config: CoordinatorConfig) -> None:
     """Run until SIGINT/SIGTERM, then drain gracefully."""
     coordinator = await start_coordinator(config)
-    log.info("coordinator listening on %s (network %s)", coordinator.address, config.network_id)
+    # Always said, whatever the log level: scripts and operators wait for this line.
+    print(
+        f"rollnet coordinator listening on {coordinator.address} (network {config.network_id})",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

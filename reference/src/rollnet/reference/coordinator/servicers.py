@@ -13,12 +13,17 @@ from typing import Any, TypeVar
 
 import blake3
 from google.protobuf.message import Message
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import idempotency
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
-from rollnet.reference.coordinator.context import CoordinatorContext
+from rollnet.reference.coordinator.context import (
+    IDEMPOTENCY_SCOPE,
+    CoordinatorContext,
+    IdempotencyScope,
+)
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.nodes import ROLE_TO_DB, Caller, NodeRegistry
@@ -113,28 +118,49 @@ class Idempotency:
             raise Refusal(ErrorReason.INVALID_FIELDS, "request_id: at most 128 characters")
         who = current_caller().node_id
         digest = blake3.blake3(request.SerializeToString(deterministic=True)).digest()
+        stored = await self._lookup(who, method, request_id, digest, response_type)
+        if stored is not None:
+            return stored
+        scope = IdempotencyScope(who, method, request_id, digest, response_type)
+        token = IDEMPOTENCY_SCOPE.set(scope)
+        try:
+            response = await produce()
+        except IntegrityError:
+            # A concurrent call with the same request id won the race and rolled us back.
+            raced = await self._lookup(who, method, request_id, digest, response_type)
+            if raced is None:
+                raise
+            return raced
+        finally:
+            IDEMPOTENCY_SCOPE.reset(token)
+        if not scope.stored:
+            # The response was assembled after the mutation committed: record it now. A crash
+            # in between is covered by the RPC's own idempotency (see docs/protocol.md).
+            payload = digest + response.SerializeToString(deterministic=True)
+            now = self.ctx.clock()
 
+            def store(session: Session) -> None:
+                if idempotency.lookup(session, who, method, request_id) is None:
+                    idempotency.store(session, who, method, request_id, payload, now=now)
+
+            await self.ctx.run_in_transaction(store)
+        return response
+
+    async def _lookup(
+        self, who: str, method: str, request_id: str, digest: bytes, response_type: type[Resp]
+    ) -> Resp | None:
         def lookup(session: Session) -> bytes | None:
             return idempotency.lookup(session, who, method, request_id)
 
-        stored = await self.ctx.run_in_transaction(lookup)
-        if stored is not None:
-            if stored[:32] != digest:
-                raise Refusal(
-                    ErrorReason.REQUEST_ID_REUSED,
-                    f"request_id {request_id!r} was used for a different {method} request",
-                )
-            return response_type.FromString(stored[32:])
-        response = await produce()
-        payload = digest + response.SerializeToString(deterministic=True)
-        now = self.ctx.clock()
-
-        def store(session: Session) -> None:
-            if idempotency.lookup(session, who, method, request_id) is None:
-                idempotency.store(session, who, method, request_id, payload, now=now)
-
-        await self.ctx.run_in_transaction(store)
-        return response
+        stored = await self.ctx.run_read(lookup)
+        if stored is None:
+            return None
+        if stored[:32] != digest:
+            raise Refusal(
+                ErrorReason.REQUEST_ID_REUSED,
+                f"request_id {request_id!r} was used for a different {method} request",
+            )
+        return response_type.FromString(stored[32:])
 
 
 class _Base:

@@ -6,7 +6,7 @@ import hashlib
 import secrets
 import struct
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -32,8 +32,9 @@ from rollnet.reference.coordinator.dispatch import (
 )
 from rollnet.reference.coordinator.nodes import Caller, duration, eject_node, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.commitments import batch_binding_digest, receipt_message
 from rollnet.sdk.errors import ErrorReason
-from rollnet.sdk.proofs.binding import domain_digest, proof_digest
+from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -45,33 +46,8 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-BATCH_BINDING_DOMAIN = "rollnet/v1/batch-commitment"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-RECEIPT_DOMAIN = b"rollnet-receipt-v1\n"
 # Work units are MFLOPs: tokens x forward FLOPs per token / 10^6.
 FLOPS_PER_WORK_UNIT = 1_000_000
-
-
-def batch_binding_digest(
-    network_id: str, node_id: str, task_id: str, lease_id: str, fencing_token: int, blob: bytes
-) -> bytes:
-    """The commitment's binding digest (docs/verification.md, "Batch binding")."""
-    return domain_digest(
-        BATCH_BINDING_DOMAIN, [network_id, node_id, task_id, lease_id, fencing_token, blob]
-    )
-
-
-def receipt_message(commitment_id: str, binding: bytes, received_at: datetime) -> bytes:
-    """The bytes a receipt signature covers (docs/protocol.md, "Receipts")."""
-    micros = (received_at - _EPOCH) // timedelta(microseconds=1)
-    return (
-        RECEIPT_DOMAIN
-        + commitment_id.encode()
-        + b"\n"
-        + binding.hex().encode()
-        + b"\n"
-        + str(micros).encode()
-    )
 
 
 def work_units(prefill_tokens: int, decode_tokens: int, flops_per_token: int) -> int:
@@ -350,6 +326,8 @@ class WorkDesk:
         tasks.transition_task(
             session, task.id, from_state=TaskState.SUBMITTED, to_state=TaskState.ACCEPTED, now=now
         )
+        # The UPDATE bypasses the session: reload the row so the reply says ACCEPTED.
+        session.expire(task)
         chain.append_entries(
             session,
             [
@@ -380,7 +358,7 @@ class WorkDesk:
                 commitment=commitment_to_proto(session, row)
             )
 
-        return await self.ctx.run_in_transaction(work)
+        return await self.ctx.run_read(work)
 
     # ---------------------------------------------------------------- validation
     async def pull_job(
@@ -461,7 +439,7 @@ class WorkDesk:
         verdict_id = secrets.token_hex(12)
         accepted = request.decision == accept
 
-        def work(session: Session) -> validation_pb2.Verdict:
+        def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
             job = validation.get_job(session, request.job_id)
             if job is None:
                 raise Refusal(ErrorReason.JOB_NOT_FOUND, f"no validation job {request.job_id}")
@@ -579,7 +557,7 @@ class WorkDesk:
                 )
             )
             chain.append_entries(session, entries, now=now)
-            return validation_pb2.Verdict(
+            verdict = validation_pb2.Verdict(
                 verdict_id=verdict_id,
                 job_id=request.job_id,
                 commitment_id=commitment.id,
@@ -591,8 +569,10 @@ class WorkDesk:
                 work_units=units if accepted else -units,
                 recorded_at=timestamp(now),
             )
+            return validation_service_pb2.SubmitVerdictResponse(verdict=verdict)
 
-        verdict = await self.ctx.run_in_transaction(work)
+        response = await self.ctx.run_in_transaction(work)
+        verdict = response.verdict
         metrics = self.ctx.metrics
         metrics.verdicts.labels(
             "accept" if accepted else "reject", request.reject_reason or "none"
@@ -603,7 +583,7 @@ class WorkDesk:
             signals.fire(signals.rollouts_accepted)
         else:
             signals.fire(signals.work_available)
-        return validation_service_pb2.SubmitVerdictResponse(verdict=verdict)
+        return response
 
 
 def _check_to_json(check: validation_pb2.CheckResult) -> dict[str, Any]:

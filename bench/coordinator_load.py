@@ -1,0 +1,522 @@
+"""Coordinator load benchmark: simulated nodes vs. the coordinator and vs. a bare echo server.
+
+Three processes: a bare grpc.aio echo server, the coordinator (``rollnet coordinator``, SQLite in a
+temporary data dir), and this load generator, which simulates many nodes and signs every request
+for real. Heartbeats and lease cycles (pull, small upload, commit) are measured against the
+coordinator; the same number of signed, same-sized unary calls against the echo server gives the
+baseline in the same run. Finally ``--swarm`` nodes heartbeat on a ``--interval`` schedule with
+jitter and the run counts false SUSPECT/OFFLINE transitions.
+
+    .venv/bin/python bench/coordinator_load.py                  # defaults: about 2 minutes
+    .venv/bin/python bench/coordinator_load.py --swarm 10000 --interval 10 --swarm-seconds 45
+
+Prints figures and ratios; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
+from rollnet.sdk import Identity, RequestSigner
+from rollnet.reference.coordinator.work import batch_binding_digest
+from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.v1 import (
+    blob_service_pb2,
+    checkpoint_pb2,
+    checkpoint_service_pb2,
+    commitment_pb2,
+    commitment_service_pb2,
+    common_pb2,
+    node_pb2,
+    node_service_pb2,
+    rollout_pb2,
+    rollout_service_pb2,
+    task_service_pb2,
+)
+
+NETWORK = "rollnet-bench"
+ECHO_METHOD = "/bench.Echo/Echo"
+HEARTBEAT = "/rollnet.v1.NodeService/Heartbeat"
+REGISTER = "/rollnet.v1.NodeService/RegisterNode"
+
+
+# ---------------------------------------------------------------------------- echo server
+async def serve_echo() -> None:
+    """A bare grpc.aio server answering every call with its request bytes."""
+
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"PORT {port}", flush=True)
+    await server.wait_for_termination()
+
+
+# ---------------------------------------------------------------------------- helpers
+COORDINATOR_PID = 0
+
+
+def profile(phase: str, seconds: float) -> None:
+    """With ROLLNET_BENCH_PYSPY=path/to/py-spy, sample the coordinator during ``phase``."""
+    py_spy = os.environ.get("ROLLNET_BENCH_PYSPY")
+    if py_spy and COORDINATOR_PID:
+        subprocess.Popen(
+            [py_spy, "record", "-p", str(COORDINATOR_PID), "-o", f"/tmp/coordinator-{phase}.txt",
+             "-f", "raw", "-d", str(int(seconds)), "-r", "200"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+class Node:
+    """A simulated node: a key and a signer; calls go over a shared unsigned channel."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.signer = RequestSigner(identity, NETWORK)
+
+    def metadata(self, method: str, body: bytes) -> tuple[tuple[str, str], ...]:
+        return self.signer.sign(method, body).as_metadata()
+
+
+def unary(channel: grpc.aio.Channel, method: str, response_type: Any) -> Any:
+    return channel.unary_unary(
+        method, request_serializer=None, response_deserializer=response_type.FromString
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def drive(
+    seconds: float, concurrency: int, call: Callable[[int], Awaitable[None]]
+) -> tuple[int, list[float]]:
+    """Run ``call(i)`` from ``concurrency`` loops for ``seconds``; return count and latencies."""
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**12))
+
+    async def loop() -> None:
+        while time.perf_counter() < stop_at:
+            i = next(counter)
+            started = time.perf_counter()
+            await call(i)
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return len(latencies), latencies
+
+
+def report(name: str, count: int, seconds: float, latencies: list[float]) -> float:
+    rate = count / seconds
+    print(
+        f"  {name:<34} {rate:>9,.0f}/s   p50 {percentile(latencies, 0.5) * 1000:7.2f} ms"
+        f"   p99 {percentile(latencies, 0.99) * 1000:7.2f} ms"
+    )
+    return rate
+
+
+async def register_all(channel: grpc.aio.Channel, nodes: list[Node], role: int) -> None:
+    register = unary(channel, REGISTER, node_service_pb2.RegisterNodeResponse)
+    semaphore = asyncio.Semaphore(64)
+
+    async def one(node: Node) -> None:
+        request = node_service_pb2.RegisterNodeRequest(
+            public_key=node.identity.public_key,
+            role=role,
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            software_version="bench/1",
+            capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
+        ).SerializeToString()
+        async with semaphore:
+            await register(request, metadata=node.metadata(REGISTER, request), timeout=60)
+
+    await asyncio.gather(*(one(n) for n in nodes))
+
+
+# ---------------------------------------------------------------------------- phases
+async def bench_heartbeats(
+    coordinator: str, echo: str, nodes: list[Node], seconds: float, concurrency: int
+) -> tuple[float, float]:
+    async with (
+        grpc.aio.insecure_channel(coordinator) as channel,
+        grpc.aio.insecure_channel(echo) as echo_channel,
+    ):
+        heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
+        echo_call = echo_channel.unary_unary(ECHO_METHOD)
+        body = node_service_pb2.HeartbeatRequest(
+            activity=node_service_pb2.ACTIVITY_IDLE
+        ).SerializeToString()
+
+        async def beat(i: int) -> None:
+            node = nodes[i % len(nodes)]
+            await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+
+        async def echo_once(i: int) -> None:
+            node = nodes[i % len(nodes)]
+            await echo_call(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+
+        await drive(1.0, concurrency, echo_once)  # warm-up
+        count, lat = await drive(seconds, concurrency, echo_once)
+        echo_rate = report("echo (signed, same bytes)", count, seconds, lat)
+        await drive(1.0, concurrency, beat)
+        profile(f"heartbeat", seconds)
+        count, lat = await drive(seconds, concurrency, beat)
+        beat_rate = report("heartbeat", count, seconds, lat)
+    return echo_rate, beat_rate
+
+
+async def bench_lease_cycles(
+    coordinator: str,
+    echo: str,
+    workers: list[Node],
+    trainer: Node,
+    seconds: float,
+    concurrency: int,
+) -> tuple[float, float]:
+    async with (
+        grpc.aio.insecure_channel(coordinator) as channel,
+        grpc.aio.insecure_channel(echo) as echo_channel,
+    ):
+        await register_all(channel, [trainer], common_pb2.ROLE_TRAINER)
+        upload = channel.stream_unary(
+            "/rollnet.v1.BlobService/UploadBlob",
+            request_serializer=None,
+            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        )
+        # A checkpoint, then more demand than the run can consume.
+        shard = b"bench weights"
+        await _upload(upload, trainer, shard, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        from blake3 import blake3
+
+        ref = common_pb2.BlobRef(blake3=blake3(shard).digest(), size=len(shard))
+        manifest = checkpoint_pb2.CheckpointManifest(
+            step=1,
+            network_id=NETWORK,
+            files=[checkpoint_pb2.CheckpointFile(path="w", content=ref, shards=[ref])],
+            flops_per_token=1_000_000,
+        ).SerializeToString()
+        publish = unary(
+            channel,
+            "/rollnet.v1.CheckpointService/PublishCheckpoint",
+            checkpoint_service_pb2.PublishCheckpointResponse,
+        )
+        body = checkpoint_service_pb2.PublishCheckpointRequest(
+            manifest=manifest, signature=trainer.identity.sign(CHECKPOINT_DOMAIN + manifest)
+        ).SerializeToString()
+        await publish(
+            body, metadata=trainer.metadata("/rollnet.v1.CheckpointService/PublishCheckpoint", body)
+        )
+        demand = unary(
+            channel,
+            "/rollnet.v1.RolloutService/RequestRollouts",
+            rollout_service_pb2.RequestRolloutsResponse,
+        )
+        wanted = int(seconds * 1000) + 2000
+        for part in range(0, wanted, 5000):
+            body = rollout_service_pb2.RequestRolloutsRequest(
+                request_id=f"bench-demand-{part}",
+                rollout_step=1,
+                environment="arithmetic",
+                prompt_count=min(5000, wanted - part),
+                samples_per_prompt=1,
+                sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=4),
+                prompts_per_task=1,
+            ).SerializeToString()
+            await demand(
+                body,
+                metadata=trainer.metadata("/rollnet.v1.RolloutService/RequestRollouts", body),
+                timeout=120,
+            )
+        pull = unary(channel, "/rollnet.v1.TaskService/PullTask", task_service_pb2.PullTaskResponse)
+        submit = unary(
+            channel,
+            "/rollnet.v1.CommitmentService/SubmitCommitment",
+            commitment_service_pb2.SubmitCommitmentResponse,
+        )
+        echo_call = echo_channel.unary_unary(ECHO_METHOD)
+        pull_body = task_service_pb2.PullTaskRequest(
+            wait=duration_pb2.Duration(seconds=0)
+        ).SerializeToString()
+
+        async def cycle(i: int) -> None:
+            node = workers[i % len(workers)]
+            pulled = task_service_pb2.PullTaskResponse.FromString(
+                (
+                    await pull(
+                        pull_body,
+                        metadata=node.metadata("/rollnet.v1.TaskService/PullTask", pull_body),
+                        timeout=30,
+                    )
+                ).SerializeToString()
+            )
+            if not pulled.HasField("task"):
+                return
+            task, lease = pulled.task, pulled.lease
+            rollout = rollout_pb2.Rollout(
+                prompt_index=0,
+                prompt_id=task.prompt_ids[0],
+                prompt_token_ids=[1, 2, 3],
+                completion_token_ids=[4, 5],
+                behaviour_logprobs=[-0.5, -0.5],
+                sampling_seed=1,
+                finish_reason=rollout_pb2.FINISH_REASON_EOS,
+            )
+            batch = rollout_pb2.RolloutBatch(
+                task_id=task.task_id,
+                lease_id=lease.lease_id,
+                fencing_token=lease.fencing_token,
+                node_id=node.identity.node_id,
+                checkpoint_step=task.checkpoint_step,
+                rollouts=[rollout],
+            ).SerializeToString()
+            digest = await _upload(upload, node, batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
+            body = commitment_service_pb2.SubmitCommitmentRequest(
+                request_id=f"c{i}",
+                lease_id=lease.lease_id,
+                fencing_token=lease.fencing_token,
+                task_id=task.task_id,
+                rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+                rollouts=[
+                    commitment_pb2.RolloutDigest(
+                        sampling_seed=1, proof_blake3=proof_digest(b""), completion_tokens=2
+                    )
+                ],
+                binding_digest=batch_binding_digest(
+                    NETWORK,
+                    node.identity.node_id,
+                    task.task_id,
+                    lease.lease_id,
+                    lease.fencing_token,
+                    digest,
+                ),
+            ).SerializeToString()
+            await submit(
+                body,
+                metadata=node.metadata("/rollnet.v1.CommitmentService/SubmitCommitment", body),
+                timeout=30,
+            )
+
+        async def echo_cycle(i: int) -> None:
+            # The same three signed round trips with comparable payloads.
+            node = workers[i % len(workers)]
+            for _ in range(3):
+                await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
+
+        count, lat = await drive(seconds, concurrency, echo_cycle)
+        echo_rate = report("echo (3 signed round trips)", count, seconds, lat)
+        profile("lease-cycle", seconds)
+        count, lat = await drive(seconds, concurrency, cycle)
+        cycle_rate = report("lease cycle (pull+upload+commit)", count, seconds, lat)
+    return echo_rate, cycle_rate
+
+
+async def _upload(upload: Any, node: Node, data: bytes, kind: int) -> bytes:
+    from blake3 import blake3
+
+    digest = blake3(data).digest()
+    header = blob_service_pb2.UploadBlobRequest(
+        header=blob_service_pb2.BlobHeader(
+            blob=common_pb2.BlobRef(blake3=digest, size=len(data)), kind=kind
+        )
+    ).SerializeToString()
+    chunk = blob_service_pb2.UploadBlobRequest(chunk=data).SerializeToString()
+    await upload(
+        iter([header, chunk]),
+        metadata=node.metadata("/rollnet.v1.BlobService/UploadBlob", header),
+        timeout=30,
+    )
+    return digest
+
+
+async def bench_swarm(
+    coordinator: str, nodes: list[Node], interval: float, seconds: float, db: Path
+) -> None:
+    async with grpc.aio.insecure_channel(coordinator) as channel:
+        heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
+        body = node_service_pb2.HeartbeatRequest(
+            requested_interval=duration_pb2.Duration(seconds=int(interval))
+        ).SerializeToString()
+        stop_at = time.perf_counter() + seconds
+        latencies: list[float] = []
+        errors = 0
+        worst_suspect = 0
+
+        async def node_loop(node: Node) -> None:
+            nonlocal errors
+            await asyncio.sleep(random.uniform(0, interval))
+            while time.perf_counter() < stop_at:
+                started = time.perf_counter()
+                try:
+                    await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(interval * random.uniform(0.9, 1.0))
+
+        async def watch() -> None:
+            nonlocal worst_suspect
+            while time.perf_counter() < stop_at:
+                await asyncio.sleep(2.0)
+                worst_suspect = max(worst_suspect, count_stale(db))
+
+        started = time.perf_counter()
+        await asyncio.gather(watch(), *(node_loop(n) for n in nodes))
+        elapsed = time.perf_counter() - started
+        print(
+            f"  {len(nodes):,} nodes @ {interval:g} s: {len(latencies) / elapsed:,.0f} heartbeats/s"
+            f", p50 {percentile(latencies, 0.5) * 1000:.2f} ms, p99 "
+            f"{percentile(latencies, 0.99) * 1000:.2f} ms, errors {errors}, "
+            f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {count_stale(db)}"
+        )
+
+
+def count_stale(db: Path) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM nodes WHERE state IN ('suspect', 'offline')"
+        ).fetchone()
+    return int(row[0])
+
+
+# ---------------------------------------------------------------------------- orchestration
+def start_process(args: list[str], pattern: str, env: dict[str, str]) -> tuple[Any, int]:
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{args[0]} exited early")
+        match = re.search(pattern, line)
+        if match:
+            return process, int(match.group(1))
+    raise RuntimeError(f"{args} did not report its port")
+
+
+async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: Path) -> None:
+    nodes = [Node(Identity.generate()) for _ in range(args.nodes)]
+    async with grpc.aio.insecure_channel(coordinator) as channel:
+        await register_all(channel, nodes, common_pb2.ROLE_WORKER)
+    print(f"heartbeat path ({args.nodes} nodes, {args.concurrency} in flight, {args.seconds} s):")
+    echo_rate, beat_rate = await bench_heartbeats(
+        coordinator, echo, nodes, args.seconds, args.concurrency
+    )
+    print(f"  ratio heartbeat / echo: {beat_rate / echo_rate:.2f}x   (target >= 0.5x)")
+    print(f"lease cycle ({args.concurrency} in flight, {args.seconds} s):")
+    trainer = args.trainer
+    echo_rate, cycle_rate = await bench_lease_cycles(
+        coordinator, echo, nodes, trainer, args.seconds, args.concurrency
+    )
+    print(f"  ratio lease cycle / echo: {cycle_rate / echo_rate:.2f}x   (target >= 0.2x)")
+    if args.swarm:
+        swarm = [Node(Identity.generate()) for _ in range(args.swarm)]
+        started = time.perf_counter()
+        async with grpc.aio.insecure_channel(coordinator) as channel:
+            await register_all(channel, swarm, common_pb2.ROLE_WORKER)
+        print(
+            f"swarm: registered {args.swarm:,} nodes in {time.perf_counter() - started:.1f} s; "
+            f"heartbeating for {args.swarm_seconds} s"
+        )
+        await bench_swarm(coordinator, swarm, args.interval, args.swarm_seconds, db)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--swarm", type=int, default=10_000)
+    parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--swarm-seconds", type=float, default=45.0)
+    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_echo:
+        asyncio.run(serve_echo())
+        return 0
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Node(Identity.generate())
+        config = Path(tmp, "coordinator.toml")
+        config.write_text(
+            f'network_id = "{NETWORK}"\n'
+            f'trainers = ["{trainer.identity.node_id}"]\n'
+            "registrations_per_ip_per_minute = 1000000\n"
+            "rate_limit_per_key = 100000.0\n"
+            "rate_burst_per_key = 100000\n"
+            f"heartbeat_interval = {args.interval}\n"
+            f"lease_duration = {max(120.0, args.interval * 3)}\n"
+            "trusted_streak = 1000000\n"
+        )
+        echo_process, echo_port = start_process(
+            [sys.executable, __file__, "--serve-echo"], r"PORT (\d+)", env
+        )
+        coordinator_process, port = start_process(
+            [
+                sys.executable,
+                "-m",
+                "rollnet.reference.cli",
+                "coordinator",
+                "--data-dir",
+                str(Path(tmp, "data")),
+                "--config",
+                str(config),
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "WARNING",
+            ],
+            r"listening on [^:]+:(\d+)",
+            env | {"PYTHONUNBUFFERED": "1"},
+        )
+        global COORDINATOR_PID
+        COORDINATOR_PID = coordinator_process.pid
+        try:
+            args.trainer = trainer
+            print(
+                f"coordinator 127.0.0.1:{port} (SQLite, pid {coordinator_process.pid}), "
+                f"echo 127.0.0.1:{echo_port}; load generator pid {os.getpid()}; "
+                f"{os.cpu_count()} cores"
+            )
+            asyncio.run(
+                main_async(
+                    args,
+                    f"127.0.0.1:{port}",
+                    f"127.0.0.1:{echo_port}",
+                    Path(tmp, "data", "rollnet.db"),
+                )
+            )
+        finally:
+            for process in (coordinator_process, echo_process):
+                process.terminate()
+                process.wait(timeout=30)
+    _ = statistics
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
