@@ -141,22 +141,29 @@ class RolloutDigest(_message.Message):
     SAMPLING_SEED_FIELD_NUMBER: _builtins.int
     PROOF_BLAKE3_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    COMMITMENT_DIGEST_FIELD_NUMBER: _builtins.int
     sampling_seed: _builtins.int
     """The Gumbel-max seed used."""
     proof_blake3: _builtins.bytes
     """BLAKE3 of the rollout's TOPLOC proof bytes."""
     completion_tokens: _builtins.int
     """Number of completion tokens."""
+    commitment_digest: _builtins.bytes
+    """The rollout's commitment digest (docs/verification.md, "Rollout commitment"): binds network,
+    node, task, lease, fencing token, blob, rollout index, seed, tokens and proof. It lives here,
+    outside the blob, because it covers the blob's own digest.
+    """
     def __init__(
         self,
         *,
         sampling_seed: _builtins.int = ...,
         proof_blake3: _builtins.bytes = ...,
         completion_tokens: _builtins.int = ...,
+        commitment_digest: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "proof_blake3", b"proof_blake3", "sampling_seed", b"sampling_seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitment_digest", b"commitment_digest", "completion_tokens", b"completion_tokens", "proof_blake3", b"proof_blake3", "sampling_seed", b"sampling_seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
