@@ -1,0 +1,125 @@
+"""Blobs: streamed, size-capped, BLAKE3-checked on arrival, content-addressed, duplicates free,
+ranged downloads. Malformed streams are driven through the raw signed channel."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import blake3
+import grpc
+import pytest
+from coordinator_testing import connect, register
+
+from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, from_rpc_error
+from rollnet.sdk.methods import method_path
+from rollnet.v1 import blob_service_pb2, common_pb2
+
+KIND = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
+
+
+def _header(digest: bytes, size: int) -> blob_service_pb2.UploadBlobRequest:
+    return blob_service_pb2.UploadBlobRequest(
+        header=blob_service_pb2.BlobHeader(
+            blob=common_pb2.BlobRef(blake3=digest, size=size), kind=KIND
+        )
+    )
+
+
+def _chunk(data: bytes) -> blob_service_pb2.UploadBlobRequest:
+    return blob_service_pb2.UploadBlobRequest(chunk=data)
+
+
+async def _raw_upload(
+    client: RollnetClient, messages: Sequence[blob_service_pb2.UploadBlobRequest]
+) -> RollnetError:
+    """Send exactly ``messages`` (signed) and return the refusal the server must answer with."""
+    call = client.channel.stream_unary(
+        method_path("BlobService", "UploadBlob"),
+        request_serializer=None,
+        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+    )
+
+    async def stream() -> AsyncIterator[bytes]:
+        for message in messages:
+            yield message.SerializeToString(deterministic=True)
+
+    try:
+        await call(stream(), timeout=10)
+    except grpc.aio.AioRpcError as error:
+        return from_rpc_error(error)
+    raise AssertionError("the upload was accepted")
+
+
+async def test_blob_upload_rules_and_ranged_download(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    coordinator = await start_coordinator(with_overrides(coordinator_config, max_blob_bytes=4096))
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        data = bytes(range(256)) * 10  # 2560 bytes
+        digest = blake3.blake3(data).digest()
+
+        stored = await client.blobs.upload(data, KIND, chunk_size=1000)
+        assert (stored.blob.blake3, stored.blob.size, stored.already_present) == (
+            digest,
+            len(data),
+            False,
+        )
+        again = await client.blobs.upload(data, KIND, chunk_size=700)
+        assert again.already_present, "a duplicate upload is free"
+        assert coordinator.ctx.blobs.path_of(digest).read_bytes() == data
+
+        assert await client.blobs.download(digest) == data
+        assert await client.blobs.download(digest, offset=1000, length=300) == data[1000:1300]
+        assert await client.blobs.download(digest, offset=2500) == data[2500:]
+
+        # Over the cap: refused from the header, before any byte is stored.
+        big = b"x" * 5000
+        with pytest.raises(RollnetError) as refused:
+            await client.blobs.upload(big, KIND)
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.reason == ErrorReason.BLOB_TOO_LARGE
+
+        other = b"honest bytes" * 10
+        other_digest = blake3.blake3(other).digest()
+        cases = {
+            # Bytes that do not hash to the declared digest.
+            ErrorReason.BLOB_HASH_MISMATCH: [_header(other_digest, len(other)), _chunk(b"y" * 120)],
+            # Fewer or more bytes than declared.
+            ErrorReason.BLOB_SIZE_MISMATCH: [_header(other_digest, len(other)), _chunk(other[:50])],
+        }
+        for reason, messages in cases.items():
+            error = await _raw_upload(client, messages)
+            assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+        error = await _raw_upload(client, [_header(other_digest, 5), _chunk(other)])
+        assert error.reason == ErrorReason.BLOB_SIZE_MISMATCH
+        # No header first, a second header, or nothing at all.
+        for messages in (
+            [_chunk(other)],
+            [_header(other_digest, len(other)), _header(other_digest, len(other))],
+            [],
+        ):
+            error = await _raw_upload(client, messages)
+            assert (error.code, error.reason) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ErrorReason.BLOB_HEADER_INVALID,
+            )
+        # A malformed header is bad input, with the field named.
+        error = await _raw_upload(client, [_header(b"short", 3), _chunk(b"abc")])
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "header.blob.blake3" in {v.field for v in error.field_violations}
+
+        # Nothing of the refused uploads was stored, and no partial file is left behind.
+        with pytest.raises(RollnetError) as refused:
+            await client.blobs.download(other_digest)
+        assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        assert refused.value.reason == ErrorReason.BLOB_NOT_FOUND
+        leftovers = [p for p in coordinator.ctx.blobs.root.rglob("*") if p.is_file()]
+        assert leftovers == [coordinator.ctx.blobs.path_of(digest)]
+    finally:
+        await client.close()
+        await coordinator.stop(grace=0.1)

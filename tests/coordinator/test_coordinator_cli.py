@@ -1,0 +1,230 @@
+"""The operator and publisher commands end to end against a real coordinator:
+``rollnet nodes list|show|eject|ban`` and ``rollnet checkpoint publish``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import grpc
+import numpy as np
+import pytest
+import structlog
+from coordinator_testing import connect, pull, register
+from safetensors.numpy import save_file
+
+from rollnet.reference.checkpoints import (
+    CHECKPOINT_DOMAIN,
+    flops_per_token,
+    model_files,
+    publish_model_dir,
+)
+from rollnet.reference.cli import main as cli_main
+from rollnet.reference.coordinator.server import Coordinator
+from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2, node_service_pb2
+
+
+async def rollnet(*argv: str) -> int:
+    """Run the ``rollnet`` CLI in a thread (it runs its own event loop)."""
+    return await asyncio.to_thread(cli_main, list(argv))
+
+
+@pytest.fixture(autouse=True)
+def quiet_coordinator() -> Iterator[None]:
+    """Keep the in-process coordinator's RPC log lines out of the captured CLI output."""
+    with structlog.testing.capture_logs():
+        yield
+
+
+def _key_file(identity: Identity, path: Path) -> Path:
+    identity.save(path)
+    return path
+
+
+async def test_nodes_commands(
+    coordinator: Coordinator,
+    operator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    key = _key_file(operator_identity, tmp_path / "operator.key")
+    target = ["--coordinator", coordinator.address, "--key", str(key), "--network-id"]
+    target.append("rollnet-test")
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        capsys.readouterr()
+
+        # The operator key registers itself (idempotently) and lists every node.
+        assert await rollnet("nodes", "list", *target) == 0
+        table = capsys.readouterr().out.splitlines()
+        assert table[0].split()[:3] == ["NODE", "ROLE", "STATE"]
+        rows = {line.split()[0]: line.split()[1:3] for line in table[1:]}
+        assert rows[worker.node_id] == ["worker", "pending"]
+        assert rows[operator_identity.node_id] == ["operator", "pending"]
+
+        assert await rollnet("nodes", "list", *target, "--role", "worker", "--json") == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert [n["node_id"] for n in listed] == [worker.node_id]
+        assert listed[0]["public_key"] == worker.public_key.hex()
+
+        assert await rollnet("nodes", "show", worker.node_id, *target) == 0
+        shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+        assert shown["node_id"] == worker.node_id
+        assert shown["environments"] == "arithmetic"
+
+        # Eject: recorded with its reason, and the worker may not pull any more.
+        assert (
+            await rollnet("nodes", "eject", worker.node_id, "--reason", "bad proofs", *target) == 0
+        )
+        assert capsys.readouterr().out.strip() == f"{worker.node_id}: ejected (bad proofs)"
+        with pytest.raises(RollnetError) as refused:
+            await pull(client, wait=0)
+        assert refused.value.reason == ErrorReason.NODE_EJECTED
+
+        # Ban: terminal, and the key is refused everywhere.
+        assert (
+            await rollnet("nodes", "ban", worker.node_id, "--reason", "sybil", *target, "--json")
+            == 0
+        )
+        assert json.loads(capsys.readouterr().out)["state"] == "banned"
+        with pytest.raises(RollnetError) as refused:
+            await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.reason == ErrorReason.NODE_BANNED
+
+        # Unknown nodes and keys that are not operators are refused with their reason (exit 1).
+        assert await rollnet("nodes", "show", "0" * 32, *target) == 1
+        assert "NODE_NOT_FOUND" in capsys.readouterr().err
+        stranger = _key_file(Identity.generate(), tmp_path / "stranger.key")
+        not_operator = [a if a != str(key) else str(stranger) for a in target]
+        assert await rollnet("nodes", "list", *not_operator) == 1
+        assert "ROLE_NOT_PERMITTED" in capsys.readouterr().err
+        assert await rollnet("nodes", "list", *target[:3], str(tmp_path / "missing.key")) == 2
+    finally:
+        await client.close()
+
+
+def _model_dir(root: Path) -> tuple[Path, int]:
+    """A tiny Hugging Face style model directory; returns it and its parameter count."""
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
+    (root / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    (root / "pytorch_model.bin").write_bytes(b"pickles are never shipped")
+    (root / ".cache").mkdir()
+    (root / ".cache" / "junk.json").write_text("{}")
+    rng = np.random.default_rng(0)
+    tensors = {
+        "embed.weight": rng.standard_normal((50, 8)).astype(np.float32),
+        "layer.weight": rng.standard_normal((8, 8)).astype(np.float32),
+        "norm.weight": np.ones(8, dtype=np.float32),
+    }
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    return root, sum(t.size for t in tensors.values())
+
+
+async def test_checkpoint_publish(
+    coordinator: Coordinator,
+    trainer_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model, parameters = _model_dir(tmp_path / "model")
+    files = model_files(model)
+    assert [p.name for p in files] == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert flops_per_token(files) == 2 * parameters
+
+    trainer = connect(coordinator.address, trainer_identity)
+    worker = Identity.generate()
+    reader = connect(coordinator.address, worker)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(reader, worker, common_pb2.ROLE_WORKER)
+        published = await publish_model_dir(
+            trainer, trainer_identity, model, step=1, network_id="rollnet-test", shard_size=1000
+        )
+        assert published.checkpoint.step == 1
+        assert published.shards_already_present == 0
+
+        # What a worker sees: a trainer-signed manifest whose shards rebuild every file.
+        latest = await reader.checkpoints.get_latest_checkpoint(
+            checkpoint_service_pb2.GetLatestCheckpointRequest()
+        )
+        checkpoint = latest.checkpoint
+        assert checkpoint.trainer_public_key == trainer_identity.public_key
+        assert verify_signature(
+            trainer_identity.public_key,
+            checkpoint.signature,
+            b"rollnet-checkpoint-v1\n" + checkpoint.manifest,
+        )
+        assert CHECKPOINT_DOMAIN == b"rollnet-checkpoint-v1\n"
+        manifest = checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest)
+        assert (manifest.step, manifest.network_id) == (1, "rollnet-test")
+        assert manifest.flops_per_token == 2 * parameters
+        assert [f.path for f in manifest.files] == [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+        ]
+        for entry in manifest.files:
+            original = (model / entry.path).read_bytes()
+            assert entry.content.size == len(original)
+            assert entry.content.blake3 == blake3.blake3(original).digest()
+            assert all(s.size <= 1000 for s in entry.shards)
+            pieces = [await reader.blobs.download(s.blake3) for s in entry.shards]
+            assert b"".join(pieces) == original
+        weights = next(f for f in manifest.files if f.path == "model.safetensors")
+        assert len(weights.shards) > 1
+
+        # The command line publishes the same directory again: nothing new, the same manifest.
+        key = tmp_path / "trainer.key"
+        trainer_identity.save(key)
+        target = ["--coordinator", coordinator.address, "--key", str(key)]
+        target += ["--network-id", "rollnet-test", "--model", str(model)]
+        capsys.readouterr()
+        assert (
+            await rollnet(
+                "checkpoint",
+                "publish",
+                *target,
+                "--step",
+                "1",
+                "--shard-mib",
+                str(1000 / 2**20),
+                "--json",
+            )
+            == 0
+        )
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["step"] == 1
+        assert summary["shards"] == summary["shards_already_present"] == published.shards_uploaded
+        again = await reader.checkpoints.get_checkpoint(
+            checkpoint_service_pb2.GetCheckpointRequest(step=1)
+        )
+        assert again.checkpoint.manifest == checkpoint.manifest
+
+        # Steps only go forward; other keys may not publish; a directory without weights is refused.
+        assert (
+            await rollnet("checkpoint", "publish", *target, "--step", "1", "--shard-mib", "1") == 1
+        )
+        assert "CHECKPOINT_STEP_NOT_MONOTONIC" in capsys.readouterr().err
+        assert await rollnet("checkpoint", "publish", *target, "--step", "2") == 0
+        assert "published step 2" in capsys.readouterr().out
+        intruder = tmp_path / "worker.key"
+        worker.save(intruder)
+        stolen = [a if a != str(key) else str(intruder) for a in target]
+        assert await rollnet("checkpoint", "publish", *stolen, "--step", "3") == 1
+        assert "ROLE" in capsys.readouterr().err
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "config.json").write_text("{}")
+        empty = [*target[:-1], str(tmp_path / "empty")]
+        assert await rollnet("checkpoint", "publish", *empty, "--step", "3") == 2
+        assert "no *.safetensors" in capsys.readouterr().err
+    finally:
+        await trainer.close()
+        await reader.close()

@@ -1,0 +1,212 @@
+"""Commitments and verdicts: signed, idempotent receipts; binding and batch checks; spot checks
+thinning out for trusted nodes; ejection after repeated rejects."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from coordinator_testing import (
+    commitment_request,
+    connect,
+    judge_next_job,
+    make_work,
+    publish_checkpoint,
+    pull,
+    pull_and_commit,
+    register,
+    request_tasks,
+)
+
+from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.coordinator.work import (
+    spot_check_draw,
+    spot_check_probability,
+)
+from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.v1 import (
+    blob_service_pb2,
+    commitment_pb2,
+    commitment_service_pb2,
+    common_pb2,
+    ledger_service_pb2,
+    node_pb2,
+    node_service_pb2,
+    rollout_pb2,
+)
+
+BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
+
+
+def receipt_bytes(receipt: commitment_pb2.Receipt) -> bytes:
+    """The signed bytes of a receipt, rebuilt from docs/protocol.md ("Other signed bytes")."""
+    micros = receipt.received_at.seconds * 1_000_000 + receipt.received_at.nanos // 1000
+    return (
+        b"rollnet-receipt-v1\n"
+        + receipt.commitment_id.encode()
+        + b"\n"
+        + receipt.binding_digest.hex().encode()
+        + b"\n"
+        + str(micros).encode()
+    )
+
+
+async def test_submission_checks_and_idempotent_receipts(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    worker = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    client = connect(coordinator.address, worker)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 1, samples_per_prompt=2)
+        leased = await pull(client)
+        work = make_work(worker, leased.task, leased.lease)
+        uploaded = await client.blobs.upload(work.batch, BATCH)
+        request = commitment_request(worker, work, uploaded.blob)
+
+        # A wrong binding digest: refused before anything is stored.
+        forged = commitment_service_pb2.SubmitCommitmentRequest()
+        forged.CopyFrom(request)
+        forged.binding_digest = bytes(32)
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(forged)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.reason == ErrorReason.COMMITMENT_BINDING_INVALID
+
+        # A batch that does not match the task (one rollout short), and a blob that is no batch.
+        short = make_work(worker, leased.task, leased.lease)
+        del short.rollouts[-1]
+        short.batch = rollout_pb2.RolloutBatch(
+            task_id=leased.task.task_id,
+            lease_id=leased.lease.lease_id,
+            fencing_token=leased.lease.fencing_token,
+            node_id=worker.node_id,
+            checkpoint_step=leased.task.checkpoint_step,
+            rollouts=short.rollouts,
+        ).SerializeToString()
+        for batch in (short.batch, b"\xff\xfe not a protobuf"):
+            blob = (await client.blobs.upload(batch, BATCH)).blob
+            with pytest.raises(RollnetError) as refused:
+                await client.commitments.submit_commitment(commitment_request(worker, short, blob))
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
+
+        # The honest commitment, then the same call again: the same receipt, nothing new.
+        request.request_id = "commit-1"
+        first = await client.commitments.submit_commitment(request)
+        receipt = first.receipt
+        assert receipt.coordinator_public_key == coordinator.ctx.identity.public_key
+        assert verify_signature(
+            coordinator.ctx.identity.public_key, receipt.signature, receipt_bytes(receipt)
+        )
+        assert not verify_signature(
+            coordinator.ctx.identity.public_key, receipt.signature, receipt_bytes(receipt) + b"0"
+        )
+        repeat = await client.commitments.submit_commitment(request)
+        assert repeat.receipt == receipt
+        assert repeat.commitment.commitment_id == first.commitment.commitment_id
+        # The same work under a fresh request id (a client that lost its id) is recognised too.
+        fresh = commitment_service_pb2.SubmitCommitmentRequest()
+        fresh.CopyFrom(request)
+        fresh.request_id = "commit-1-retry"
+        assert (await client.commitments.submit_commitment(fresh)).receipt == receipt
+
+        # The request id reused for a different body is refused.
+        changed = commitment_service_pb2.SubmitCommitmentRequest()
+        changed.CopyFrom(request)
+        changed.claimed_work.decode_tokens += 1
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(changed)
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.reason == ErrorReason.REQUEST_ID_REUSED
+
+        # Exactly one commitment exists for the task, readable by its node.
+        read = await client.commitments.get_commitment(
+            commitment_service_pb2.GetCommitmentRequest(
+                commitment_id=first.commitment.commitment_id
+            )
+        )
+        assert read.commitment.task_id == leased.task.task_id
+        assert read.commitment.state == commitment_pb2.Commitment.STATE_PENDING
+    finally:
+        await trainer.close()
+        await client.close()
+        await coordinator.stop(grace=0.1)
+
+
+async def test_spot_checks_thin_out_and_rejects_eject(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+) -> None:
+    config = with_overrides(
+        coordinator_config, trusted_streak=2, min_validation_rate=0.0, eject_after_rejects=2
+    )
+    coordinator = await start_coordinator(config)
+    honest, cheat = Identity.generate(), Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    good = connect(coordinator.address, honest)
+    bad = connect(coordinator.address, cheat)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await register(good, honest, common_pb2.ROLE_WORKER)
+        await register(bad, cheat, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 14)
+
+        # The honest node: everything is validated until its streak reaches trusted_streak, then
+        # each commitment is checked with probability trusted_streak / streak, drawn from the
+        # coordinator seed and the commitment id (so an auditor can redo every draw).
+        streak, skipped = 0, 0
+        for _ in range(12):
+            submitted = await pull_and_commit(good, honest)
+            commitment = submitted.commitment
+            queued = commitment.state == commitment_pb2.Commitment.STATE_PENDING
+            probability = spot_check_probability(streak, 2, 0.0)
+            assert queued == (spot_check_draw(config.seed, commitment.commitment_id) < probability)
+            if streak < 2:
+                assert queued, "an untrusted node's work is always validated"
+            if queued:
+                verdict = await judge_next_job(validator, accept=True)
+                assert verdict.verdict.commitment_id == commitment.commitment_id
+                streak += 1
+            else:
+                skipped += 1
+                assert commitment.state == commitment_pb2.Commitment.STATE_ACCEPTED
+                assert not commitment.validated
+        assert skipped > 0, "a trusted node's work is sampled, not all validated"
+        node = await good.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert node.node.trust_streak == streak
+        balance = await good.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
+        assert balance.credited > 0
+        assert balance.slashed == 0
+        assert balance.entry_count == 12  # one credit per commitment, checked or not
+
+        # The cheat: rejects slash it, reset its streak, and the second one ejects it.
+        for attempt in range(2):
+            await pull_and_commit(bad, cheat)
+            verdict = await judge_next_job(validator, accept=False)
+            assert verdict.verdict.work_units < 0
+            state = (await bad.nodes.get_node(node_service_pb2.GetNodeRequest())).node
+            assert state.reject_count == attempt + 1
+        assert state.state == node_pb2.Node.STATE_EJECTED
+        assert "2 rejected commitments" in state.state_reason
+        with pytest.raises(RollnetError) as refused:
+            await pull(bad, wait=0)
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.reason == ErrorReason.NODE_EJECTED
+        balance = await bad.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
+        assert balance.slashed > 0
+        assert balance.credited == 0
+        # The rejected prompts were queued again for honest work.
+        assert (await pull(good, wait=0)).HasField("task")
+    finally:
+        for c in (trainer, validator, good, bad):
+            await c.close()
+        await coordinator.stop(grace=0.1)
