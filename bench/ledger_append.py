@@ -19,18 +19,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ledger_bench_db import fresh_database, postgres_available  # noqa: E402
-from sqlalchemy.engine import Engine  # noqa: E402
+from _ledger_bench_db import (  # type: ignore[import-not-found]  # bench/ is not a package
+    fresh_database,
+    postgres_available,
+)
+from sqlalchemy.engine import Engine
 
-from rollnet.ledger import (  # noqa: E402
+from rollnet.ledger import (
     EntryKind,
     NewEntry,
     NodeRole,
     append_entries,
     session_factory,
 )
-from rollnet.ledger.models import Base  # noqa: E402
-from rollnet.ledger.nodes import register_node  # noqa: E402
+from rollnet.ledger.models import Base
+from rollnet.ledger.nodes import register_node
 
 NODES = 64
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -158,8 +158,9 @@ class Task(Base):
         CheckConstraint("seed >= 0", name="seed_non_negative"),
         CheckConstraint("attempt >= 0", name="attempt_non_negative"),
         CheckConstraint("fencing_token = attempt", name="fencing_token_is_attempt"),
-        # Leasing scans queued tasks oldest first; the per-node cap counts a holder's leases.
-        Index(None, "state", "created_at"),
+        # Leasing takes queued tasks in (created_at, id) order; the index must cover the whole
+        # ORDER BY or every lease sorts all queued tasks created in the same batch.
+        Index(None, "state", "created_at", "id"),
         Index(None, "lease_holder", "state"),
     )
 
@@ -234,7 +235,7 @@ class ValidationJob(Base):
         _lease_complete(),
         CheckConstraint("attempt >= 0", name="attempt_non_negative"),
         CheckConstraint("fencing_token = attempt", name="fencing_token_is_attempt"),
-        Index(None, "state", "created_at"),
+        Index(None, "state", "created_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
