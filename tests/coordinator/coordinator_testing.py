@@ -223,11 +223,24 @@ async def pull_and_commit(
 async def judge_next_job(
     validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH"
 ) -> validation_service_pb2.SubmitVerdictResponse:
-    """Pull the next validation job and accept or reject it."""
+    """Pull the next validation job (one must be queued) and accept or reject it."""
+    verdict = await try_judge_next_job(validator, accept, reason, wait=5.0)
+    assert verdict is not None, "a validation job was queued"
+    return verdict
+
+
+async def try_judge_next_job(
+    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH", *, wait: float
+) -> validation_service_pb2.SubmitVerdictResponse | None:
+    """Like :func:`judge_next_job`, but ``None`` when no job came within ``wait`` seconds."""
+    seconds = int(wait)
     job = await validator.validation.pull_validation_job(
-        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+        validation_service_pb2.PullValidationJobRequest(
+            wait=duration_pb2.Duration(seconds=seconds, nanos=int((wait - seconds) * 1e9))
+        )
     )
-    assert job.HasField("job"), "a validation job was queued"
+    if not job.HasField("job"):
+        return None
     count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
     request = validation_service_pb2.SubmitVerdictRequest(
         job_id=job.job.job_id,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import nodes, tasks, validation
@@ -315,7 +316,12 @@ class NodeRegistry:
                 session.refresh(row)
             return node_to_proto(row, reject_count(session, node_id))
 
-        node = await self.ctx.run_in_transaction(work)
+        try:
+            node = await self.ctx.run_in_transaction(work)
+        except IntegrityError:
+            # The same key registered at the same moment through another replica (or call)
+            # inserted the row first; the second attempt finds it and is idempotent.
+            node = await self.ctx.run_in_transaction(work)
         config = self.ctx.config
         return node_service_pb2.RegisterNodeResponse(
             node=node,
