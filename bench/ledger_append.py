@@ -12,6 +12,7 @@ chained side produced, precomputed. Printed: entries/s of each and the ratio cha
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -110,7 +111,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     args = parser.parse_args()
     engines = ["sqlite"] + (["postgresql"] if postgres_available() else [])
-    print(f"ledger append: {args.entries} entries in batches of {args.batch}")
+    print(
+        f"ledger append: {args.entries} entries in batches of {args.batch}"
+        f" (load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     print(f"{'engine':<11}{'chained/s':>12}{'plain/s':>12}{'chained cost / plain':>23}")
     for engine_name in engines:
         chained, plain = run(engine_name, args.entries, args.batch)

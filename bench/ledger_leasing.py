@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -152,7 +153,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--baseline-tasks", type=int, default=2_000)
     args = parser.parse_args()
-    print(f"task leasing: {args.tasks:,} tasks, every task leased exactly once (checked)")
+    print(
+        f"task leasing: {args.tasks:,} tasks, every task leased exactly once (checked)"
+        f" (load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     if postgres_available():
         single = run("postgresql", args.baseline_tasks, 1, 1)
         swarm = run("postgresql", args.tasks, args.replicas, args.workers)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -69,7 +70,9 @@ def generate(path: Path, count: int, key: Ed25519PrivateKey) -> None:
                 )
             )
     with open(path, "w", encoding="utf-8") as sink:
-        sink.write(header_line(exported_at="2026-01-01T00:00:00+00:00", tip_sequence=count, tip_hash=prev))
+        sink.write(
+            header_line(exported_at="2026-01-01T00:00:00+00:00", tip_sequence=count, tip_hash=prev)
+        )
         sink.write("\n")
         for line in heads:
             sink.write(line + "\n")
@@ -99,22 +102,32 @@ def main() -> None:
         generate(path, args.entries, key)
         generated = time.perf_counter() - started
         size_mb = path.stat().st_size / 1e6
-        print(f"ledger verify: {args.entries:,} entries, {size_mb:,.0f} MB export")
-        print(f"  generate (append-side hashing + JSON): {args.entries / generated:>12,.0f} entries/s")
+        print(
+            f"ledger verify: {args.entries:,} entries, {size_mb:,.0f} MB export"
+            f" (load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        )
+        print(
+            f"  generate (append-side hashing + JSON): {args.entries / generated:>12,.0f} entries/s"
+        )
 
         started = time.perf_counter()
         parse_only(path)
         parse_s = time.perf_counter() - started
-        print(f"  baseline: read + json.loads only:      {args.entries / parse_s:>12,.0f} entries/s")
-
-        started = time.perf_counter()
-        report = verify_export(path, pinned_key=public_key_bytes(key))
-        verify_s = time.perf_counter() - started
-        assert report.ok, report.summary()
         print(
-            f"  verify_export (pinned key):            {args.entries / verify_s:>12,.0f} entries/s"
-            f"  ({verify_s / parse_s:.2f}x the parse-only baseline; {report.heads_verified} heads)"
+            f"  baseline: read + json.loads only:      {args.entries / parse_s:>12,.0f} entries/s"
         )
+
+        for workers in (1, None):
+            started = time.perf_counter()
+            report = verify_export(path, pinned_key=public_key_bytes(key), workers=workers)
+            verify_s = time.perf_counter() - started
+            assert report.ok, report.summary()
+            label = "1 process" if workers == 1 else f"{os.cpu_count()} processes"
+            print(
+                f"  verify_export, {label:<11} (pinned key): {args.entries / verify_s:>10,.0f}"
+                f" entries/s  ({verify_s / parse_s:.2f}x the parse-only baseline;"
+                f" {report.heads_verified} heads)"
+            )
 
         lines = path.read_text(encoding="utf-8").splitlines()
         victim = len(lines) - 10

@@ -231,3 +231,19 @@ def test_group_commit_failure_fails_the_whole_batch(
     assert good.sequence == 1
     with pytest.raises(RuntimeError, match="closed"):
         appender.submit(NewEntry(alice, EntryKind.CREDIT, 3))
+
+
+def test_verification_reads_a_snapshot_without_waiting_for_writers(
+    migrated_engine: Engine, sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """A writer holding its transaction open neither blocks verification nor leaks into it."""
+    (alice,) = add_nodes(1)
+    with sessions.begin() as session:
+        append_entries(session, [NewEntry(alice, EntryKind.CREDIT, 1)], now=T0)
+    with sessions.begin() as writer:
+        append_entries(writer, [NewEntry(alice, EntryKind.CREDIT, 2)], now=T0)
+        writer.flush()
+        report = verify_database(migrated_engine)  # another connection, same thread
+        assert report.ok, report.summary()
+        assert report.last_sequence == 1
+    assert verify_database(migrated_engine).last_sequence == 2

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from rollnet.ledger._columns import utc_now
 from rollnet.ledger.canonical import datetime_to_us
+from rollnet.ledger.engine import READ_ONLY_OPTION
 from rollnet.ledger.export_format import entry_line, header_line, signed_head_line
 from rollnet.ledger.models import Base, LedgerChainTip, LedgerEntry, SignedChainHead
 from rollnet.ledger.verify import ChainVerifier, EntryRecord, HeadRecord, VerificationReport
@@ -43,7 +44,9 @@ def _snapshot_connection(engine: Engine) -> Iterator[Connection]:
             isolation_level="REPEATABLE READ", stream_results=True, yield_per=_STREAM_BATCH
         )
     else:
-        connection = engine.connect()
+        # A deferred (read-only) SQLite transaction reads one WAL snapshot without taking the
+        # write lock: exporting or verifying a big ledger never stalls the coordinator.
+        connection = engine.connect().execution_options(**{READ_ONLY_OPTION: True})
     try:
         with connection.begin():
             yield connection
