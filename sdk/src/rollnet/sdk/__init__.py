@@ -1,9 +1,18 @@
 """The rollnet Python SDK: identity, request signing, rich errors and typed async clients.
 
-Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs`` (imported on
-demand, not from here). Importing this package never imports torch, SQLAlchemy or vLLM.
+Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs``. The worker
+runtime (:class:`Worker`, :class:`RolloutGenerator`) and checkpoint transfer
+(:class:`CheckpointStore`) are re-exported here. Importing this package never imports torch,
+SQLAlchemy or vLLM.
 """
 
+from rollnet.sdk.checkpoints import (
+    BlobServiceShards,
+    CheckpointStore,
+    CheckpointVerificationError,
+    ShardSource,
+    verify_checkpoint,
+)
 from rollnet.sdk.client import (
     DEFAULT_CHUNK_SIZE,
     BlobClient,
@@ -21,6 +30,7 @@ from rollnet.sdk.client import (
     ValidationClient,
     open_channel,
 )
+from rollnet.sdk.commitments import batch_binding_digest, verify_receipt
 from rollnet.sdk.errors import (
     ERROR_DOMAIN,
     REASON_CODES,
@@ -81,6 +91,18 @@ from rollnet.sdk.verifier import (
     current_caller,
     current_request_id,
 )
+from rollnet.sdk.worker import (
+    Backoff,
+    LeaseContext,
+    LeaseLost,
+    Outbox,
+    PendingSubmission,
+    RolloutGenerator,
+    Worker,
+    WorkerConfig,
+    WorkerFatalError,
+    run_until_signalled,
+)
 
 __all__ = [
     "ALL_METHODS",
@@ -97,11 +119,15 @@ __all__ = [
     "TIMESTAMP_HEADER",
     "Aborted",
     "AlreadyExists",
+    "Backoff",
     "BlobClient",
     "BlobIntegrityError",
+    "BlobServiceShards",
     "Caller",
     "Cancelled",
     "CheckpointClient",
+    "CheckpointStore",
+    "CheckpointVerificationError",
     "CommitmentClient",
     "ConnectionConfig",
     "DataLoss",
@@ -115,12 +141,16 @@ __all__ = [
     "KeyFileError",
     "KeyResolver",
     "KnownKey",
+    "LeaseContext",
+    "LeaseLost",
     "LedgerClient",
     "Metadata",
     "NodeClient",
     "NonceCache",
     "NotFound",
     "OutOfRange",
+    "Outbox",
+    "PendingSubmission",
     "PermissionDenied",
     "RequestSigner",
     "RequestVerifier",
@@ -129,6 +159,8 @@ __all__ = [
     "RollnetClient",
     "RollnetError",
     "RolloutClient",
+    "RolloutGenerator",
+    "ShardSource",
     "SignedHeaders",
     "TaskClient",
     "TlsConfig",
@@ -139,7 +171,11 @@ __all__ = [
     "ValidationClient",
     "VerificationError",
     "VerifierConfig",
+    "Worker",
+    "WorkerConfig",
+    "WorkerFatalError",
     "abort",
+    "batch_binding_digest",
     "body_digest",
     "build_status",
     "current_caller",
@@ -151,7 +187,10 @@ __all__ = [
     "method_path",
     "node_id_from_public_key",
     "open_channel",
+    "run_until_signalled",
     "signed_bytes",
     "signing_interceptors",
+    "verify_checkpoint",
+    "verify_receipt",
     "verify_signature",
 ]

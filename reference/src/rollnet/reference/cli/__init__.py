@@ -19,6 +19,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "coordinator",
     "nodes",
     "checkpoint",
+    "worker",
 )
 
 

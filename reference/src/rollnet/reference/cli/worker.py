@@ -1,0 +1,102 @@
+"""``rollnet worker``: run the reference inference worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``worker`` command."""
+    parser = subparsers.add_parser(
+        "worker",
+        help="run the reference inference worker",
+        description=(
+            "Run a rollnet worker: register the key, pull tasks, fetch and verify checkpoints, "
+            "generate rollouts with seeded Gumbel-max sampling and TOPLOC proofs, commit them. "
+            "SIGTERM/SIGINT: stop pulling, finish or give back leases, deregister, exit 0."
+        ),
+    )
+    parser.add_argument("--coordinator", required=True, help="coordinator address HOST:PORT")
+    parser.add_argument(
+        "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, required=True, help="outbox, receipts and checkpoints"
+    )
+    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
+    parser.add_argument("--backend", choices=("torch", "vllm"), default="torch")
+    parser.add_argument("--device", default=None, help="torch device (default: cpu; vllm: cuda)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        help="serve only this environment (repeatable; default: any)",
+    )
+    parser.add_argument("--max-concurrent-tasks", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=64, help="completions per backend call")
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        help="checkpoint versions kept on disk: async_level + 1 (default 3)",
+    )
+    parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
+    parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
+    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the worker from the flags and serve until signalled."""
+    from rollnet.reference.logs import configure_logging
+    from rollnet.reference.worker import InferenceGenerator, make_backend
+    from rollnet.sdk.checkpoints import CheckpointStore
+    from rollnet.sdk.identity import Identity, KeyFileError
+    from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
+
+    configure_logging(args.log_level)
+    try:
+        if args.key.exists():
+            identity = Identity.load(args.key)
+        else:
+            identity = Identity.generate()
+            identity.save(args.key)
+            print(f"rollnet worker: created key {args.key} (node {identity.node_id})")
+    except KeyFileError as error:
+        print(f"rollnet worker: {error}", file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
+    checkpoints = CheckpointStore(
+        args.data_dir / "checkpoints", network_id=args.network_id, keep=args.keep_checkpoints
+    )
+    generator = InferenceGenerator(
+        lambda: make_backend(args.backend),
+        checkpoints,
+        device=device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+    )
+    config = WorkerConfig(
+        target=args.coordinator,
+        data_dir=args.data_dir,
+        network_id=args.network_id,
+        backends=(args.backend,),
+        environments=tuple(args.environment),
+        dtypes=(args.dtype,),
+        max_concurrent_tasks=args.max_concurrent_tasks,
+        software_version="rollnet-reference-worker/0.1",
+        pull_wait=args.pull_wait,
+        drain_timeout=args.drain_timeout,
+    )
+    worker = Worker(config, identity, generator)
+    try:
+        asyncio.run(run_until_signalled(worker))
+    except WorkerFatalError as error:
+        print(f"rollnet worker: refused by the coordinator: {error}", file=sys.stderr)
+        return 1
+    return 0

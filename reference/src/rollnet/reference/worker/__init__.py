@@ -1,0 +1,14 @@
+"""The reference inference worker: checkpoint sync, a pluggable inference backend, rewards.
+
+:class:`InferenceGenerator` is the :class:`rollnet.sdk.worker.RolloutGenerator` behind
+``rollnet worker``; the SDK's :class:`~rollnet.sdk.worker.Worker` does everything else.
+"""
+
+from rollnet.reference.worker.generator import (
+    BACKENDS,
+    InferenceGenerator,
+    encode_prompt,
+    make_backend,
+)
+
+__all__ = ["BACKENDS", "InferenceGenerator", "encode_prompt", "make_backend"]

@@ -1,0 +1,86 @@
+"""``WorkerConfig``: everything the runtime needs to know, as one plain dataclass.
+
+The runtime never reads environment variables or files other than its own data directory; a
+command line (like ``rollnet worker``) builds this object from whatever sources it likes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollnet.sdk.client import TlsConfig
+
+DEFAULT_NETWORK_ID = "rollnet-local"
+"""The reference coordinator's default network id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential back-off with jitter for calls that must eventually succeed.
+
+    The wait after failure ``n`` (1-based) is ``min(maximum, initial * multiplier**(n-1))``
+    scaled by a random factor in ``[1 - jitter, 1 + jitter]``, and never shorter than a server's
+    ``RetryInfo`` delay. There is no attempt limit: a worker whose coordinator is unreachable keeps
+    trying until it is told to stop.
+    """
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.initial <= 0 or self.maximum < self.initial or self.multiplier < 1:
+            raise ValueError("need 0 < initial <= maximum and multiplier >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be within [0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How a :class:`~rollnet.sdk.worker.Worker` reaches its coordinator and behaves."""
+
+    target: str
+    """Coordinator address, ``host:port``."""
+    data_dir: Path
+    """Where the outbox and receipts live (``outbox.sqlite3``); one directory per worker."""
+    network_id: str = DEFAULT_NETWORK_ID
+    """The network id every call is signed for. It must be known before the first call (the
+    signature names it), so it is configuration, not learned; registration checks that the
+    coordinator serves this network and stops with a clear error otherwise."""
+    tls: TlsConfig | None = None
+    """``None`` for plaintext (loopback and tests)."""
+    backends: tuple[str, ...] = ()
+    """Inference backends reported in the capabilities (``"torch"``, ``"vllm"``, ...)."""
+    environments: tuple[str, ...] = ()
+    """Environments this worker serves; empty means any."""
+    dtypes: tuple[str, ...] = ()
+    """Numeric formats reported in the capabilities."""
+    max_concurrent_tasks: int = 1
+    """Leases held and generated at once."""
+    pool: str = ""
+    """Pool to join (``""`` for the default pool)."""
+    invite_token: str = ""
+    """Invite token for invite-only pools."""
+    software_version: str = "rollnet-sdk-worker/0.1"
+    pull_wait: float = 20.0
+    """Seconds a PullTask long-poll may wait for work (the coordinator caps it)."""
+    heartbeat_jitter: float = 0.1
+    """Relative spread of heartbeat intervals, so a swarm does not beat in step."""
+    call_timeout: float = 30.0
+    """Deadline of one unary call attempt, in seconds."""
+    backoff: Backoff = field(default_factory=Backoff)
+    """Waits between retries of calls that must eventually succeed."""
+    drain_timeout: float = 60.0
+    """On stop, how long running tasks may take to finish before they are given back."""
+    deregister_timeout: float = 10.0
+    """On stop, how long to keep trying to submit finished work and deregister."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_tasks < 1:
+            raise ValueError("max_concurrent_tasks must be at least 1")
+        if not 0 <= self.heartbeat_jitter < 1:
+            raise ValueError("heartbeat_jitter must be within [0, 1)")
+        if not self.network_id:
+            raise ValueError("network_id must not be empty")

@@ -1,0 +1,172 @@
+"""Helpers for worker tests: a coordinator that ticks fast, a trainer that publishes the tiny
+model and asks for rollouts, database probes, and waiting on conditions with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, func, select
+
+from rollnet.ledger.enums import NodeState, TaskState
+from rollnet.ledger.models import Commitment, Node, Task
+from rollnet.reference.checkpoints import publish_model_dir
+from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient
+from rollnet.sdk.worker import Backoff, WorkerConfig
+from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
+
+NETWORK = "rollnet-test"
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (for a coordinator that must come back on it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def coordinator_config_for(
+    tmp_path: Path, database_url: str, trainer: Identity, **changes: Any
+) -> CoordinatorConfig:
+    """Seconds-scale timings so leases expire and nodes go offline within a test."""
+    base = load_config(tmp_path / "coordinator")
+    settings: dict[str, Any] = {
+        "database_url": database_url,
+        "listen": "127.0.0.1:0",
+        "network_id": NETWORK,
+        "trainers": frozenset({trainer.node_id}),
+        "heartbeat_interval": timedelta(seconds=1),
+        "lease_duration": timedelta(seconds=4),
+        "sweep_interval": timedelta(seconds=0.2),
+        "retry_after": timedelta(seconds=0.2),
+        "pull_wait_max": timedelta(seconds=2),
+        "suspect_after_missed": 3.0,
+        "offline_after_missed": 6.0,
+    }
+    settings.update(changes)
+    return with_overrides(base, **settings)
+
+
+def connect(address: str, identity: Identity) -> RollnetClient:
+    """A signed test client that does not retry."""
+    return RollnetClient.connect(
+        ConnectionConfig(
+            target=address, network_id=NETWORK, timeout=15.0, retry=RetryPolicy.no_retry()
+        ),
+        identity,
+    )
+
+
+def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
+    """A worker config with fast back-off, for tests."""
+    settings: dict[str, Any] = {
+        "target": address,
+        "data_dir": data_dir,
+        "network_id": NETWORK,
+        "backends": ("torch",),
+        "pull_wait": 1.0,
+        "call_timeout": 5.0,
+        "backoff": Backoff(initial=0.1, maximum=0.5),
+        "drain_timeout": 20.0,
+        "deregister_timeout": 3.0,
+    }
+    settings.update(changes)
+    return WorkerConfig(**settings)
+
+
+async def start_trainer(address: str, trainer: Identity, model_dir: Path) -> RollnetClient:
+    """Register the trainer and publish the tiny model as checkpoint 1 (small shards)."""
+    client = connect(address, trainer)
+    await client.nodes.register_node(
+        node_service_pb2.RegisterNodeRequest(
+            public_key=trainer.public_key,
+            role=common_pb2.ROLE_TRAINER,
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
+        )
+    )
+    await publish_model_dir(client, trainer, model_dir, 1, NETWORK, shard_size=128 * 1024)
+    return client
+
+
+async def request_tasks(
+    trainer: RollnetClient,
+    tasks: int,
+    *,
+    prompts_per_task: int = 2,
+    samples: int = 2,
+    max_new_tokens: int = 8,
+) -> list[str]:
+    """Ask for ``tasks`` tasks of the arithmetic environment; returns their ids."""
+    response = await trainer.rollouts.request_rollouts(
+        rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=1,
+            environment="arithmetic",
+            prompt_count=tasks * prompts_per_task,
+            samples_per_prompt=samples,
+            sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
+            prompts_per_task=prompts_per_task,
+        )
+    )
+    return list(response.task_ids)
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool] | bool], *, within: float, what: str
+) -> None:
+    """Wait until ``condition()`` is true, polling; fail with ``what`` after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        outcome = condition()
+        if not isinstance(outcome, bool):
+            outcome = await outcome
+        if outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+class Ledger:
+    """Read-only probes of the coordinator's database."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def task_states(self) -> dict[str, tuple[TaskState, str | None]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Task.id, Task.state, Task.lease_holder)).all()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def commitments_per_task(self) -> dict[str, list[str]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Commitment.task_id, Commitment.node_id)).all()
+        out: dict[str, list[str]] = {}
+        for task_id, node_id in rows:
+            out.setdefault(task_id, []).append(node_id)
+        return out
+
+    def commitment_count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(Commitment)).scalar_one())
+
+    def node_state(self, node_id: str) -> NodeState | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(Node.state).where(Node.id == node_id)).scalar_one_or_none()
+
+    def leased_by(self, node_id: str) -> list[str]:
+        return [
+            task_id
+            for task_id, (state, holder) in self.task_states().items()
+            if state is TaskState.LEASED and holder == node_id
+        ]
