@@ -155,7 +155,8 @@ class TorchBackend:
             mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        seed_tensor = torch.tensor(seeds or [0] * batch, dtype=torch.int64, device=device)
+        gumbel_seeds = seeds if sampling.gumbel and seeds is not None else [0] * batch
+        seed_tensor = torch.tensor(gumbel_seeds, dtype=torch.int64, device=device)
         generator = None
         if not sampling.gumbel:
             generator = torch.Generator(device=device)
@@ -223,7 +224,7 @@ class TorchBackend:
                     logprobs=tuple(float(v) for v in logprobs[row, :n].tolist()),
                     finish_reason=reason,
                     proof=b"".join(window_proofs[row]),
-                    seed=seeds[row] if seeds is not None else None,
+                    seed=seeds[row] if sampling.gumbel and seeds is not None else None,
                 )
             )
         return results

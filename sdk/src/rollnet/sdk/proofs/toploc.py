@@ -58,9 +58,10 @@ class WindowStats:
 
     ``unexplained_mismatches`` (an addition to TOPLOC, only when the validator has fp32 values)
     counts positions where the committed pattern differs from the validator's although the
-    validator's fp32 value lies at least ``boundary_distance`` bf16 ULPs away from a bf16
-    rounding boundary: honest noise can flip the rounding of a value sitting on a boundary, but
-    not of one far from it. ``None`` when the validator's values are bf16 already.
+    validator's fp32 value lies at least ``boundary_distance`` from a bf16 rounding boundary,
+    measured in bf16 ULPs of the window's largest entry: honest noise can flip the rounding of
+    a value sitting on a boundary, but not of one far from it. ``None`` when the validator's
+    values are bf16 already.
     """
 
     window: int
@@ -238,8 +239,10 @@ def _compare(
     )
 
 
-def _boundary_ulps(hidden: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
-    """Distance of each fp32 value from the nearest bf16 rounding boundary, in bf16 ULPs (0-0.5).
+def _rounding_slack(hidden: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
+    """Each fp32 value's distance from its nearest bf16 rounding boundary, in bf16 ULPs of the
+    value (0-0.5) scaled by ``2**(exponent - 127)``, so that callers can re-express it in ULPs
+    of a window's largest value.
 
     The low 16 bits of an fp32 value are what bf16 rounding drops; the boundary is at 0x8000.
     ``None`` if the values are bf16 patterns or hold no more precision than bf16.
@@ -247,10 +250,13 @@ def _boundary_ulps(hidden: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
     array = np.asarray(hidden)
     if array.dtype in (np.uint16, np.int16):
         return None
-    low = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) & 0xFFFF
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    low = bits & 0xFFFF
     if not low.any():
         return None  # bf16 values widened to fp32: no extra precision to judge rounding by
-    return np.asarray(np.abs(low.astype(np.float64) - 0x8000) / 0x10000, dtype=np.float64)
+    own_ulps = np.abs(low.astype(np.float64) - 0x8000) / 0x10000
+    exponent = ((bits >> 23) & 0xFF).astype(np.float64) - 127
+    return np.asarray(np.ldexp(own_ulps, exponent.astype(np.int64)), dtype=np.float64)
 
 
 def verify_proof(
@@ -266,7 +272,7 @@ def verify_proof(
     Raises :class:`ProofFormatError` if the proof's window count does not match ``T``.
     """
     bits = as_bf16_bits(hidden)
-    distances = _boundary_ulps(hidden)
+    slack = _rounding_slack(hidden)
     moduli, coefficients = parse_proof(proof, k)
     bounds = window_bounds(bits.shape[0], window)
     if len(bounds) != len(moduli):
@@ -281,11 +287,15 @@ def verify_proof(
         idx = top_k_indices(flat, used)
         observed = np.take_along_axis(flat, idx, axis=1).astype(np.int64)
         near: npt.NDArray[np.float64] | None = None
-        if distances is not None:
-            flat_d = np.stack(
-                [distances[bounds[w][0] : bounds[w][0] + rows].reshape(-1) for w in numbers]
+        if slack is not None:
+            flat_s = np.stack(
+                [slack[bounds[w][0] : bounds[w][0] + rows].reshape(-1) for w in numbers]
             )
-            near = np.take_along_axis(flat_d, idx, axis=1)
+            # Honest noise is absolute (it scales with the row, not with each entry), so
+            # measure slack in ULPs of the window's largest committed exponent: a tiny entry
+            # (committed when a short window has < k values) is always near its boundary.
+            top_exponent = ((observed >> 7) & 0xFF).max(axis=1, keepdims=True) - 127
+            near = np.ldexp(np.take_along_axis(flat_s, idx, axis=1), -top_exponent)
         mods = moduli[numbers]
         safe = np.where(mods > 0, mods, PRIME)  # a null proof (modulus 0) fails on its own below
         claimed = _field.evaluate(coefficients[numbers], idx % safe[:, None])

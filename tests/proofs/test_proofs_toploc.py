@@ -1,0 +1,191 @@
+"""TOPLOC commitments: field arithmetic, the 258-byte format, and verification statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollnet.sdk.proofs import _field, toploc
+from rollnet.sdk.proofs.report import Reason
+from rollnet.sdk.proofs.thresholds import FLOAT32
+
+P = _field.PRIME
+
+
+def slow_interpolate(xs: list[int], ys: list[int]) -> list[int]:
+    """Textbook Lagrange interpolation over GF(p) in pure Python (the reference)."""
+    k = len(xs)
+    coefficients = [0] * k
+    for j in range(k):
+        basis = [1]
+        denominator = 1
+        for i in range(k):
+            if i == j:
+                continue
+            shifted = [0, *basis]
+            scaled = [(-xs[i] * c) % P for c in basis] + [0]
+            basis = [(a + b) % P for a, b in zip(shifted, scaled, strict=True)]
+            denominator = denominator * (xs[j] - xs[i]) % P
+        weight = ys[j] * pow(denominator, P - 2, P) % P
+        for t in range(k):
+            coefficients[t] = (coefficients[t] + weight * basis[t]) % P
+    return coefficients
+
+
+def slow_evaluate(coefficients: list[int], x: int) -> int:
+    value = 0
+    for c in reversed(coefficients):
+        value = (value * x + c) % P
+    return value
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 17, 64, 128])
+def test_interpolation_matches_slow_reference(k: int) -> None:
+    rng = np.random.default_rng(k)
+    x = np.stack([rng.choice(P, size=k, replace=False) for _ in range(3)])
+    y = rng.integers(0, 1 << 16, size=(3, k))
+    fast = _field.interpolate(x, y)
+    for row in range(3):
+        assert fast[row].tolist() == slow_interpolate(x[row].tolist(), (y[row] % P).tolist())
+    assert np.array_equal(_field.evaluate(fast, x), y % P)
+
+
+def test_interpolation_is_exact_at_extreme_values() -> None:
+    # The largest residues and patterns stress the float64 FFT and matmul exactness bounds.
+    x = np.arange(P - 128, P, dtype=np.int64)[None, :]
+    y = np.full((1, 128), P - 1)
+    coefficients = _field.interpolate(x, y)
+    assert coefficients[0].tolist() == slow_interpolate(x[0].tolist(), y[0].tolist())
+    probe = [0, 1, 12345, P - 1]
+    assert _field.evaluate(coefficients, np.array([probe])).tolist()[0] == [
+        slow_evaluate(coefficients[0].tolist(), v) for v in probe
+    ]
+
+
+def test_bf16_bits_match_torch_rounding() -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    values = np.concatenate(
+        [
+            rng.standard_normal(10_000).astype(np.float32) * 10,
+            # exact ties between two bf16 values, both parities, and specials (NaN patterns
+            # differ between torch builds; healthy hidden states never hold NaN)
+            np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 0.0, -0.0, np.inf, -np.inf]),
+        ]
+    ).astype(np.float32)
+    ours = toploc.bf16_bits(values)
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(ours, theirs)
+
+
+def test_window_proof_is_258_bytes_and_round_trips() -> None:
+    rng = np.random.default_rng(1)
+    hidden = rng.standard_normal((70, 64)).astype(np.float32)  # 3 windows: 32, 32, 6 rows
+    proof = toploc.build_proof(hidden)
+    assert len(proof) == 3 * toploc.PROOF_BYTES == toploc.proof_size(70)
+    assert proof[:2] == b"\xff\xd9"  # modulus 65497, big-endian, as in TOPLOC's examples
+    moduli, coefficients = toploc.parse_proof(proof)
+    assert moduli.tolist() == [P, P, P]
+    bits = toploc.bf16_bits(hidden)
+    for window, (start, stop) in enumerate(toploc.window_bounds(70)):
+        flat = bits[start:stop].reshape(-1)
+        top = toploc.top_k_indices(flat[None, :], toploc.TOPK)[0]
+        claimed = _field.evaluate(coefficients[window : window + 1], top[None, :] % P)[0]
+        assert claimed.tolist() == flat[top].astype(np.int64).tolist()
+        # The committed entries are the largest by magnitude.
+        magnitude = np.abs(hidden[start:stop].reshape(-1))
+        assert magnitude[top].min() >= np.sort(magnitude)[-toploc.TOPK] * (1 - 2**-7)
+
+
+def test_top_k_ties_go_to_the_lower_index() -> None:
+    bits = toploc.bf16_bits(np.array([[1.0, -2.0, 2.0, 2.0, 0.5]], dtype=np.float32))
+    assert sorted(toploc.top_k_indices(bits, 2)[0].tolist()) == [1, 2]
+
+
+def test_injective_modulus_is_the_largest_that_separates() -> None:
+    rng = np.random.default_rng(2)
+    base = rng.choice(200_000, size=128, replace=False)
+    # Force collisions modulo 65497 and 65496 so the search has to go lower.
+    base[1] = base[0] + P
+    base[3] = base[2] + 65496
+    modulus = int(toploc.injective_moduli(base[None, :].astype(np.int64))[0])
+    assert modulus < 65496
+    assert len(set((base % modulus).tolist())) == 128
+    for larger in range(modulus + 1, P + 1):
+        assert len(set((base % larger).tolist())) < 128
+
+
+def test_large_hidden_sizes_fold_indices() -> None:
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal((32, 5120)).astype(np.float32)  # flat indices up to 163,840
+    proof = toploc.build_proof(hidden)
+    stats = toploc.verify_proof(proof, hidden)
+    assert stats[0].exp_mismatches == 0
+    assert stats[0].mant_err_mean == 0
+
+
+def test_padded_batches_commit_exactly_like_unpadded_windows() -> None:
+    rng = np.random.default_rng(4)
+    bits = toploc.bf16_bits(rng.standard_normal((5, 32 * 64)).astype(np.float32))
+    lengths = [32 * 64, 3 * 64, 64, 17 * 64, 32]  # the last holds fewer than k values
+    padded = toploc.encode_windows(bits, lengths=lengths)
+    for row, length in enumerate(lengths):
+        assert padded[row] == toploc.encode_windows(bits[row : row + 1, :length])[0]
+
+
+def test_identical_hidden_states_give_zero_error() -> None:
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal((40, 64)).astype(np.float32)
+    stats = toploc.verify_proof(toploc.build_proof(hidden), hidden)
+    assert [(s.exp_mismatches, s.mant_err_mean, s.sign_mismatches) for s in stats] == [
+        (0, 0, 0)
+    ] * 2
+    assert all(s.unexplained_mismatches == 0 for s in stats)
+
+
+def test_perturbations_show_up_in_the_statistics() -> None:
+    rng = np.random.default_rng(6)
+    hidden = rng.standard_normal((32, 64)).astype(np.float32)
+    proof = toploc.build_proof(hidden)
+    slightly = hidden * (1 + 0.01 * rng.standard_normal(hidden.shape).astype(np.float32))
+    small = toploc.verify_proof(proof, slightly)[0]
+    assert small.exp_mismatches < 20
+    assert small.mant_err_mean > 0.5
+    assert small.unexplained_mismatches is not None
+    assert small.unexplained_mismatches > 20
+    unrelated = toploc.verify_proof(proof, rng.standard_normal((32, 64)).astype(np.float32))[0]
+    assert unrelated.exp_mismatches > 100
+    flipped = hidden.copy()
+    flat = flipped.reshape(-1)
+    top = toploc.top_k_indices(toploc.bf16_bits(flat)[None, :], 128)[0]
+    flat[top[:5]] *= -1  # same magnitudes: only the sign changes
+    signs = toploc.verify_proof(proof, flipped)[0]
+    assert (signs.exp_mismatches, signs.mant_err_mean, signs.sign_mismatches) == (0, 0, 5)
+
+
+def test_unexplained_needs_fp32_values() -> None:
+    rng = np.random.default_rng(7)
+    hidden = rng.standard_normal((8, 64)).astype(np.float32)
+    proof = toploc.build_proof(hidden)
+    as_bits = toploc.verify_proof(proof, toploc.bf16_bits(hidden))[0]
+    widened = toploc.bf16_bits(hidden).astype(np.uint32) << 16
+    as_widened = toploc.verify_proof(proof, widened.view(np.float32))[0]
+    assert as_bits.unexplained_mismatches is None
+    assert as_widened.unexplained_mismatches is None
+    # A threshold that needs the figure fails closed without it.
+    result = toploc.check_toploc(proof, toploc.bf16_bits(hidden), FLOAT32)
+    assert not result.passed
+    assert result.reason is Reason.UNEXPLAINED_MISMATCH
+
+
+def test_malformed_and_mismatched_proofs_are_rejected() -> None:
+    hidden = np.ones((40, 64), dtype=np.float32)
+    proof = toploc.build_proof(hidden)
+    with pytest.raises(toploc.ProofFormatError):
+        toploc.parse_proof(proof[:-1])
+    with pytest.raises(toploc.ProofFormatError):
+        toploc.verify_proof(proof, hidden[:20])  # one window's worth of rows, two windows given
+    result = toploc.check_toploc(proof[:100], hidden, FLOAT32)
+    assert (result.passed, result.reason) == (False, Reason.PROOF_MALFORMED)
+    null = b"\x00" * toploc.PROOF_BYTES * 2
+    assert toploc.verify_proof(null, hidden)[0].exp_mismatches == 128
