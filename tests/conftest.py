@@ -11,20 +11,23 @@ Database fixtures (stable names; other areas reuse them):
     A database created for this test session with a unique name (``rollnet_test_<hex>``), empty,
     dropped (``WITH (FORCE)``) when the session ends.
 ``sqlite_url`` (function)
-    ``sqlite+pysqlite:///<tmp_path>/rollnet.db`` (the file does not exist yet).
+    ``sqlite+pysqlite:///<tmp_path>/rollnet.db``.
 ``db_url`` (function, parametrized with ids ``sqlite`` and ``postgres``)
-    A fresh, empty database for one test: the SQLite file above, or a new PostgreSQL database
-    (``<session database>_<n>``) dropped after the test. The ``postgres`` case carries the
-    ``postgres`` marker (``-m "not postgres"`` deselects it).
+    A fresh database for one test: the SQLite file above, or a new PostgreSQL database
+    (``<session database>_<n>``) dropped after the test. It is empty — unless the test also uses
+    ``migrated_engine``, in which case it is already at the migrations' head (cloned from a
+    template migrated once per session, which is much faster than migrating every test). The
+    ``postgres`` case carries the ``postgres`` marker (``-m "not postgres"`` deselects it).
 ``migrated_engine`` (function)
-    A :func:`rollnet.ledger.create_engine` engine on ``db_url`` with ``upgrade_to_head`` applied,
-    disposed after the test.
+    A :func:`rollnet.ledger.create_engine` engine on ``db_url``, schema at head, disposed after
+    the test.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,9 +42,12 @@ _LIBPQ_SERVER = "postgresql://postgres@127.0.0.1:5432"
 _database_counter = itertools.count(1)
 
 
-def _create_database(name: str) -> None:
+def _create_database(name: str, template: str | None = None) -> None:
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
     with psycopg.connect(f"{_LIBPQ_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(statement)
 
 
 def _drop_database(name: str) -> None:
@@ -49,6 +55,20 @@ def _drop_database(name: str) -> None:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+def _migrate(url: str) -> None:
+    from rollnet.ledger import create_engine, upgrade_to_head
+
+    engine = create_engine(url)
+    try:
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+
+
+def _wants_migrated(request: pytest.FixtureRequest) -> bool:
+    return "migrated_engine" in request.fixturenames
 
 
 @pytest.fixture(scope="session")
@@ -76,17 +96,49 @@ def postgres_url(postgres_server_url: str) -> Iterator[str]:
         _drop_database(name)
 
 
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    """URL of a SQLite database file in the test's temporary directory."""
-    return f"sqlite+pysqlite:///{tmp_path / 'rollnet.db'}"
-
-
-@pytest.fixture
-def fresh_postgres_url(postgres_url: str) -> Iterator[str]:
-    """A new, empty PostgreSQL database for one test, dropped afterwards."""
-    name = f"{postgres_url.rsplit('/', 1)[1]}_{next(_database_counter)}"
+@pytest.fixture(scope="session")
+def _postgres_migrated_template(postgres_url: str) -> Iterator[str]:
+    """Name of a database migrated to head once per session, cloned by ``db_url``."""
+    name = f"{postgres_url.rsplit('/', 1)[1]}_template"
     _create_database(name)
+    try:
+        # The engine is disposed right away: CREATE DATABASE … TEMPLATE needs no other sessions.
+        _migrate(f"{POSTGRES_SERVER}/{name}")
+        yield name
+    finally:
+        _drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def _sqlite_migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per session, copied by ``sqlite_url``."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "rollnet.db"
+    _migrate(f"sqlite+pysqlite:///{path}")
+    # Fold the WAL into the main file so a plain copy carries the whole schema.
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """URL of a SQLite database file in the test's temporary directory."""
+    path = tmp_path / "rollnet.db"
+    if _wants_migrated(request):
+        shutil.copyfile(request.getfixturevalue("_sqlite_migrated_template"), path)
+    return f"sqlite+pysqlite:///{path}"
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new PostgreSQL database for one test, dropped afterwards (see ``db_url``)."""
+    name = f"{postgres_url.rsplit('/', 1)[1]}_{next(_database_counter)}"
+    template = (
+        request.getfixturevalue("_postgres_migrated_template") if _wants_migrated(request) else None
+    )
+    _create_database(name, template)
     try:
         yield f"{POSTGRES_SERVER}/{name}"
     finally:
@@ -100,7 +152,7 @@ def fresh_postgres_url(postgres_url: str) -> Iterator[str]:
     ]
 )
 def db_url(request: pytest.FixtureRequest) -> str:
-    """A fresh, empty database for one test, on SQLite and on PostgreSQL."""
+    """A fresh database for one test, on SQLite and on PostgreSQL (see the module docstring)."""
     if request.param == "sqlite":
         url: str = request.getfixturevalue("sqlite_url")
     else:
@@ -110,11 +162,12 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def migrated_engine(db_url: str) -> Iterator[Engine]:
-    """An engine on ``db_url`` with the schema migrated to head."""
-    from rollnet.ledger import create_engine, upgrade_to_head
+    """An engine on ``db_url`` with the schema at the migrations' head."""
+    from rollnet.ledger import check_ready, create_engine, upgrade_to_head
 
     engine = create_engine(db_url)
-    upgrade_to_head(engine)
+    if not check_ready(engine).ready:  # not cloned from a template: migrate now
+        upgrade_to_head(engine)
     try:
         yield engine
     finally:
