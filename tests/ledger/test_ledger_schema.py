@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from alembic import command
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, StatementError
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import check_ready, create_engine, upgrade_to_head
 from rollnet.ledger.engine import database_url
-from rollnet.ledger.migrate import check_models_match, head_revision
+from rollnet.ledger.migrate import alembic_config, check_models_match, head_revision
 from rollnet.ledger.models import Base, Node
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -56,6 +57,21 @@ def test_migrate_command_line_upgrades_then_checks(db_url: str) -> None:
         )
         assert completed.returncode == 0, completed.stderr
     assert "models match the migrations" in completed.stdout
+
+
+def test_migrations_downgrade_to_base_and_upgrade_again(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        upgrade_to_head(engine)
+        command.downgrade(alembic_config(engine), "base")
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+        upgrade_to_head(engine)
+        check_models_match(engine)
+        with engine.connect() as connection:
+            tip = connection.execute(text("SELECT sequence FROM ledger_chain_tip")).scalar_one()
+        assert tip == 0
+    finally:
+        engine.dispose()
 
 
 def test_readiness_reports_an_unmigrated_database(db_url: str) -> None:
