@@ -183,7 +183,10 @@ async def _every(seconds: float, action: Any) -> None:
 
 async def _serve_when_ready(coordinator: Coordinator, interval: float = 0.25) -> None:
     """Say SERVING as soon as the database answers at the head revision."""
-    while not (await asyncio.to_thread(check_ready, coordinator.ctx.engine)).ready:
+    while True:
+        readiness = await asyncio.to_thread(check_ready, coordinator.ctx.engine)
+        if readiness.ready:
+            break
         await asyncio.sleep(interval)
     log.info("database ready")
     await coordinator.set_serving(True)
