@@ -194,16 +194,15 @@ class Worker:
         self._client = RollnetClient.connect(connection, self.identity)
         heartbeats: asyncio.Task[None] | None = None
         try:
-            if not await self._register_until_done():
-                return
-            heartbeats = asyncio.create_task(self._heartbeat_loop())
-            for item in self._outbox.pending():
-                _log(logging.INFO, "outbox_resubmit", {"task_id": item.task_id})
-                self._spawn(self._submit(item))
-            await self._pull_loop()
-            await self._drain()
-            if self._fatal is None:
-                await self._deregister()
+            if await self._register_until_done():
+                heartbeats = asyncio.create_task(self._heartbeat_loop())
+                for item in self._outbox.pending():
+                    _log(logging.INFO, "outbox_resubmit", {"task_id": item.task_id})
+                    self._spawn(self._submit(item))
+                await self._pull_loop()
+                await self._drain()
+                if self._fatal is None:
+                    await self._deregister()
         finally:
             if heartbeats is not None:
                 heartbeats.cancel()

@@ -1,0 +1,160 @@
+"""Runtime behaviour with a model-free generator: retry-forever start, fatal refusals, and a
+lease the coordinator declares invalid cancels its generation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from worker_testing import (
+    Ledger,
+    connect,
+    coordinator_config_for,
+    eventually,
+    free_port,
+    request_tasks,
+    start_trainer,
+    worker_config,
+)
+
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.sdk.identity import Identity
+from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
+from rollnet.v1 import rollout_pb2, task_pb2, task_service_pb2
+
+
+class EchoGenerator(RolloutGenerator):
+    """Rollouts without a model (the coordinator checks bindings, not proofs). With
+    ``hold_first``, the first lease is held until the runtime cancels it."""
+
+    def __init__(self, *, hold_first: bool = False) -> None:
+        self.hold_first = hold_first
+        self.leases: list[LeaseContext] = []
+
+    async def generate(
+        self, task: task_pb2.Task, lease: LeaseContext
+    ) -> Sequence[rollout_pb2.Rollout]:
+        self.leases.append(lease)
+        if self.hold_first and len(self.leases) == 1:
+            while not lease.cancelled:  # noqa: ASYNC110 - the flag is set from another thread
+                await asyncio.sleep(0.02)
+            raise LeaseLost(lease.cancel_reason)
+        return [
+            rollout_pb2.Rollout(
+                prompt_index=index // task.samples_per_prompt,
+                prompt_id=task.prompt_ids[index // task.samples_per_prompt],
+                sample_index=index % task.samples_per_prompt,
+                prompt_token_ids=[5, 6, 7],
+                completion_token_ids=[8, 0],
+                behaviour_logprobs=[-0.5, -0.1],
+                sampling_seed=lease.sampling_seed(index),
+                finish_reason=rollout_pb2.FINISH_REASON_EOS,
+            )
+            for index in range(lease.rollout_count)
+        ]
+
+
+@pytest.mark.timeout(60)
+async def test_waits_for_an_unreachable_coordinator_then_works(
+    tmp_path: Path,
+    sqlite_url: str,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rollnet.worker")
+    address = f"127.0.0.1:{free_port()}"
+    config = coordinator_config_for(tmp_path, sqlite_url, trainer_identity, listen=address)
+    worker = Worker(
+        worker_config(address, tmp_path / "worker"), Identity.generate(), EchoGenerator()
+    )
+    running = asyncio.create_task(worker.run())
+    coordinator = None
+    ledger = Ledger(sqlite_url)
+    try:
+        await eventually(
+            lambda: sum("call_failed_retrying" in r.getMessage() for r in caplog.records) >= 3,
+            within=20,
+            what="the worker to retry registration",
+        )
+        assert not running.done()
+        coordinator = await start_coordinator(config)
+        # (gRPC shares one subchannel per address across channels: until the worker's
+        # reconnect succeeds, a new client would fail fast too.)
+        await eventually(
+            lambda: ledger.node_state(worker.node_id) is not None, within=20, what="registration"
+        )
+        trainer = await start_trainer(address, trainer_identity, tiny_model)
+        await request_tasks(trainer, 1)
+        await trainer.close()
+        await eventually(lambda: worker.receipts_received == 1, within=30, what="a receipt")
+        worker.request_stop()
+        await asyncio.wait_for(running, 20)
+    finally:
+        if not running.done():
+            running.cancel()
+        if coordinator is not None:
+            await coordinator.stop(grace=0.5)
+        ledger.close()
+
+
+async def test_wrong_network_is_fatal_with_a_clear_message(
+    coordinator_config: CoordinatorConfig, tmp_path: Path
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    try:
+        settings = worker_config(coordinator.address, tmp_path / "w", network_id="another-net")
+        worker = Worker(settings, Identity.generate(), EchoGenerator())
+        with pytest.raises(WorkerFatalError, match="AUDIENCE_MISMATCH"):
+            await asyncio.wait_for(worker.run(), 20)
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+@pytest.mark.timeout(60)
+async def test_lease_reported_invalid_cancels_the_generation(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    tmp_path: Path,
+    sqlite_url: str,
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    ledger = Ledger(sqlite_url)
+    trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
+    identity = Identity.generate()
+    generator = EchoGenerator(hold_first=True)
+    worker = Worker(worker_config(coordinator.address, tmp_path / "w"), identity, generator)
+    running = asyncio.create_task(worker.run())
+    try:
+        (task_id,) = await request_tasks(trainer, 1)
+        await eventually(lambda: len(generator.leases) == 1, within=20, what="a lease")
+        held = generator.leases[0]
+        # The lease ends behind the worker's back (as when an operator revokes it).
+        rogue = connect(coordinator.address, identity)
+        await rogue.tasks.fail_task(
+            task_service_pb2.FailTaskRequest(
+                lease_id=held.lease_id,
+                fencing_token=held.lease.fencing_token,
+                reason=task_service_pb2.FAIL_REASON_BACKEND_ERROR,
+            )
+        )
+        await rogue.close()
+        await eventually(lambda: held.cancelled, within=10, what="the heartbeat to cancel it")
+        assert "no longer valid" in held.cancel_reason
+        # The requeued task is leased again (attempt 2) and this time committed, once.
+        await eventually(lambda: worker.receipts_received == 1, within=20, what="a receipt")
+        assert ledger.commitments_per_task() == {task_id: [identity.node_id]}
+        assert generator.leases[1].lease.fencing_token == 2
+        worker.request_stop()
+        await asyncio.wait_for(running, 20)
+    finally:
+        if not running.done():
+            running.cancel()
+        await trainer.close()
+        await coordinator.stop(grace=0.5)
+        ledger.close()
