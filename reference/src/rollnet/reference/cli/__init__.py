@@ -20,6 +20,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "nodes",
     "checkpoint",
     "worker",
+    "validator",
 )
 
 

@@ -1,0 +1,93 @@
+"""``rollnet validator``: run the reference validator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``validator`` command."""
+    parser = subparsers.add_parser(
+        "validator",
+        help="run the reference validator",
+        description=(
+            "Run a rollnet validator (its key must be on the coordinator's validators "
+            "allow-list): pull validation jobs, fetch the rollout blob and the claimed "
+            "checkpoint (verified against its manifest), re-run one batched prefill, check "
+            "integrity, binding, assigned data, TOPLOC, sampling, termination and rewards, and "
+            "submit the verdict. SIGTERM/SIGINT: finish the job in hand, deregister, exit 0."
+        ),
+    )
+    parser.add_argument("--coordinator", required=True, help="coordinator address HOST:PORT")
+    parser.add_argument(
+        "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
+    )
+    parser.add_argument("--data-dir", type=Path, required=True, help="checkpoint cache")
+    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="prefill dtype; selects the calibrated thresholds (default float32)",
+    )
+    parser.add_argument(
+        "--keep-checkpoints", type=int, default=3, help="versions kept on disk (default 3)"
+    )
+    parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
+    parser.add_argument(
+        "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
+    )
+    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the validator from the flags and serve until signalled."""
+    from rollnet.reference.logs import configure_logging
+    from rollnet.reference.validator import (
+        Validator,
+        ValidatorConfig,
+        ValidatorFatalError,
+        ValidatorMetrics,
+        run_until_signalled,
+    )
+    from rollnet.sdk.identity import Identity, KeyFileError
+
+    configure_logging(args.log_level)
+    try:
+        if args.key.exists():
+            identity = Identity.load(args.key)
+        else:
+            identity = Identity.generate()
+            identity.save(args.key)
+            print(
+                f"rollnet validator: created key {args.key} (node {identity.node_id}); "
+                "add the node id to the coordinator's validators allow-list"
+            )
+    except KeyFileError as error:
+        print(f"rollnet validator: {error}", file=sys.stderr)
+        return 2
+    metrics = ValidatorMetrics()
+    if args.metrics_listen:
+        metrics.serve(args.metrics_listen)
+    config = ValidatorConfig(
+        target=args.coordinator,
+        data_dir=args.data_dir,
+        network_id=args.network_id,
+        device=args.device,
+        dtype=args.dtype,
+        keep_checkpoints=args.keep_checkpoints,
+        pull_wait=args.pull_wait,
+    )
+    validator = Validator(config, identity, metrics=metrics)
+    try:
+        asyncio.run(run_until_signalled(validator))
+    except ValidatorFatalError as error:
+        print(f"rollnet validator: refused by the coordinator: {error}", file=sys.stderr)
+        return 1
+    return 0

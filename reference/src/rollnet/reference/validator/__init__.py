@@ -1,0 +1,38 @@
+"""The reference validator: trusted nodes that turn commitments into verdicts.
+
+:func:`validate_job` runs every check on one job (integrity, batch, binding, assigned data,
+TOPLOC, sampling, termination, reward) with one batched prefill; :class:`Validator` is the
+process around it (``rollnet validator``). See ``docs/validator.md``.
+"""
+
+from rollnet.reference.validator.checkpoints import CheckpointModels
+from rollnet.reference.validator.metrics import ValidatorMetrics
+from rollnet.reference.validator.node import (
+    Validator,
+    ValidatorConfig,
+    ValidatorFatalError,
+    run_until_signalled,
+)
+from rollnet.reference.validator.pipeline import (
+    CheckpointModel,
+    EnvironmentCache,
+    JobOutcome,
+    ValidatorCheck,
+    ValidatorReason,
+    validate_job,
+)
+
+__all__ = [
+    "CheckpointModel",
+    "CheckpointModels",
+    "EnvironmentCache",
+    "JobOutcome",
+    "Validator",
+    "ValidatorCheck",
+    "ValidatorConfig",
+    "ValidatorFatalError",
+    "ValidatorMetrics",
+    "ValidatorReason",
+    "run_until_signalled",
+    "validate_job",
+]

@@ -1,0 +1,87 @@
+"""Checkpoints for validation: fetched once per step, verified against the signed manifest,
+loaded into an inference backend and kept while recent jobs still need them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from rollnet.reference.inference.base import DType
+from rollnet.reference.validator.pipeline import CheckpointModel
+from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
+from rollnet.sdk.client import RollnetClient
+from rollnet.sdk.proofs import thresholds_for
+from rollnet.v1 import checkpoint_service_pb2
+
+log = logging.getLogger("rollnet.validator.checkpoints")
+
+
+class CheckpointModels:
+    """Loaded checkpoints by step (the newest ``keep`` stay in memory).
+
+    Files come through :class:`rollnet.sdk.checkpoints.CheckpointStore`, which checks the
+    trainer's signature, the network id and every shard and file digest before a directory is
+    used, and resumes interrupted downloads. Loading happens on a thread.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        device: str = "cpu",
+        dtype: DType = "float32",
+        keep: int = 2,
+    ) -> None:
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.store = store
+        self.device = device
+        self.dtype = dtype
+        self.keep = keep
+        self.thresholds = thresholds_for(dtype)
+        self._loaded: OrderedDict[int, CheckpointModel] = OrderedDict()
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._load_lock = threading.Lock()
+
+    async def get(self, step: int, client: RollnetClient) -> CheckpointModel:
+        """The model of checkpoint ``step``: fetched, verified and loaded if not yet in memory."""
+        lock = self._locks.setdefault(step, asyncio.Lock())
+        async with lock:
+            model = self._loaded.get(step)
+            if model is not None:
+                self._loaded.move_to_end(step)
+                return model
+            directory = self.store.path(step)
+            if directory is None:
+                response = await client.checkpoints.get_checkpoint(
+                    checkpoint_service_pb2.GetCheckpointRequest(step=step)
+                )
+                directory = await self.store.ensure(response.checkpoint, BlobServiceShards(client))
+            model = await asyncio.to_thread(self._load, step, directory)
+            self._loaded[step] = model
+            while len(self._loaded) > self.keep:
+                evicted, _ = self._loaded.popitem(last=False)
+                log.info("checkpoint_evicted", extra={"step": evicted})
+            return model
+
+    def _load(self, step: int, directory: Path) -> CheckpointModel:
+        from transformers import AutoTokenizer
+
+        from rollnet.reference.inference.torch_backend import TorchBackend
+
+        with self._load_lock:
+            backend = TorchBackend()
+            backend.load(str(directory), device=self.device, dtype=self.dtype)
+            loader: Any = AutoTokenizer
+            tokenizer = loader.from_pretrained(str(directory), local_files_only=True)
+        log.info("checkpoint_loaded", extra={"step": step, "dtype": self.dtype})
+        return CheckpointModel(
+            step=step, backend=backend, tokenizer=tokenizer, thresholds=self.thresholds
+        )
+
+
+__all__ = ["CheckpointModels"]

@@ -1,0 +1,518 @@
+"""Turn one validation job into a verdict: every check of ``docs/validator.md``, with figures.
+
+:func:`validate_job` is pure with respect to the network: it takes the job, the blob bytes the
+validator downloaded and a loaded checkpoint (:class:`CheckpointModel`), and returns a
+:class:`JobOutcome` that converts to a ``SubmitVerdictRequest``. The order of work:
+
+1. **integrity** — the blob hashes to the commitment's BLAKE3 digest and size;
+2. **batch** — it decodes as a ``RolloutBatch`` that answers this commitment and task: task, lease,
+   fencing token, node and checkpoint step, ``len(prompt_ids) × samples_per_prompt`` rollouts in
+   ``(prompt_index, sample_index)`` order for the task's prompt ids, and the commitment's
+   per-rollout digests (seed, proof digest, completion length) match the rollouts;
+3. per rollout, the proofs library's checks (:func:`rollnet.sdk.proofs.verify_rollout`): binding,
+   assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every rollout's
+   *assigned* prompt followed by its claimed completion;
+4. per rollout, **reward**: the environment's verifier on the completion must give exactly the
+   claimed reward (tolerance 0; rewards are IEEE-754 binary64 and deterministic).
+
+The verdict is ACCEPT only when every check of every rollout passed. A reject names the first
+failing check's reason: batch-level checks first, then rollouts in batch order, and within a
+rollout the order above.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import blake3
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from rollnet.reference.envs import Environment, Problem, load_environment
+from rollnet.reference.inference.base import Prefill
+from rollnet.sdk.proofs import (
+    CheckName,
+    LeaseBinding,
+    Reason,
+    RolloutAssignment,
+    RolloutClaim,
+    Thresholds,
+    check_assigned_data,
+    check_binding,
+    proof_digest,
+    verify_rollout,
+)
+from rollnet.sdk.proofs import CheckResult as ProofCheck
+from rollnet.v1 import (
+    commitment_pb2,
+    common_pb2,
+    rollout_pb2,
+    validation_pb2,
+    validation_service_pb2,
+)
+
+_FINISH = {rollout_pb2.FINISH_REASON_EOS: "eos", rollout_pb2.FINISH_REASON_LENGTH: "length"}
+
+
+class ValidatorCheck(StrEnum):
+    """Checks the validator runs besides the proofs library's per-rollout ones."""
+
+    INTEGRITY = "integrity"
+    BATCH = "batch"
+    REWARD = "reward"
+
+
+class ValidatorReason(StrEnum):
+    """Reject reasons of the validator's own checks (the proofs library's are
+    :class:`rollnet.sdk.proofs.Reason`)."""
+
+    BLOB_DIGEST_MISMATCH = "BLOB_DIGEST_MISMATCH"
+    BATCH_UNDECODABLE = "BATCH_UNDECODABLE"
+    BATCH_MISMATCH = "BATCH_MISMATCH"
+    PROMPT_UNAVAILABLE = "PROMPT_UNAVAILABLE"
+    REWARD_MISMATCH = "REWARD_MISMATCH"
+    TARGET_LENGTH_MISMATCH = "TARGET_LENGTH_MISMATCH"
+
+
+class PrefillBackend(Protocol):
+    """What validation needs from an inference backend (``TorchBackend`` provides it)."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a completion."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the LM head's output."""
+
+    def prefill_batch(
+        self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[Prefill]:
+        """Hidden states and logits of each rollout's completion positions."""
+
+
+@dataclass(frozen=True)
+class CheckpointModel:
+    """A loaded, manifest-verified checkpoint: the backend, its tokenizer and thresholds."""
+
+    step: int
+    backend: PrefillBackend
+    tokenizer: Any
+    thresholds: Thresholds
+
+
+class EnvironmentCache:
+    """Environments by (name, configuration), built once: building one may load a dataset."""
+
+    def __init__(self) -> None:
+        self._environments: dict[tuple[str, str], Environment] = {}
+
+    def get(self, name: str, config: Mapping[str, Any]) -> Environment:
+        """The environment ``name`` with ``config`` (JSON data)."""
+        key = (name, json.dumps(config, sort_keys=True))
+        environment = self._environments.get(key)
+        if environment is None:
+            environment = load_environment(name, dict(config))
+            self._environments[key] = environment
+        return environment
+
+
+@dataclass
+class JobOutcome:
+    """The verdict on one job, ready to submit."""
+
+    checks: list[validation_pb2.CheckResult] = field(default_factory=list)
+    validated_rewards: list[common_pb2.Reward] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def accepted(self) -> bool:
+        """True when every check passed (and there was at least one)."""
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def reject_reason(self) -> str:
+        """The first failing check's reason; empty when accepted."""
+        for check in self.checks:
+            if not check.passed:
+                return check.reason
+        return ""
+
+    @property
+    def failed_checks(self) -> set[str]:
+        """Names of the checks that failed (for any rollout)."""
+        return {c.check for c in self.checks if not c.passed}
+
+    def to_request(
+        self, job_id: str, lease_id: str, fencing_token: int, request_id: str
+    ) -> validation_service_pb2.SubmitVerdictRequest:
+        """The ``SubmitVerdict`` request carrying this outcome."""
+        decision = (
+            validation_pb2.Verdict.DECISION_ACCEPT
+            if self.accepted
+            else validation_pb2.Verdict.DECISION_REJECT
+        )
+        return validation_service_pb2.SubmitVerdictRequest(
+            request_id=request_id,
+            job_id=job_id,
+            lease_id=lease_id,
+            fencing_token=fencing_token,
+            decision=decision,
+            reject_reason=self.reject_reason,
+            checks=self.checks,
+            validated_rewards=self.validated_rewards,
+            validated_work=commitment_pb2.WorkClaim(
+                prefill_tokens=self.prefill_tokens, decode_tokens=self.decode_tokens
+            ),
+        )
+
+
+def _figures(values: Mapping[str, Any]) -> dict[str, float]:
+    # The wire keeps numbers only; labels (strings) stay in the logs.
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        # bool is an int: it becomes 0.0 / 1.0.
+        if isinstance(value, int | float) and math.isfinite(float(value)):
+            out[key] = float(value)
+    return out
+
+
+def _result(
+    check: str,
+    passed: bool,
+    reason: str = "",
+    figures: Mapping[str, Any] | None = None,
+    rollout_index: int | None = None,
+) -> validation_pb2.CheckResult:
+    result = validation_pb2.CheckResult(
+        check=check, passed=passed, reason="" if passed else reason, figures=_figures(figures or {})
+    )
+    if rollout_index is not None:
+        result.rollout_index = rollout_index
+    return result
+
+
+def _from_proof(check: ProofCheck, rollout_index: int) -> validation_pb2.CheckResult:
+    reason = check.reason.value if check.reason is not None else ""
+    return _result(check.name.value, check.passed, reason, check.figures, rollout_index)
+
+
+def _batch_problems(
+    job: validation_pb2.ValidationJob, batch: rollout_pb2.RolloutBatch
+) -> list[str]:
+    commitment, task = job.commitment, job.task
+    problems: list[str] = []
+    if batch.task_id != commitment.task_id or commitment.task_id != task.task_id:
+        problems.append("task")
+    if batch.lease_id != commitment.lease_id or batch.fencing_token != commitment.fencing_token:
+        problems.append("lease")
+    if batch.node_id != commitment.node_id:
+        problems.append("node")
+    if batch.checkpoint_step != task.checkpoint_step:
+        problems.append("checkpoint_step")
+    samples = task.samples_per_prompt
+    expected = len(task.prompt_ids) * samples
+    if samples < 1 or len(batch.rollouts) != expected:
+        problems.append("rollout_count")
+        return problems
+    for index, rollout in enumerate(batch.rollouts):
+        prompt_index, sample = divmod(index, samples)
+        if (rollout.prompt_index, rollout.sample_index) != (prompt_index, sample):
+            problems.append(f"rollouts[{index}].order")
+        elif rollout.prompt_id != task.prompt_ids[prompt_index]:
+            problems.append(f"rollouts[{index}].prompt_id")
+    if len(commitment.rollouts) != len(batch.rollouts):
+        problems.append("commitment_rollouts")
+        return problems
+    for index, (rollout, digest) in enumerate(
+        zip(batch.rollouts, commitment.rollouts, strict=True)
+    ):
+        if (
+            digest.sampling_seed != rollout.sampling_seed
+            or digest.completion_tokens != len(rollout.completion_token_ids)
+            or digest.proof_blake3 != proof_digest(rollout.toploc_proof)
+        ):
+            problems.append(f"rollouts[{index}].digest")
+    return problems
+
+
+def validate_job(
+    job: validation_pb2.ValidationJob,
+    blob: bytes,
+    model: CheckpointModel,
+    environments: EnvironmentCache,
+) -> JobOutcome:
+    """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs."""
+    outcome = JobOutcome()
+    commitment = job.commitment
+    expected = commitment.rollout_batch
+    digest = blake3.blake3(blob).digest()
+    intact = digest == expected.blake3 and len(blob) == expected.size
+    outcome.checks.append(
+        _result(
+            ValidatorCheck.INTEGRITY,
+            intact,
+            ValidatorReason.BLOB_DIGEST_MISMATCH,
+            {"blob_bytes": len(blob), "declared_bytes": expected.size},
+        )
+    )
+    if not intact:
+        return outcome
+    try:
+        batch = rollout_pb2.RolloutBatch.FromString(blob)
+    except DecodeError:
+        outcome.checks.append(
+            _result(ValidatorCheck.BATCH, False, ValidatorReason.BATCH_UNDECODABLE)
+        )
+        return outcome
+    problems = _batch_problems(job, batch)
+    outcome.checks.append(
+        _result(
+            ValidatorCheck.BATCH,
+            not problems,
+            ValidatorReason.BATCH_MISMATCH,
+            {"rollouts": len(batch.rollouts), "problems": len(problems)},
+        )
+    )
+    if problems:
+        return outcome
+    outcome.prefill_tokens = sum(len(r.prompt_token_ids) for r in batch.rollouts)
+    outcome.decode_tokens = sum(len(r.completion_token_ids) for r in batch.rollouts)
+    _validate_rollouts(job, batch, model, environments, outcome)
+    return outcome
+
+
+@dataclass
+class _Slot:
+    """One rollout on its way through the checks."""
+
+    index: int
+    rollout: rollout_pb2.Rollout
+    claim: RolloutClaim
+    assignment: RolloutAssignment | None = None
+    problem: Problem | None = None
+    checks: list[validation_pb2.CheckResult] = field(default_factory=list)
+    prefill: Prefill | None = None
+
+
+def _validate_rollouts(
+    job: validation_pb2.ValidationJob,
+    batch: rollout_pb2.RolloutBatch,
+    model: CheckpointModel,
+    environments: EnvironmentCache,
+    outcome: JobOutcome,
+) -> None:
+    commitment, task = job.commitment, job.task
+    lease = LeaseBinding(
+        network_id=job.network_id,
+        node_id=commitment.node_id,
+        task_id=commitment.task_id,
+        lease_id=commitment.lease_id,
+        fencing_token=commitment.fencing_token,
+    )
+    blob_digest = commitment.rollout_batch.blake3
+    temperature = task.sampling.temperature
+    max_new_tokens = task.sampling.max_new_tokens
+    backend = model.backend
+    vocab = backend.vocab_size
+    environment_error = ""
+    try:
+        environment: Environment | None = environments.get(
+            task.environment, json_format.MessageToDict(task.environment_config)
+        )
+    except Exception as error:  # an unknown environment or bad config: nothing checks out
+        environment = None
+        environment_error = str(error)
+
+    slots: list[_Slot] = []
+    for index, rollout in enumerate(batch.rollouts):
+        claim = RolloutClaim(
+            prompt_ids=tuple(rollout.prompt_token_ids),
+            completion_ids=tuple(rollout.completion_token_ids),
+            finish_reason=_FINISH.get(rollout.finish_reason, "unspecified"),
+            proof=rollout.toploc_proof,
+            sampling_seed=rollout.sampling_seed,
+            rollout_index=index,
+            commitment_digest=commitment.rollouts[index].commitment_digest,
+        )
+        slot = _Slot(index, rollout, claim)
+        slots.append(slot)
+        if environment is None:
+            slot.checks.append(
+                _result(
+                    CheckName.ASSIGNED_DATA,
+                    False,
+                    ValidatorReason.PROMPT_UNAVAILABLE,
+                    {"error_chars": len(environment_error)},
+                    index,
+                )
+            )
+            continue
+        try:
+            slot.problem = environment.prompt(int(rollout.prompt_id))
+            assigned = _encode_prompt(model.tokenizer, slot.problem.prompt)
+        except Exception:
+            slot.checks.append(
+                _result(
+                    CheckName.ASSIGNED_DATA, False, ValidatorReason.PROMPT_UNAVAILABLE, {}, index
+                )
+            )
+            continue
+        slot.assignment = RolloutAssignment(
+            lease=lease,
+            blob_blake3=blob_digest,
+            assigned_prompt_ids=tuple(assigned),
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=backend.eos_token_ids,
+        )
+        completion = slot.claim.completion_ids
+        # Guards before the model runs: a token outside the vocabulary cannot be embedded, and a
+        # completion over the length limit must not make the validator prefill without bound.
+        out_of_vocabulary = sum(1 for t in completion if t >= vocab)
+        if out_of_vocabulary or len(completion) > max_new_tokens:
+            slot.checks.extend(_unprefillable(slot, out_of_vocabulary, max_new_tokens))
+            slot.assignment = None
+
+    # ONE batched prefill over every checkable rollout: assigned prompt + claimed completion.
+    ready = [s for s in slots if s.assignment is not None]
+    if ready:
+        prefills = backend.prefill_batch(
+            [
+                (s.assignment.assigned_prompt_ids, s.claim.completion_ids)
+                for s in ready
+                if s.assignment is not None
+            ]
+        )
+        for slot, prefill in zip(ready, prefills, strict=True):
+            slot.prefill = prefill
+
+    for slot in slots:
+        if slot.assignment is not None and slot.prefill is not None:
+            report = verify_rollout(
+                slot.claim,
+                slot.assignment,
+                hidden_states=slot.prefill.hidden_states,
+                logits=slot.prefill.logits,
+                thresholds=model.thresholds,
+            )
+            slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
+        reward = _reward_check(slot, environment, model.tokenizer)
+        if reward is not None:
+            check, validated = reward
+            slot.checks.append(check)
+            outcome.validated_rewards.append(validated)
+        else:
+            outcome.validated_rewards.append(common_pb2.Reward())
+        outcome.checks.extend(slot.checks)
+
+
+def _unprefillable(
+    slot: _Slot, out_of_vocabulary: int, max_new_tokens: int
+) -> list[validation_pb2.CheckResult]:
+    """Checks for a rollout the model will not run on: binding and assigned data still apply."""
+    assert slot.assignment is not None
+    claim, assignment = slot.claim, slot.assignment
+    checks = [
+        _from_proof(
+            check_binding(
+                assignment.lease,
+                blob_blake3=assignment.blob_blake3,
+                rollout_index=claim.rollout_index,
+                claimed_seed=claim.sampling_seed,
+                claimed_digest=claim.commitment_digest,
+                prompt_ids=claim.prompt_ids,
+                completion_ids=claim.completion_ids,
+                proof=claim.proof,
+            ),
+            slot.index,
+        ),
+        _from_proof(
+            check_assigned_data(assignment.assigned_prompt_ids, claim.prompt_ids), slot.index
+        ),
+    ]
+    length = len(claim.completion_ids)
+    if length > max_new_tokens:
+        checks.append(
+            _result(
+                CheckName.TERMINATION,
+                False,
+                Reason.TOO_LONG,
+                {"completion_tokens": length, "max_new_tokens": max_new_tokens},
+                slot.index,
+            )
+        )
+    if out_of_vocabulary:
+        checks.append(
+            _result(
+                CheckName.SAMPLING,
+                False,
+                Reason.TOKEN_OUT_OF_VOCABULARY,
+                {"out_of_vocabulary_tokens": out_of_vocabulary},
+                slot.index,
+            )
+        )
+    return checks
+
+
+def _reward_check(
+    slot: _Slot, environment: Environment | None, tokenizer: Any
+) -> tuple[validation_pb2.CheckResult, common_pb2.Reward] | None:
+    """Recompute the reward with the environment's verifier; the claim must equal it exactly."""
+    if environment is None or slot.problem is None:
+        return None
+    completion = list(slot.claim.completion_ids)
+    text = tokenizer.decode(completion, skip_special_tokens=True)
+    expected = environment.reward(slot.problem, text, len(completion))
+    claimed = slot.rollout.claimed_reward
+    validated = common_pb2.Reward(
+        task_reward=expected.task_reward,
+        length_penalty=expected.length_penalty,
+        total=expected.total,
+    )
+    figures = {
+        "claimed_total": claimed.total,
+        "validated_total": expected.total,
+        "validated_task_reward": expected.task_reward,
+        "validated_length_penalty": expected.length_penalty,
+    }
+    # Exact comparison on purpose: the verifier is deterministic binary64 arithmetic.
+    same = (
+        claimed.task_reward == expected.task_reward
+        and claimed.length_penalty == expected.length_penalty
+        and claimed.total == expected.total
+    )
+    target = slot.problem.target_length or 0
+    if not same:
+        reason = ValidatorReason.REWARD_MISMATCH
+    elif slot.rollout.target_length != target:
+        reason = ValidatorReason.TARGET_LENGTH_MISMATCH
+        figures["claimed_target_length"] = slot.rollout.target_length
+        figures["target_length"] = target
+    else:
+        return _result(ValidatorCheck.REWARD, True, "", figures, slot.index), validated
+    return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index), validated
+
+
+def _encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    # The worker's rule (rollnet.reference.worker.encode_prompt): plain text, no special tokens.
+    from rollnet.reference.worker import encode_prompt
+
+    return encode_prompt(tokenizer, text)
+
+
+__all__ = [
+    "CheckpointModel",
+    "EnvironmentCache",
+    "JobOutcome",
+    "PrefillBackend",
+    "ValidatorCheck",
+    "ValidatorReason",
+    "validate_job",
+]

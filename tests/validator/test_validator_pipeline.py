@@ -1,0 +1,181 @@
+"""``validate_job`` on real rollouts of the tiny model: honest work is accepted with every check's
+figures; each cheat of the adversary is rejected by the check designed to catch it; a tampered
+blob or batch is rejected before any model runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from validator_testing import NETWORK, seal_job
+
+from rollnet.reference.adversary import CHEATS, Cheat, CheatingGenerator
+from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.validator import (
+    CheckpointModel,
+    EnvironmentCache,
+    ValidatorReason,
+    validate_job,
+)
+from rollnet.sdk.checkpoints import CheckpointStore
+from rollnet.sdk.client import RollnetClient
+from rollnet.sdk.proofs import FLOAT32, LeaseBinding
+from rollnet.sdk.worker import LeaseContext
+from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
+
+MAX_NEW_TOKENS = 40
+PROMPTS = (3, 17)
+SAMPLES = 2
+
+
+@dataclass
+class Bench:
+    root: Path
+    model: CheckpointModel
+    environments: EnvironmentCache
+    counter: Iterator[int]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+    from transformers import AutoTokenizer
+
+    from rollnet.reference.model.tiny import init_tiny_model
+
+    root = tmp_path_factory.mktemp("pipeline")
+    model_dir = init_tiny_model(root / "checkpoints" / "step-1", seed=0)
+    backend = TorchBackend()
+    backend.load(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
+    return Bench(root, model, EnvironmentCache(), iter(range(10**6)))
+
+
+def make_task(number: int) -> task_pb2.Task:
+    return task_pb2.Task(
+        task_id=f"task-{number}",
+        environment="arithmetic",
+        prompt_ids=[p + number for p in PROMPTS],
+        samples_per_prompt=SAMPLES,
+        sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
+        checkpoint_step=1,
+    )
+
+
+async def generate(
+    bench: Bench, cheat: Cheat | None
+) -> tuple[task_pb2.Task, LeaseBinding, list[rollout_pb2.Rollout]]:
+    """Rollouts from the reference generator behind a (possibly cheating) backend."""
+    number = next(bench.counter)
+    task = make_task(number)
+    lease_pb = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
+    # The generator finds checkpoint 1 in its store, so it never needs the client.
+    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
+    # PROOF_REUSED cheats only when sealing, so its generator is the honest one.
+    generator = CheatingGenerator(cheat or Cheat.PROOF_REUSED, store)
+    context = LeaseContext(
+        task=task,
+        lease=lease_pb,
+        network_id=NETWORK,
+        node_id=f"node-{number}",
+        client=cast(RollnetClient, None),
+        deadline=time.monotonic() + 600,
+    )
+    rollouts = list(await generator.generate(task, context))
+    return task, context.binding, rollouts
+
+
+def judge(bench: Bench, job: validation_pb2.ValidationJob, blob: bytes) -> Any:
+    return validate_job(job, blob, bench.model, bench.environments)
+
+
+async def test_honest_batch_is_accepted_with_figures(bench: Bench) -> None:
+    task, lease, rollouts = await generate(bench, None)
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    assert outcome.accepted, [c for c in outcome.checks if not c.passed]
+    assert outcome.reject_reason == ""
+    count = len(PROMPTS) * SAMPLES
+    per_rollout = {"binding", "assigned_data", "termination", "toploc", "sampling", "reward"}
+    for index in range(count):
+        names = {
+            c.check
+            for c in outcome.checks
+            if c.HasField("rollout_index") and c.rollout_index == index
+        }
+        assert names == per_rollout
+    assert {c.check for c in outcome.checks if not c.HasField("rollout_index")} == {
+        "integrity",
+        "batch",
+    }
+    toploc = [c for c in outcome.checks if c.check == "toploc"]
+    assert all(c.figures for c in toploc)
+    assert len(outcome.validated_rewards) == count
+    for rollout, reward in zip(rollouts, outcome.validated_rewards, strict=True):
+        assert reward.total == rollout.claimed_reward.total
+    assert outcome.prefill_tokens == sum(len(r.prompt_token_ids) for r in rollouts)
+    assert outcome.decode_tokens == sum(len(r.completion_token_ids) for r in rollouts)
+    request = outcome.to_request("j", "l", 1, "r")
+    assert request.decision == validation_pb2.Verdict.DECISION_ACCEPT
+    assert request.validated_work.decode_tokens == outcome.decode_tokens
+
+
+@pytest.mark.parametrize("cheat", [c for c in Cheat if c is not Cheat.PROOF_REUSED])
+async def test_every_cheat_is_rejected_by_its_check(bench: Bench, cheat: Cheat) -> None:
+    task, lease, rollouts = await generate(bench, cheat)
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    assert not outcome.accepted
+    assert CHEATS[cheat].caught_by in outcome.failed_checks, outcome.failed_checks
+    first = next(c for c in outcome.checks if not c.passed)
+    assert outcome.reject_reason == first.reason != ""
+
+
+async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> None:
+    task, lease, rollouts = await generate(bench, None)
+    other = LeaseBinding(lease.network_id, lease.node_id, lease.task_id, "another-lease", 1)
+    job, blob = seal_job(task, lease, rollouts, digest_lease=other)
+    outcome = judge(bench, job, blob)
+    assert outcome.failed_checks == {"binding"}
+    assert outcome.reject_reason == "COMMITMENT_DIGEST_MISMATCH"
+
+
+async def test_tampered_blob_and_batch_are_rejected_before_the_model(bench: Bench) -> None:
+    task, lease, rollouts = await generate(bench, None)
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob[:-1] + bytes([blob[-1] ^ 1]))
+    assert outcome.reject_reason == ValidatorReason.BLOB_DIGEST_MISMATCH
+    assert [c.check for c in outcome.checks] == ["integrity"]
+
+    # A batch that answers another task's prompts (sealed consistently) is a batch mismatch.
+    wrong = task_pb2.Task()
+    wrong.CopyFrom(task)
+    wrong.prompt_ids[0] += 1
+    job, blob = seal_job(wrong, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    assert outcome.reject_reason == ValidatorReason.BATCH_MISMATCH
+    assert outcome.decode_tokens == 0
+
+    # Too few rollouts for the task.
+    job, blob = seal_job(task, lease, rollouts[:-1])
+    assert judge(bench, job, blob).reject_reason == ValidatorReason.BATCH_MISMATCH
+
+
+async def test_unprefillable_rollouts_are_rejected_without_running_them(bench: Bench) -> None:
+    task, lease, rollouts = await generate(bench, None)
+    vocab = bench.model.backend.vocab_size
+    rollouts[0].completion_token_ids[0] = vocab + 5
+    rollouts[1].completion_token_ids.extend([1] * (MAX_NEW_TOKENS + 1))
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    reasons = {(c.rollout_index, c.reason) for c in outcome.checks if not c.passed}
+    assert (0, "TOKEN_OUT_OF_VOCABULARY") in reasons
+    assert (1, "TOO_LONG") in reasons
+    # The other rollouts were still prefilled and checked.
+    assert all(
+        c.passed for c in outcome.checks if c.HasField("rollout_index") and c.rollout_index >= 2
+    )
