@@ -103,18 +103,18 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
     coordinator = await start_coordinator(
         with_overrides(coordinator_config, metrics_listen="127.0.0.1:0")
     )
+    url = f"http://127.0.0.1:{coordinator.metrics_port}/metrics"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body: bytes = response.read()
+        return body.decode()
+
     worker = Identity.generate()
     client = connect(coordinator.address, worker)
     try:
         await register(client, worker, common_pb2.ROLE_WORKER)
         assert coordinator.metrics_port
-        url = f"http://127.0.0.1:{coordinator.metrics_port}/metrics"
-
-        def scrape() -> str:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                body: bytes = response.read()
-            return body.decode()
-
         text = await asyncio.to_thread(scrape)
         samples = [line for line in text.splitlines() if line.startswith("rollnet_rpcs_total{")]
         assert any(
@@ -125,6 +125,9 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
     finally:
         await client.close()
         await coordinator.stop(grace=0.1)
+    # Stopping the coordinator frees the metrics port too.
+    with pytest.raises(OSError):
+        await asyncio.to_thread(scrape)
 
 
 def _self_signed(host: str) -> tuple[bytes, bytes]:

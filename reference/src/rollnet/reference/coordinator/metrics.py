@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -10,6 +12,7 @@ class CoordinatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._http_server: WSGIServer | None = None
         self.rpcs = Counter(
             "rollnet_rpcs_total",
             "RPCs served, by method and status code",
@@ -51,4 +54,12 @@ class CoordinatorMetrics:
     def serve(self, host: str, port: int) -> int:
         """Expose the metrics over HTTP; returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http_server = server
         return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving the metrics over HTTP (if :meth:`serve` was called) and free the port."""
+        server, self._http_server = self._http_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

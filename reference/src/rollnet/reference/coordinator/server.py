@@ -130,6 +130,7 @@ class Coordinator:
                 await task
         await self.server.stop(grace)
         await self.registry.heartbeats.close()
+        await asyncio.to_thread(self.ctx.metrics.close)
         self.ctx.close()
 
     async def wait(self) -> None:
