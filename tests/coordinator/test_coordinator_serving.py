@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -126,7 +127,7 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
         await client.close()
         await coordinator.stop(grace=0.1)
     # Stopping the coordinator frees the metrics port too.
-    with pytest.raises(OSError):
+    with pytest.raises(urllib.error.URLError, match="refused"):
         await asyncio.to_thread(scrape)
 
 
