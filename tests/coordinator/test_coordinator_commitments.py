@@ -3,6 +3,8 @@ thinning out for trusted nodes; ejection after repeated rejects."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from coordinator_testing import (
@@ -33,6 +35,8 @@ from rollnet.v1 import (
     node_pb2,
     node_service_pb2,
     rollout_pb2,
+    validation_pb2,
+    validation_service_pb2,
 )
 
 BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
@@ -201,11 +205,30 @@ async def test_spot_checks_thin_out_and_rejects_eject(
             await pull(bad, wait=0)
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert refused.value.reason == ErrorReason.NODE_EJECTED
+        # Verdicts come from validator keys only.
+        with pytest.raises(RollnetError) as refused:
+            await good.validation.submit_verdict(
+                validation_service_pb2.SubmitVerdictRequest(
+                    job_id="any", lease_id="any", decision=validation_pb2.Verdict.DECISION_ACCEPT
+                )
+            )
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.reason == ErrorReason.ROLE_NOT_ALLOWED
         balance = await bad.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
         assert balance.slashed > 0
         assert balance.credited == 0
-        # The rejected prompts were queued again for honest work.
-        assert (await pull(good, wait=0)).HasField("task")
+        # The rejected prompts were queued again; honest work on them is accepted.
+        last = (await pull_and_commit(good, honest)).commitment
+        if last.state == commitment_pb2.Commitment.STATE_PENDING:
+            await judge_next_job(validator, accept=True)
+        # The trainer's stream carries accepted work only: everything up to the last accepted
+        # commitment, and not one rollout of the rejected ones (which came before it).
+        stream = trainer.rollouts.stream(0)
+        streamed = []
+        while not streamed or streamed[-1].commitment_id != last.commitment_id:
+            streamed.append(await asyncio.wait_for(anext(stream), timeout=10))
+        assert {r.node_id for r in streamed} == {honest.node_id}
+        assert len({r.commitment_id for r in streamed}) == 13
     finally:
         for c in (trainer, validator, good, bad):
             await c.close()
