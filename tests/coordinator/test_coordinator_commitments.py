@@ -224,7 +224,7 @@ async def test_spot_checks_thin_out_and_rejects_eject(
         # The trainer's stream carries accepted work only: everything up to the last accepted
         # commitment, and not one rollout of the rejected ones (which came before it).
         stream = trainer.rollouts.stream(0)
-        streamed = []
+        streamed: list[rollout_pb2.AcceptedRollout] = []
         while not streamed or streamed[-1].commitment_id != last.commitment_id:
             streamed.append(await asyncio.wait_for(anext(stream), timeout=10))
         assert {r.node_id for r in streamed} == {honest.node_id}
