@@ -145,6 +145,28 @@ def test_deleted_tail_is_caught(ledger: Ledger, capsys: pytest.CaptureFixture[st
     assert_first_bad(*run_cli(capsys, "ledger", "verify", "--db", ledger.url), 56)
 
 
+def test_garbage_written_past_dropped_constraints_is_caught(
+    ledger: Ledger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An attacker with DDL rights drops the CHECK constraints and writes values the models
+    cannot even read: the verifier still names the entry instead of crashing."""
+    if ledger.engine.dialect.name == "postgresql":
+        for constraint in ("ck_ledger_entries_kind_valid", "ck_ledger_entries_amount_sign"):
+            ledger.sql(f"ALTER TABLE ledger_entries DROP CONSTRAINT {constraint}")
+        ledger.sql("UPDATE ledger_entries SET kind = 'bonus' WHERE sequence = 44")
+    else:
+        with ledger.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
+            connection.exec_driver_sql(
+                "UPDATE ledger_entries SET kind = 'bonus' WHERE sequence = 44"
+            )
+            connection.exec_driver_sql(
+                "UPDATE ledger_entries SET recorded_at = 'yesterday' WHERE sequence = 45"
+            )
+            connection.commit()
+    assert_first_bad(*run_cli(capsys, "ledger", "verify", "--db", ledger.url), 44)
+
+
 def test_reordered_rows_are_caught(ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
     ledger.sql("UPDATE ledger_entries SET sequence = 1000000 WHERE sequence = 30")
     ledger.sql("UPDATE ledger_entries SET sequence = 30 WHERE sequence = 31")

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import String, select, type_coerce
 from sqlalchemy.engine import Connection, Engine
 
 from rollnet.ledger._columns import utc_now
@@ -73,15 +75,23 @@ def read_snapshot(engine: Engine) -> Iterator[LedgerSnapshot]:
             for row in head_rows
         ]
         signed_at = [row.signed_at.isoformat() for row in head_rows]
+        # kind and recorded_at are read raw, not through the model's types: a row an attacker
+        # filled with garbage must become a failed entry in the report, not a crash.
+        columns = [
+            type_coerce(column, String()).label(column.name)
+            if column.name in ("kind", "recorded_at")
+            else column
+            for column in _ENTRIES.c
+        ]
         result = connection.execution_options(yield_per=_STREAM_BATCH).execute(
-            select(_ENTRIES).order_by(_ENTRIES.c.sequence)
+            select(*columns).order_by(_ENTRIES.c.sequence)
         )
         entries = (
             EntryRecord(
                 sequence=row.sequence,
-                time_us=datetime_to_us(row.recorded_at),
+                time_us=_raw_time_us(row.recorded_at),
                 node_id=row.node_id,
-                kind=str(row.kind),
+                kind=row.kind,
                 amount=row.amount,
                 commitment_id=row.commitment_id,
                 verdict_id=row.verdict_id,
@@ -93,6 +103,23 @@ def read_snapshot(engine: Engine) -> Iterator[LedgerSnapshot]:
         )
         tip = None if tip_row is None else (tip_row.sequence, bytes(tip_row.head_hash))
         yield LedgerSnapshot(tip=tip, heads=heads, signed_at=signed_at, entries=entries)
+
+
+def _raw_time_us(value: Any) -> Any:
+    """Microseconds since the epoch of a stored time, or the raw value if it is not a time.
+
+    PostgreSQL hands back an aware datetime; SQLite the UTC text written by ``UTCDateTime``.
+    """
+    try:
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=UTC)
+            return datetime_to_us(value)
+    except ValueError:
+        pass
+    return value  # fails canonical encoding, so the verifier names this entry
 
 
 def export_jsonl(engine: Engine, out: Path | str) -> int:
