@@ -116,6 +116,10 @@ def append_entries(
 
     All entries share one ``recorded_at``. Returns them as stored. Nothing is visible to others
     until the caller commits; if the transaction rolls back, none of them exist.
+
+    The chain tip stays locked until the transaction ends and every append waits for it: append
+    last in a transaction (after locking tasks, jobs or nodes, never before — that order cannot
+    deadlock) and commit promptly.
     """
     if not entries:
         return []
