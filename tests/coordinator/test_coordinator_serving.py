@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rollnet.ledger import create_engine, upgrade_to_head
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
-from rollnet.sdk import Identity, RollnetError, TlsConfig
+from rollnet.sdk import ErrorReason, Identity, RollnetError, TlsConfig
 from rollnet.v1 import common_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -44,9 +44,17 @@ async def test_health_follows_readiness_and_draining(
 ) -> None:
     # A database that is not migrated yet: the port is open but the coordinator is not ready.
     coordinator = await start_coordinator(coordinator_config, migrate=False)
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
     try:
         assert await _health(coordinator.address) == NOT_SERVING
         assert await _health(coordinator.address, "rollnet.v1.TaskService") == NOT_SERVING
+        # Until then every other call is refused as retryable, never with an opaque error.
+        with pytest.raises(RollnetError) as refused:
+            await register(client, worker, common_pb2.ROLE_WORKER)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert refused.value.reason == ErrorReason.NOT_SERVING
+        assert refused.value.retry_after is not None
         # Once the schema reaches head the coordinator says SERVING on its own.
         engine = create_engine(db_url)
         await asyncio.to_thread(upgrade_to_head, engine)
@@ -56,6 +64,7 @@ async def test_health_follows_readiness_and_draining(
             assert asyncio.get_running_loop().time() < deadline, "never became SERVING"
             await asyncio.sleep(0.05)
         assert await _health(coordinator.address, "rollnet.v1.NodeService") == SERVING
+        await register(client, worker, common_pb2.ROLE_WORKER)
 
         # Draining: a watcher sees NOT_SERVING before the server goes away.
         async with grpc.aio.insecure_channel(coordinator.address) as channel:
@@ -65,6 +74,7 @@ async def test_health_follows_readiness_and_draining(
             assert (await anext(aiter(watch))).status == NOT_SERVING
             await stopping
     finally:
+        await client.close()
         await coordinator.stop(grace=0.1)
 
 

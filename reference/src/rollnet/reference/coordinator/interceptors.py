@@ -133,6 +133,62 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 @dataclass
+class Readiness:
+    """Whether the coordinator serves (database ready, not draining); health follows it too."""
+
+    serving: bool = False
+
+
+class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Outside the verifier: while the coordinator is starting (database not migrated or not
+    reachable) or draining, refuse every call but health and reflection with UNAVAILABLE /
+    NOT_SERVING and a RetryInfo, rather than failing later inside with an opaque error."""
+
+    def __init__(
+        self, readiness: Readiness, exempt_prefixes: frozenset[str], retry_after: float = 1.0
+    ) -> None:
+        self.readiness = readiness
+        self.exempt_prefixes = exempt_prefixes
+        self.retry_after = retry_after
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if (
+            handler is None
+            or self.readiness.serving
+            or any(details.method.startswith(p) for p in self.exempt_prefixes)
+        ):
+            return handler
+        retry_after = self.retry_after
+
+        def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
+            if resp_stream and inspect.isasyncgenfunction(inner):
+
+                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                    await _refuse_not_serving(context, retry_after)
+                    yield  # pragma: no cover - abort raised
+
+                return streaming
+
+            async def unary(request: Any, context: Any) -> Any:
+                await _refuse_not_serving(context, retry_after)
+
+            return unary
+
+        return _rewrap(handler, wrap)
+
+
+async def _refuse_not_serving(context: Any, retry_after: float) -> None:
+    await abort(
+        context,
+        REASON_CODES[ErrorReason.NOT_SERVING],
+        ErrorReason.NOT_SERVING,
+        "the coordinator is not serving (starting up or draining); retry later",
+        retry_after=retry_after,
+    )
+
+
+@dataclass
 class _Bucket:
     tokens: float
     updated: float

@@ -26,7 +26,13 @@ from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.dispatch import Dispatcher
-from rollnet.reference.coordinator.interceptors import CallerLimiter, RpcObserver, TokenBuckets
+from rollnet.reference.coordinator.interceptors import (
+    CallerLimiter,
+    Readiness,
+    ReadinessGate,
+    RpcObserver,
+    TokenBuckets,
+)
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, NodeRegistry
@@ -100,6 +106,7 @@ class Coordinator:
     health: health.aio.HealthServicer
     registry: NodeRegistry
     metrics_port: int | None = None
+    readiness: Readiness = field(default_factory=Readiness)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -109,7 +116,8 @@ class Coordinator:
         return f"{host}:{self.port}"
 
     async def set_serving(self, serving: bool) -> None:
-        """Drive the standard health service."""
+        """Drive the standard health service and the gate in front of every other call."""
+        self.readiness.serving = serving
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -240,9 +248,16 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         TokenBuckets(rate=config.rate_limit_per_key, burst=config.rate_burst_per_key),
         EXEMPT_PREFIXES,
     )
+    serving = Readiness()
     server = grpc.aio.server(
-        # Outermost first: observe everything, verify signatures, then limit verified callers.
-        interceptors=[RpcObserver(metrics), verifier, limiter],
+        # Outermost first: observe everything, refuse all but health while not serving, verify
+        # signatures, then limit verified callers.
+        interceptors=[
+            RpcObserver(metrics),
+            ReadinessGate(serving, EXEMPT_PREFIXES),
+            verifier,
+            limiter,
+        ],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -294,7 +309,12 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     else:
         port = server.add_insecure_port(config.listen)
     coordinator = Coordinator(
-        ctx=ctx, server=server, port=port, health=health_servicer, registry=registry
+        ctx=ctx,
+        server=server,
+        port=port,
+        health=health_servicer,
+        registry=registry,
+        readiness=serving,
     )
     await coordinator.set_serving(False)
     await server.start()
