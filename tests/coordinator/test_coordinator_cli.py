@@ -25,6 +25,7 @@ from rollnet.reference.checkpoints import (
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2, node_service_pb2
 
 
@@ -116,6 +117,9 @@ def _model_dir(root: Path) -> tuple[Path, int]:
     (root / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
     (root / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
     (root / "pytorch_model.bin").write_bytes(b"pickles are never shipped")
+    (root / "added_tokens.json").write_bytes(b"")  # empty files have no shards
+    (root / "extra").mkdir()
+    (root / "extra" / "merges.txt").write_text("a b\n")
     (root / ".cache").mkdir()
     (root / ".cache" / "junk.json").write_text("{}")
     rng = np.random.default_rng(0)
@@ -136,7 +140,14 @@ async def test_checkpoint_publish(
 ) -> None:
     model, parameters = _model_dir(tmp_path / "model")
     files = model_files(model)
-    assert [p.name for p in files] == ["config.json", "model.safetensors", "tokenizer.json"]
+    published_paths = [
+        "added_tokens.json",
+        "config.json",
+        "extra/merges.txt",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    assert [p.relative_to(model).as_posix() for p in files] == published_paths
     assert flops_per_token(files) == 2 * parameters
 
     trainer = connect(coordinator.address, trainer_identity)
@@ -166,11 +177,7 @@ async def test_checkpoint_publish(
         manifest = checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest)
         assert (manifest.step, manifest.network_id) == (1, "rollnet-test")
         assert manifest.flops_per_token == 2 * parameters
-        assert [f.path for f in manifest.files] == [
-            "config.json",
-            "model.safetensors",
-            "tokenizer.json",
-        ]
+        assert [f.path for f in manifest.files] == published_paths
         for entry in manifest.files:
             original = (model / entry.path).read_bytes()
             assert entry.content.size == len(original)
@@ -180,6 +187,17 @@ async def test_checkpoint_publish(
             assert b"".join(pieces) == original
         weights = next(f for f in manifest.files if f.path == "model.safetensors")
         assert len(weights.shards) > 1
+
+        # The SDK's checkpoint fetcher (what workers and validators run) rebuilds the directory.
+        store = CheckpointStore(
+            tmp_path / "fetched",
+            network_id="rollnet-test",
+            trusted_trainer_keys=[trainer_identity.public_key],
+        )
+        fetched = await store.ensure(checkpoint, BlobServiceShards(reader))
+        for path in published_paths:
+            assert (fetched / path).read_bytes() == (model / path).read_bytes()
+        assert not (fetched / "pytorch_model.bin").exists()
 
         # The command line publishes the same directory again: nothing new, the same manifest.
         key = tmp_path / "trainer.key"
