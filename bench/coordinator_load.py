@@ -34,8 +34,8 @@ import grpc
 from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
-from rollnet.sdk import Identity, RequestSigner
 from rollnet.reference.coordinator.work import batch_binding_digest
+from rollnet.sdk import Identity, RequestSigner
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
@@ -84,10 +84,25 @@ def profile(phase: str, seconds: float) -> None:
     py_spy = os.environ.get("ROLLNET_BENCH_PYSPY")
     if py_spy and COORDINATOR_PID:
         subprocess.Popen(
-            [py_spy, "record", "-p", str(COORDINATOR_PID), "-o", f"/tmp/coordinator-{phase}.txt",
-             "-f", "raw", "-d", str(int(seconds)), "-r", "200"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                py_spy,
+                "record",
+                "-p",
+                str(COORDINATOR_PID),
+                "-o",
+                f"/tmp/coordinator-{phase}.txt",
+                "-f",
+                "raw",
+                "-d",
+                str(int(seconds)),
+                "-r",
+                "200",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+
+
 class Node:
     """A simulated node: a key and a signer; calls go over a shared unsigned channel."""
 
@@ -182,7 +197,7 @@ async def bench_heartbeats(
         count, lat = await drive(seconds, concurrency, echo_once)
         echo_rate = report("echo (signed, same bytes)", count, seconds, lat)
         await drive(1.0, concurrency, beat)
-        profile(f"heartbeat", seconds)
+        profile("heartbeat", seconds)
         count, lat = await drive(seconds, concurrency, beat)
         beat_rate = report("heartbeat", count, seconds, lat)
     return echo_rate, beat_rate
