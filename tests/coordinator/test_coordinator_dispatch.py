@@ -31,14 +31,13 @@ from rollnet.v1 import common_pb2, node_pb2, task_pb2, task_service_pb2
 
 @pytest.fixture
 async def short_leases(coordinator_config: CoordinatorConfig) -> AsyncIterator[Coordinator]:
-    """Leases of 0.6 s, two attempts per task, a sweeper every 50 ms, at most 2 leases a node."""
+    """Leases of 0.6 s, two attempts per task, a sweeper every 50 ms."""
     config = with_overrides(
         coordinator_config,
         heartbeat_interval=timedelta(seconds=0.2),
         heartbeat_interval_min=timedelta(seconds=0.05),
         lease_duration=timedelta(seconds=0.6),
         max_attempts=2,
-        max_leases_per_node=2,
         sweep_interval=timedelta(seconds=0.05),
     )
     running = await start_coordinator(config)
@@ -64,11 +63,15 @@ async def _trainer(coordinator: Coordinator, identity: Identity) -> RollnetClien
     return trainer
 
 
-async def test_concurrency_caps(short_leases: Coordinator, trainer_identity: Identity) -> None:
-    trainer = await _trainer(short_leases, trainer_identity)
+async def test_concurrency_caps(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    # Leases last long enough here that none runs out and frees a slot during the test.
+    coordinator = await start_coordinator(with_overrides(coordinator_config, max_leases_per_node=2))
+    trainer = await _trainer(coordinator, trainer_identity)
     greedy, modest = Identity.generate(), Identity.generate()
-    first = connect(short_leases.address, greedy)
-    second = connect(short_leases.address, modest)
+    first = connect(coordinator.address, greedy)
+    second = connect(coordinator.address, modest)
     try:
         await register(first, greedy, common_pb2.ROLE_WORKER)
         # The node may ask for fewer leases than the coordinator's cap, never for more.
@@ -101,6 +104,7 @@ async def test_concurrency_caps(short_leases: Coordinator, trainer_identity: Ide
     finally:
         for c in (trainer, first, second):
             await c.close()
+        await coordinator.stop(grace=0.1)
 
 
 async def test_expiry_requeues_then_fails_and_stale_submits_are_refused(
