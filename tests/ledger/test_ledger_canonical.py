@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,16 @@ def test_time_conversion_is_exact_to_the_microsecond() -> None:
     moment = us_to_datetime(1_767_225_600_123_457)
     assert datetime_to_us(moment) == 1_767_225_600_123_457
     assert moment.isoformat() == "2026-01-01T00:00:00.123457+00:00"
+
+
+def test_the_export_verifier_imports_no_database_code() -> None:
+    """Verifying an export must not need (or trust) the coordinator's database layer."""
+    probe = (
+        "import sys, rollnet.ledger.verify; "
+        "loaded = [m for m in ('sqlalchemy', 'alembic', 'psycopg', 'rollnet.ledger.models')"
+        " if m in sys.modules]; print(loaded)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout
