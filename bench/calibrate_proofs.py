@@ -284,7 +284,15 @@ def main() -> None:
     for method, _expected, label in harness.ATTACKS:
         n = count(256) if method == "fp16_weights" else count(64)
         attack: Callable[[Sequence[harness.Slot]], list[harness.Rollout]] = getattr(bench, method)
-        rollouts = attack(slots(n, node=2))
+        attack_slots = slots(n, node=2)
+        rollouts = attack(attack_slots)
+        if method == "cheap_then_prefill":
+            reference = factory.honest(fp32, attack_slots)
+            same = sum(
+                r.claim.completion_ids == h.claim.completion_ids
+                for r, h in zip(rollouts, reference, strict=True)
+            )
+            label = f"{label} [{same} of {n} identical to the honest completion]"
         scenarios.append(collect(label, "float32", False, rollouts, validator32))
         validators[label] = validator32
         kept[label] = rollouts

@@ -99,8 +99,15 @@ def top_k_indices(bits: UInt16Array, k: int) -> npt.NDArray[np.int64]:
     unordered within a row.
     """
     n = bits.shape[-1]
-    magnitude = (bits.astype(np.int64) & 0x7FFF) * n
-    key = magnitude + (n - 1 - np.arange(n, dtype=np.int64))  # unique, larger = preferred
+    # Unique keys, larger = preferred: magnitude first, then the lower index. int32 when the
+    # key fits (magnitudes < 2**15), which makes the partition markedly faster.
+    key: npt.NDArray[np.int32] | npt.NDArray[np.int64]
+    if n <= 1 << 16:
+        key = (bits.astype(np.int32) & 0x7FFF) * np.int32(n) + (
+            n - 1 - np.arange(n, dtype=np.int32)
+        )
+    else:
+        key = (bits.astype(np.int64) & 0x7FFF) * n + (n - 1 - np.arange(n, dtype=np.int64))
     if k >= n:
         return np.broadcast_to(np.arange(n, dtype=np.int64), bits.shape).copy()
     part = np.argpartition(-key, k - 1, axis=-1)[..., :k]
