@@ -6,7 +6,7 @@ stream the entries, so a million-entry ledger never sits in memory as ORM object
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -77,32 +77,64 @@ def read_snapshot(engine: Engine) -> Iterator[LedgerSnapshot]:
         signed_at = [row.signed_at.isoformat() for row in head_rows]
         # kind and recorded_at are read raw, not through the model's types: a row an attacker
         # filled with garbage must become a failed entry in the report, not a crash.
+        names = (
+            "sequence",
+            "recorded_at",
+            "node_id",
+            "kind",
+            "amount",
+            "commitment_id",
+            "verdict_id",
+            "memo",
+            "prev_hash",
+            "entry_hash",
+        )
         columns = [
-            type_coerce(column, String()).label(column.name)
-            if column.name in ("kind", "recorded_at")
-            else column
-            for column in _ENTRIES.c
+            type_coerce(_ENTRIES.c[name], String()).label(name)
+            if name in ("kind", "recorded_at")
+            else _ENTRIES.c[name]
+            for name in names
         ]
         result = connection.execution_options(yield_per=_STREAM_BATCH).execute(
             select(*columns).order_by(_ENTRIES.c.sequence)
         )
-        entries = (
-            EntryRecord(
-                sequence=row.sequence,
-                time_us=_raw_time_us(row.recorded_at),
-                node_id=row.node_id,
-                kind=row.kind,
-                amount=row.amount,
-                commitment_id=row.commitment_id,
-                verdict_id=row.verdict_id,
-                memo=row.memo,
-                prev_hash=bytes(row.prev_hash),
-                entry_hash=bytes(row.entry_hash),
-            )
-            for row in result
-        )
+        entries = _entry_records(result)
         tip = None if tip_row is None else (tip_row.sequence, bytes(tip_row.head_hash))
         yield LedgerSnapshot(tip=tip, heads=heads, signed_at=signed_at, entries=entries)
+
+
+def _entry_records(rows: Iterable[Any]) -> Iterator[EntryRecord]:
+    # Rows unpack positionally (attribute access per column is measurably slower), and the
+    # entries of one group commit share their time, so its conversion is reused.
+    last_raw: Any = None
+    last_us: Any = None
+    for (
+        sequence,
+        recorded_at,
+        node_id,
+        kind,
+        amount,
+        commitment_id,
+        verdict_id,
+        memo,
+        prev_hash,
+        entry_hash,
+    ) in rows:
+        if recorded_at != last_raw:
+            last_raw = recorded_at
+            last_us = _raw_time_us(recorded_at)
+        yield EntryRecord(
+            sequence,
+            last_us,
+            node_id,
+            kind,
+            amount,
+            commitment_id,
+            verdict_id,
+            memo,
+            bytes(prev_hash),
+            bytes(entry_hash),
+        )
 
 
 def _raw_time_us(value: Any) -> Any:
