@@ -251,12 +251,18 @@ class ChainVerifier:
                 " key pinned: pass --coordinator-key to rule out a head re-signed with another key)"
             )
         heads_verified = 0
+        heads_beyond_failure = 0
         for head in sorted(self._heads, key=lambda h: h.sequence):
+            if self._entry_failure is not None and head.sequence > last_good:
+                heads_beyond_failure += 1  # nothing verified to compare it with
+                continue
             head_failure = self._check_head(head, last_good)
             if head_failure is not None:
                 failures.append(head_failure)
             else:
                 heads_verified += 1
+        if heads_beyond_failure:
+            notes.append(f"{heads_beyond_failure} signed heads lie beyond the failure, unchecked")
         if not self._heads:
             notes.append(
                 "warning: no signed heads: the chain is internally consistent, but nothing signed"
@@ -316,9 +322,6 @@ class ChainVerifier:
                 f"signed head at sequence {sequence} has an invalid signature (forged head)",
             )
         if sequence > last_good:
-            if self._entry_failure is not None:
-                # The chain already failed earlier; this head cannot be compared.
-                return None
             return (
                 last_good + 1,
                 f"a signed head vouches for sequence {sequence} but the chain ends at"
