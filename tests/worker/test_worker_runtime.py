@@ -20,6 +20,7 @@ from worker_testing import (
     worker_config,
 )
 
+from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.identity import Identity
@@ -158,3 +159,84 @@ async def test_lease_reported_invalid_cancels_the_generation(
         await trainer.close()
         await coordinator.stop(grace=0.5)
         ledger.close()
+
+
+@pytest.mark.timeout(60)
+async def test_stop_gives_back_a_task_that_does_not_finish_within_the_drain(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    tmp_path: Path,
+    sqlite_url: str,
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    ledger = Ledger(sqlite_url)
+    trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
+    identity = Identity.generate()
+    generator = EchoGenerator(hold_first=True)
+    settings = worker_config(coordinator.address, tmp_path / "w", drain_timeout=0.5)
+    worker = Worker(settings, identity, generator)
+    running = asyncio.create_task(worker.run())
+    try:
+        (task_id,) = await request_tasks(trainer, 1)
+        await eventually(lambda: len(generator.leases) == 1, within=20, what="a lease")
+        worker.request_stop()
+        await asyncio.wait_for(running, 20)
+        assert generator.leases[0].cancel_reason == "the worker is draining"
+        assert ledger.task_states()[task_id][0] is TaskState.QUEUED
+        assert ledger.leased_by(identity.node_id) == []
+        assert ledger.node_state(identity.node_id) is NodeState.DEREGISTERED
+        assert ledger.commitment_count() == 0
+    finally:
+        if not running.done():
+            running.cancel()
+        await trainer.close()
+        await coordinator.stop(grace=0.5)
+        ledger.close()
+
+
+class SlowGenerator(RolloutGenerator):
+    """Reports one rollout of many done, then never progresses (until cancelled)."""
+
+    def __init__(self) -> None:
+        self.leases: list[LeaseContext] = []
+
+    async def generate(
+        self, task: task_pb2.Task, lease: LeaseContext
+    ) -> Sequence[rollout_pb2.Rollout]:
+        self.leases.append(lease)
+        lease.report_progress(1, 1000)
+        while not lease.cancelled:  # noqa: ASYNC110 - the flag is set from another thread
+            await asyncio.sleep(0.02)
+        raise LeaseLost(lease.cancel_reason)
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
+    generator = SlowGenerator()
+    settings = worker_config(coordinator.address, tmp_path / "w", deregister_timeout=0.5)
+    worker = Worker(settings, Identity.generate(), generator)
+    running = asyncio.create_task(worker.run())
+    try:
+        await request_tasks(trainer, 1)
+        await trainer.close()
+        await eventually(lambda: len(generator.leases) == 1, within=20, what="a lease")
+        # Heartbeats stop getting through, so the lease will not be extended: at 1 rollout per
+        # several seconds, 999 more cannot be done before the deadline.
+        await coordinator.stop(grace=0)
+        lease = generator.leases[0]
+        await eventually(lambda: lease.cancelled, within=20, what="the task to be abandoned")
+        assert lease.cancel_reason == "cannot finish before the lease deadline"
+        assert lease.give_back_reason == task_service_pb2.FAIL_REASON_DEADLINE
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+    finally:
+        if not running.done():
+            running.cancel()
