@@ -63,6 +63,33 @@ def test_register_then_reregister_keeps_state_and_refreshes_reports(
             )
 
 
+@pytest.mark.parametrize(
+    ("node_id", "public_key"),
+    [
+        ("ABCDEF" + "0" * 26, b"k" * 32),
+        ("0" * 31, b"k" * 32),
+        ("g" * 32, b"k" * 32),
+        ("0" * 32, b"k" * 31),
+    ],
+)
+def test_malformed_ids_and_keys_are_refused(
+    sessions: sessionmaker[Session], node_id: str, public_key: bytes
+) -> None:
+    with sessions.begin() as session, pytest.raises(ValueError, match=r"lowercase hex|32 bytes"):
+        register_node(
+            session,
+            node_id=node_id,
+            public_key=public_key,
+            role=NodeRole.WORKER,
+            protocol_version="1.0",
+            software_version="x",
+            capabilities=[],
+            hardware={},
+            pool=None,
+            now=T0,
+        )
+
+
 @pytest.mark.parametrize("terminal", [NodeState.EJECTED, NodeState.BANNED, NodeState.DEREGISTERED])
 def test_heartbeat_never_revives_a_terminal_node(
     sessions: sessionmaker[Session], add_nodes: AddNodes, terminal: NodeState

@@ -14,7 +14,9 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
-from rollnet.ledger.models import Node
+from rollnet.ledger.models import HASH_LENGTH, NODE_ID_LENGTH, Node
+
+_LOWER_HEX = "0123456789abcdef"
 
 
 def register_node(
@@ -34,8 +36,13 @@ def register_node(
     """Create the node, or refresh the reports of an already registered one.
 
     Re-registering never changes a node's state, role or trust: an ejected or banned node stays
-    ejected or banned. Raises :class:`ValueError` if ``node_id`` is registered with another key.
+    ejected or banned. Raises :class:`ValueError` if ``node_id`` is not 32 lowercase hex
+    characters, the key not 32 bytes, or ``node_id`` is registered with another key.
     """
+    if len(node_id) != NODE_ID_LENGTH or node_id.strip(_LOWER_HEX):
+        raise ValueError(f"node id {node_id!r} is not {NODE_ID_LENGTH} lowercase hex characters")
+    if len(public_key) != HASH_LENGTH:
+        raise ValueError(f"an Ed25519 public key is {HASH_LENGTH} bytes, got {len(public_key)}")
     node = session.get(Node, node_id, with_for_update=True)
     if node is None:
         node = Node(
