@@ -62,6 +62,8 @@ class NewCommitment:
     claimed_work: int
     request_id: str
     signature: bytes
+    #: The serialized protocol record of the commitment, stored verbatim.
+    record: bytes | None = None
 
 
 def record_commitment(session: Session, commitment: NewCommitment, *, now: datetime) -> Commitment:
@@ -79,6 +81,7 @@ def record_commitment(session: Session, commitment: NewCommitment, *, now: datet
         request_id=commitment.request_id,
         signature=commitment.signature,
         received_at=now,
+        record=commitment.record,
     )
     session.add(row)
     session.flush()

@@ -224,6 +224,9 @@ class Commitment(Base):
     request_id: Mapped[str] = mapped_column(String(128))
     signature: Mapped[bytes] = mapped_column(LargeBinary(SIGNATURE_LENGTH))
     received_at: Mapped[datetime]
+    #: The commitment as received (a serialized ``rollnet.v1.Commitment``, per-rollout digests
+    #: included), so validators see exactly what the worker committed to.
+    record: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class ValidationJob(Base):

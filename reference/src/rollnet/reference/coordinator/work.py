@@ -251,6 +251,19 @@ class WorkDesk:
             prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
             decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
             commitment_id = secrets.token_hex(12)
+            record = commitment_pb2.Commitment(
+                commitment_id=commitment_id,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                rollout_batch=request.rollout_batch,
+                checkpoint_step=task.checkpoint_step,
+                rollouts=request.rollouts,
+                claimed_work=request.claimed_work,
+                binding_digest=request.binding_digest,
+                received_at=timestamp(now),
+            )
             row = artifacts.record_commitment(
                 session,
                 NewCommitment(
@@ -267,6 +280,7 @@ class WorkDesk:
                     signature=self.ctx.identity.sign(
                         receipt_message(commitment_id, request.binding_digest, now)
                     ),
+                    record=record.SerializeToString(deterministic=True),
                 ),
                 now=now,
             )
@@ -298,9 +312,6 @@ class WorkDesk:
         request: commitment_service_pb2.SubmitCommitmentRequest,
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         commitment = commitment_to_proto(session, row)
-        commitment.rollouts.extend(request.rollouts)
-        commitment.claimed_work.CopyFrom(request.claimed_work)
-        commitment.binding_digest = request.binding_digest
         receipt = commitment_pb2.Receipt(
             commitment_id=row.id,
             binding_digest=request.binding_digest,
@@ -628,21 +639,26 @@ def commitment_to_proto(session: Session, row: Commitment) -> commitment_pb2.Com
         )
     else:
         state = COMMITMENT_STATE.get(task.state, commitment_pb2.Commitment.STATE_PENDING)
-    blob = artifacts.get_blob(session, row.rollout_blob_hash)
-    digest = bytes.fromhex(row.rollout_blob_hash)
-    return commitment_pb2.Commitment(
-        commitment_id=row.id,
-        task_id=row.task_id,
-        lease_id=row.lease_id,
-        fencing_token=row.fencing_token,
-        node_id=row.node_id,
-        rollout_batch=common_pb2.BlobRef(blake3=digest, size=blob.size if blob else 0),
-        checkpoint_step=task.checkpoint_step,
-        claimed_work=commitment_pb2.WorkClaim(decode_tokens=row.claimed_work),
-        state=state,
-        validated=verdict is not None,
-        received_at=timestamp(row.received_at),
-    )
+    if row.record is not None:
+        commitment = commitment_pb2.Commitment.FromString(row.record)
+    else:  # stored before migration 0003: only what the row's columns hold
+        blob = artifacts.get_blob(session, row.rollout_blob_hash)
+        commitment = commitment_pb2.Commitment(
+            commitment_id=row.id,
+            task_id=row.task_id,
+            lease_id=row.lease_id,
+            fencing_token=row.fencing_token,
+            node_id=row.node_id,
+            rollout_batch=common_pb2.BlobRef(
+                blake3=bytes.fromhex(row.rollout_blob_hash), size=blob.size if blob else 0
+            ),
+            checkpoint_step=task.checkpoint_step,
+            claimed_work=commitment_pb2.WorkClaim(decode_tokens=row.claimed_work),
+            received_at=timestamp(row.received_at),
+        )
+    commitment.state = state
+    commitment.validated = verdict is not None
+    return commitment
 
 
 __all__ = ["TASK_STATE_TO_PROTO", "WorkDesk", "batch_binding_digest", "receipt_message"]
