@@ -196,3 +196,30 @@ def test_public_exports() -> None:
     assert sorted(proofs.__all__) == sorted(set(proofs.__all__))
     for name in proofs.__all__:
         assert hasattr(proofs, name), name
+
+
+def test_golden_vectors_documented_in_verification_md() -> None:
+    # docs/verification.md quotes these values; a change here is a protocol change.
+    lease = binding.LeaseBinding("rollnet-main", "node-a", "task-1", "lease-1", 3)
+    seed = binding.derive_sampling_seed(lease, 0)
+    assert seed == 3189537440843486103
+    assert (
+        binding.tokens_digest([1, 2, 3], [4, 5]).hex()
+        == "76672e1c2e5410fe7538ae47fe415cb409d0ca9058a8317686604a50e0c8bfec"
+    )
+    digest = binding.commitment_digest(
+        lease,
+        blob_blake3=bytes(range(32)),
+        rollout_index=0,
+        sampling_seed=seed,
+        prompt_ids=[1, 2, 3],
+        completion_ids=[4, 5],
+        proof=b"\x01\x02",
+    )
+    assert digest.hex() == "a36fdc5e6ec6ddd311b93c087fdfee5b02b2e2acefcdfc3c7e8abedb11d98584"
+    assert proofs.noise_bits([42], [7], 4)[0].tolist() == [
+        0x9EA086CB,
+        0x53881BF6,
+        0x2BCE117B,
+        0x757B8FFA,
+    ]

@@ -173,7 +173,12 @@ class TorchBackend:
         lengths = np.zeros(batch, dtype=np.int64)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         ended_by_eos = np.zeros(batch, dtype=bool)
-        proofs = _ProofWindows(batch, self.proof_threads) if sampling.proofs else None
+        # Commit as soon as one step's windows are full: a batch of at most 64 windows per call.
+        proofs = (
+            _ProofWindows(batch, self.proof_threads, batch_windows=min(64, batch))
+            if sampling.proofs
+            else None
+        )
 
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config) if self.use_kv_cache else None

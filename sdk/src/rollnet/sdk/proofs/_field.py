@@ -54,9 +54,13 @@ def inverse(values: Int64Array) -> Int64Array:
     return _inverse_table()[values]
 
 
-def _reduce(values: Float64Array) -> Int64Array:
-    """Exact non-negative integers held in float64 (< 2**53) -> int64 residues mod p."""
-    return np.asarray(np.rint(values).astype(np.int64) % PRIME, dtype=np.int64)
+def _reduce(values: Float64Array, exact: bool = True) -> Int64Array:
+    """Non-negative integers held in float64 (< 2**53) -> int64 residues mod p.
+
+    ``exact=False`` rounds first (FFT results carry a rounding error below 2**-10).
+    """
+    rounded = values if exact else np.rint(values)
+    return np.asarray(rounded.astype(np.int64) % PRIME, dtype=np.int64)
 
 
 def powers(x: Int64Array, count: int) -> Int64Array:
@@ -89,7 +93,19 @@ def convolve(a: Int64Array, b: Int64Array) -> Int64Array:
     n = a.shape[-1] + b.shape[-1] - 1
     size = 1 << (n - 1).bit_length()
     product = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[..., :n]
-    return _reduce(product)
+    return _reduce(product, exact=False)
+
+
+def _multiply_direct(a: Int64Array, b: Int64Array) -> Int64Array:
+    """Polynomial products mod p of equal-length operands, by an outer product (short ones)."""
+    n = a.shape[-1]
+    outer = a[..., :, None] * b[..., None, :] % PRIME  # [..., n, n]
+    # Shift row i right by i places (pad, flatten, re-cut) so that each column holds one
+    # anti-diagonal, then sum the columns.
+    padded = np.zeros((*outer.shape[:-1], 2 * n), dtype=np.int64)
+    padded[..., :n] = outer
+    flat = padded.reshape(*outer.shape[:-2], 2 * n * n)[..., : n * (2 * n - 1)]
+    return np.asarray(flat.reshape(*outer.shape[:-2], n, 2 * n - 1).sum(axis=-2) % PRIME)
 
 
 def vanishing_polynomial(x: Int64Array) -> Int64Array:
@@ -105,7 +121,10 @@ def vanishing_polynomial(x: Int64Array) -> Int64Array:
     factors[:, :k, 0] = (-x) % PRIME
     factors[:, :k, 1] = 1
     while factors.shape[1] > 1:
-        factors = convolve(factors[:, 0::2, :], factors[:, 1::2, :])
+        left, right = factors[:, 0::2, :], factors[:, 1::2, :]
+        # Short factors multiply faster directly; long ones by FFT.
+        multiply = _multiply_direct if left.shape[-1] <= 5 else convolve
+        factors = multiply(left, right)
     return factors[:, 0, : k + 1]
 
 

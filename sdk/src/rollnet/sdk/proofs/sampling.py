@@ -1,11 +1,11 @@
 """Seeded Gumbel-max sampling: counter-based noise (numpy) and the validator's sampling check.
 
 The noise for ``(seed, position, token)`` is a pure function of those integers, so a validator
-can regenerate exactly what the worker used. The integer hash is built only from operations
-that cannot overflow a signed 64-bit integer (32-bit values, 16-bit limb multiplies, shifts,
-xor, masks), so the torch twin in :mod:`rollnet.sdk.proofs.sampling_torch` computes the same bits
-on any device. Only the final ``-log(-log u)`` is floating point (float64); libm differences there
-are ~1e-16 and far below the sampling tolerance.
+can regenerate exactly what the worker used. The integer hash is defined on 32-bit words
+(multiplies mod 2**32, shifts, xor): numpy computes it in uint64, and the torch twin in
+:mod:`rollnet.sdk.proofs.sampling_torch` in int64 with 16-bit limb multiplies that cannot
+overflow, so both give the same bits on any device (tested). Only the final ``-log(-log u)``
+is floating point (float64); libm differences there are ~1e-16, far below the tolerance.
 
 Hash: ``h = mix(mix(mix(mix(seed_lo ^ K) ^ seed_hi) ^ position) ^ token)`` with ``mix`` the
 "lowbias32" integer finalizer (xorshift-multiply, constants 0x7FEB352D and 0x846CA68B), then
@@ -36,22 +36,21 @@ UNIFORM_BITS = 24
 MAX_SEED = (1 << 63) - 1
 
 Int64Array = npt.NDArray[np.int64]
+UInt64Array = npt.NDArray[np.uint64]
 
 
-def _mul32(x: Int64Array, constant: int) -> Int64Array:
-    """``x * constant mod 2**32`` with every intermediate below 2**34."""
-    c_lo, c_hi = constant & 0xFFFF, constant >> 16
-    x_lo, x_hi = x & 0xFFFF, x >> 16
-    cross = ((x_hi * c_lo + x_lo * c_hi) & 0xFFFF) << 16
-    return (x_lo * c_lo + cross) & MASK32
+def _mul32(x: UInt64Array, constant: int) -> UInt64Array:
+    """``x * constant mod 2**32``. numpy multiplies uint64 natively and a 32-bit by 32-bit
+    product fits, so this equals the 16-bit-limb product the torch twin needs for int64."""
+    return (x * np.uint64(constant)) & np.uint64(MASK32)
 
 
-def _mix(x: Int64Array) -> Int64Array:
-    x = x ^ (x >> 16)
+def _mix(x: UInt64Array) -> UInt64Array:
+    x = x ^ (x >> np.uint64(16))
     x = _mul32(x, MIX_MUL_1)
-    x = x ^ (x >> 15)
+    x = x ^ (x >> np.uint64(15))
     x = _mul32(x, MIX_MUL_2)
-    return x ^ (x >> 16)
+    return x ^ (x >> np.uint64(16))
 
 
 def check_seed(seed: int) -> int:
@@ -69,11 +68,12 @@ def noise_bits(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int) 
         raise ValueError("seeds and positions must have the same length")
     if (seed_array < 0).any() or (position_array < 0).any() or (position_array > MASK32).any():
         raise ValueError("seeds must be non-negative and positions in [0, 2**32)")
-    h = _mix((seed_array & MASK32) ^ SEED_KEY)
-    h = _mix(h ^ (seed_array >> 32))
-    h = _mix(h ^ position_array)
-    tokens = np.arange(vocab_size, dtype=np.int64)
-    return _mix(h[:, None] ^ tokens[None, :])
+    seeds_u = seed_array.astype(np.uint64)
+    h = _mix((seeds_u & np.uint64(MASK32)) ^ np.uint64(SEED_KEY))
+    h = _mix(h ^ (seeds_u >> np.uint64(32)))
+    h = _mix(h ^ position_array.astype(np.uint64))
+    tokens = np.arange(vocab_size, dtype=np.uint64)
+    return _mix(h[:, None] ^ tokens[None, :]).astype(np.int64)
 
 
 def uniforms_from_bits(bits: Int64Array) -> npt.NDArray[np.float64]:
