@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from rollnet.ledger.canonical import GENESIS_HASH, chain_hash, chain_head_message, encode_entry
 from rollnet.ledger.chain import public_key_bytes
 from rollnet.ledger.export_format import entry_line, header_line, signed_head_line
-from rollnet.ledger.verify import _read_header, _span_bounds, verify_export
+from rollnet.ledger.verify import ExportFormatError, _read_header, _span_bounds, verify_export
 
 COUNT = 3000
 NETWORK = "rollnet-test"
@@ -110,3 +111,21 @@ def test_parallel_verification_matches_sequential(tmp_path: Path, tamper: str) -
     assert sequential.ok is (expected_bad is None)
     if expected_bad is None:
         assert (sequential.entries_verified, sequential.heads_verified) == (COUNT, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("not json", "Expecting value"),
+        ("[1, 2]", "list indices"),
+        ('{"type": "entry"} trailing', "data after the JSON value"),
+        ('{"type": "bogus"}', "unknown line type"),
+        ('{"type": "entry", "sequence": 1}', "'prev_hash'"),
+    ],
+)
+def test_malformed_body_lines_are_format_errors(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    header = header_line(exported_at="x", tip_sequence=1, tip_hash=bytes(32))
+    path.write_text(f"{header}\n{body}\n", encoding="utf-8")
+    with pytest.raises(ExportFormatError, match=re.escape(message)):
+        verify_export(path)

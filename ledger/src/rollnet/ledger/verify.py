@@ -386,7 +386,9 @@ def verify_span(path: str, start: int, end: int) -> SpanResult:
     The checks are those of :meth:`ChainVerifier.add_entry_fields`, inlined: this loop is the
     verifier's hot path. Raises :class:`ExportFormatError` on a malformed line.
     """
-    loads = json.loads
+    # raw_decode skips json.loads's per-call set-up (measurably faster per line); checking that
+    # the value spans the whole stripped line keeps loads's strictness.
+    decode = json.JSONDecoder().raw_decode
     fromhex = bytes.fromhex
     first_sequence: int | None = None
     first_prev_hash = GENESIS_HASH
@@ -408,7 +410,10 @@ def verify_span(path: str, start: int, end: int) -> SpanResult:
             if failure is not None and b'"signed_head"' not in raw:
                 continue
             try:
-                record = loads(raw.decode())
+                text = raw.decode().strip()
+                record, end_of_value = decode(text)
+                if end_of_value != len(text):
+                    raise ValueError("data after the JSON value")
                 kind_of_line = record["type"]
                 if kind_of_line == "entry":
                     sequence = record["sequence"]
@@ -456,13 +461,7 @@ def verify_span(path: str, start: int, end: int) -> SpanResult:
                     )
                 else:
                     raise ExportFormatError(f"unknown line type {kind_of_line!r}")
-            except (
-                json.JSONDecodeError,
-                UnicodeDecodeError,
-                KeyError,
-                TypeError,
-                ValueError,
-            ) as exc:
+            except (KeyError, TypeError, ValueError) as exc:  # incl. JSON and Unicode errors
                 raise ExportFormatError(f"{path}: malformed line at byte {offset}: {exc}") from exc
     return SpanResult(
         first_sequence=first_sequence,
