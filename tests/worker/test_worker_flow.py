@@ -32,7 +32,7 @@ def reference_generator(data_dir: Path) -> InferenceGenerator:
     return InferenceGenerator(lambda: make_backend("torch"), store)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_worker_commits_verifiable_rollouts(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -51,7 +51,7 @@ async def test_worker_commits_verifiable_rollouts(
     running = asyncio.create_task(worker.run())
     try:
         task_ids = await request_tasks(trainer, 2)
-        await eventually(lambda: worker.receipts_received == 2, within=60, what="two receipts")
+        await eventually(lambda: worker.receipts_received == 2, within=90, what="two receipts")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
 

@@ -42,7 +42,7 @@ def stand_in_model(
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 async def test_readme_worker_example(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -63,7 +63,7 @@ async def test_readme_worker_example(
     running = asyncio.create_task(worker.run())
     try:
         await request_tasks(trainer, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=30, what="a receipt")
+        await eventually(lambda: worker.receipts_received == 1, within=60, what="a receipt")
         worker.request_stop()
         await asyncio.wait_for(running, 20)
     finally:

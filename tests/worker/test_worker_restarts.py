@@ -49,7 +49,7 @@ class GatedGenerator(InferenceGenerator):
         return rollouts
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_coordinator_restart_and_worker_restart_lose_nothing(
     tmp_path: Path, sqlite_url: str, trainer_identity: Identity, tiny_model: Path
 ) -> None:
@@ -80,16 +80,16 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         await trainer.close()
         await coordinator.stop(grace=0)
         generator.gate.set()
-        await eventually(lambda: len(worker.outbox.pending()) == 1, within=10, what="outbox")
+        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
         kept = worker.outbox.pending()[0]
         coordinator = await start_coordinator(config)
-        await eventually(lambda: worker.receipts_received == 1, within=30, what="receipt 1")
+        await eventually(lambda: worker.receipts_received == 1, within=60, what="receipt 1")
 
         # 2. It dies again mid-task; this time the worker is stopped with the work unsubmitted.
         await asyncio.wait_for(generator.generated.wait(), 60)
         await coordinator.stop(grace=0)
         generator.gate.set()
-        await eventually(lambda: len(worker.outbox.pending()) == 1, within=10, what="outbox 2")
+        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox 2")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
 
@@ -97,7 +97,7 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         coordinator = await start_coordinator(config)
         restarted = Worker(settings, identity, GatedGenerator(data_dir))
         running = asyncio.create_task(restarted.run())
-        await eventually(lambda: restarted.receipts_received == 1, within=30, what="resubmit")
+        await eventually(lambda: restarted.receipts_received == 1, within=60, what="resubmit")
         restarted.request_stop()
         await asyncio.wait_for(running, 30)
 
