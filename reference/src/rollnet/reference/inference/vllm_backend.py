@@ -108,7 +108,11 @@ class VllmBackend:
             model=model_dir,
             tokenizer=model_dir,
             dtype=dtype,
+            # Eager mode and no prefix caching: every forward computes exactly the tokens of its
+            # requests, in order, so the hooked rows of a one-request prefill are that request's.
             enforce_eager=True,
+            enable_prefix_caching=False,
+            enable_chunked_prefill=False,
             seed=0,
             gpu_memory_utilization=self.gpu_memory_utilization,
         )
@@ -199,9 +203,9 @@ class VllmBackend:
         """Hidden states and full logits of one rollout's completion positions."""
         hidden = self._hidden_rows(prompt_ids, completion_ids)
         with torch.inference_mode():
-            logits = self._model.lm_head(hidden) if hasattr(self._model, "lm_head") else None
-            if logits is None or not isinstance(logits, torch.Tensor):
-                logits = hidden.float() @ self._model.lm_head.weight.float().T
+            # vLLM's LM head is not callable (its weight is used by the sampler); with tied
+            # embeddings it is the embedding table. Either way the weight is [V, d].
+            logits = hidden.float() @ self._model.lm_head.weight.float().T
         return Prefill(
             hidden_states=hidden.float().cpu().numpy(),
             logits=logits.float().cpu().numpy(),
