@@ -20,7 +20,7 @@ $(STAMP): requirements/dev.txt sdk/pyproject.toml ledger/pyproject.toml referenc
 dev: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rollnet coordinator --data-dir .data/demo --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470
+	$(BIN)/rollnet demo --data-dir .data/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

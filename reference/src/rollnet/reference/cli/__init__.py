@@ -21,6 +21,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "checkpoint",
     "worker",
     "validator",
+    "demo",
 )
 
 

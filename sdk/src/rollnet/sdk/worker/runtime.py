@@ -31,7 +31,7 @@ from rollnet.sdk.client import ConnectionConfig, RollnetClient
 from rollnet.sdk.commitments import batch_binding_digest, verify_receipt
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.binding import LeaseBinding, commitment_digest, proof_digest
 from rollnet.sdk.retry import RetryPolicy, is_retryable
 from rollnet.sdk.worker.config import WorkerConfig
 from rollnet.sdk.worker.lease import LeaseContext, LeaseLost
@@ -682,6 +682,13 @@ class Worker:
             rollouts=rollouts,
         ).SerializeToString(deterministic=True)
         blob = common_pb2.BlobRef(blake3=blake3.blake3(batch).digest(), size=len(batch))
+        binding = LeaseBinding(
+            network_id=self.config.network_id,
+            node_id=self.node_id,
+            task_id=task.task_id,
+            lease_id=lease.lease_id,
+            fencing_token=lease.fencing_token,
+        )
         request_id = uuid.uuid4().hex
         request = commitment_service_pb2.SubmitCommitmentRequest(
             request_id=request_id,
@@ -694,8 +701,17 @@ class Worker:
                     sampling_seed=r.sampling_seed,
                     proof_blake3=proof_digest(r.toploc_proof),
                     completion_tokens=len(r.completion_token_ids),
+                    commitment_digest=commitment_digest(
+                        binding,
+                        blob_blake3=blob.blake3,
+                        rollout_index=index,
+                        sampling_seed=r.sampling_seed,
+                        prompt_ids=r.prompt_token_ids,
+                        completion_ids=r.completion_token_ids,
+                        proof=r.toploc_proof,
+                    ),
                 )
-                for r in rollouts
+                for index, r in enumerate(rollouts)
             ],
             claimed_work=commitment_pb2.WorkClaim(
                 prefill_tokens=sum(len(r.prompt_token_ids) for r in rollouts),
