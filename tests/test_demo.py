@@ -1,0 +1,53 @@
+"""`rollnet demo` (what `make demo` runs) works end to end on this machine.
+
+One round with one honest worker, one validator and one cheating worker, all real processes:
+honest work is accepted and credited, the cheat is rejected and slashed, the ledger verifies.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollnet.reference.cli",
+            "demo",
+            "--data-dir",
+            str(tmp_path / "demo"),
+            "--workers",
+            "1",
+            "--rounds",
+            "1",
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--cheat",
+            "token_altered",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "round 1: 8 accepted rollouts" in output, output
+    assert "KIND_CREDIT" in output, output
+    assert "rejected:" in output, output
+    assert "KIND_SLASH" in output, output
+    assert "entries verified" in output, output
+    balances = [line for line in output.splitlines() if line.strip().startswith("balance")]
+    cheat = [line for line in balances if "cheat-token_altered" in line]
+    assert cheat, balances
+    assert cheat[0].split(":")[-1].strip().startswith("-"), balances
