@@ -114,6 +114,9 @@ def test_intact_ledger_verifies_from_db_and_export(
     )
     assert code == 0, output
     assert "pinned coordinator key" in output
+    code, parallel_output = run_cli(capsys, "ledger", "verify", "--export", str(out), "--jobs", "2")
+    assert code == 0, parallel_output
+    assert f"OK: {ENTRIES} entries verified" in parallel_output
 
 
 def test_balances_prints_per_node_totals(

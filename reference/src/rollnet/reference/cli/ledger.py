@@ -43,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="pin the coordinator's Ed25519 public key (64 hex chars); without it, heads are"
         " checked against the keys stored with them",
     )
+    verify.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="processes verifying an export in parallel (default: one per CPU for exports of"
+        " 64 MB or more, else 1)",
+    )
     verify.set_defaults(handler=_verify)
 
     export = commands.add_parser("export", help="write the ledger as JSON Lines")
@@ -59,6 +66,9 @@ def _verify(args: argparse.Namespace) -> int:
     from rollnet.ledger.export import verify_database
     from rollnet.ledger.verify import ExportFormatError, verify_export
 
+    if args.jobs is not None and args.jobs < 1:
+        print("--jobs must be at least 1", file=sys.stderr)
+        return EXIT_UNREADABLE
     pinned: bytes | None = None
     if args.coordinator_key is not None:
         try:
@@ -70,7 +80,7 @@ def _verify(args: argparse.Namespace) -> int:
             return EXIT_UNREADABLE
     try:
         if args.export is not None:
-            report = verify_export(args.export, pinned_key=pinned)
+            report = verify_export(args.export, pinned_key=pinned, workers=args.jobs)
         else:
             engine = _engine(args.db)
             try:
