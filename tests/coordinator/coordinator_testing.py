@@ -13,8 +13,8 @@ from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
-from rollnet.reference.coordinator.work import batch_binding_digest
 from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient, TlsConfig
+from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,

@@ -15,8 +15,8 @@ from google.protobuf import duration_pb2
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.reference.coordinator.work import batch_binding_digest
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
+from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.binding import proof_digest

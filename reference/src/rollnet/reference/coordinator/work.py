@@ -661,4 +661,4 @@ def commitment_to_proto(session: Session, row: Commitment) -> commitment_pb2.Com
     return commitment
 
 
-__all__ = ["TASK_STATE_TO_PROTO", "WorkDesk", "batch_binding_digest", "receipt_message"]
+__all__ = ["TASK_STATE_TO_PROTO", "WorkDesk"]
