@@ -213,12 +213,13 @@ def set_state_reason(session: Session, node_id: str, reason: str) -> None:
 
 def record_heartbeats(
     session: Session, node_ids: Collection[str], *, now: datetime
-) -> dict[str, tuple[NodeState, NodeRole]]:
+) -> dict[str, tuple[NodeState, NodeRole, str]]:
     """Group commit of many heartbeats: one conditional UPDATE, one SELECT.
 
     Revivable nodes (see :data:`HEARTBEAT_REVIVABLE_STATES`) become ACTIVE with ``now`` as their
     last heartbeat; ejected, banned and deregistered ones are untouched. Returns the state and
-    role of every known node among ``node_ids`` after the update (unknown ids are absent).
+    role and state reason of every known node among ``node_ids`` after the update (unknown ids
+    are absent).
     """
     ids = sorted(set(node_ids))
     if not ids:
@@ -235,5 +236,9 @@ def record_heartbeats(
         )
         .execution_options(synchronize_session=False)
     )
-    rows = session.execute(select(Node.id, Node.state, Node.role).where(Node.id.in_(ids)))
-    return {row.id: (NodeState(row.state), NodeRole(row.role)) for row in rows}
+    rows = session.execute(
+        select(Node.id, Node.state, Node.role, Node.state_reason).where(Node.id.in_(ids))
+    )
+    return {
+        row.id: (NodeState(row.state), NodeRole(row.role), row.state_reason or "") for row in rows
+    }

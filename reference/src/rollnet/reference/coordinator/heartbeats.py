@@ -28,6 +28,7 @@ class HeartbeatResult:
     known: bool
     state: NodeState | None
     role: NodeRole | None
+    reason: str
     extended: frozenset[str]
     deadline: datetime
     latest_step: int
@@ -59,6 +60,11 @@ class HeartbeatBatcher:
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(node_id, lease_ids, future))
         return await future
+
+    @property
+    def backlog(self) -> int:
+        """Heartbeats waiting for a batch (the load signal behind the interval back-off)."""
+        return self._queue.qsize()
 
     async def close(self) -> None:
         """Stop the flushing task (pending heartbeats fail with CancelledError)."""
@@ -122,6 +128,7 @@ class HeartbeatBatcher:
                         known=state_role is not None,
                         state=state_role[0] if state_role else None,
                         role=state_role[1] if state_role else None,
+                        reason=state_role[2] if state_role else "",
                         extended=frozenset(i for i in item.lease_ids if i in extended),
                         deadline=deadline,
                         latest_step=step,

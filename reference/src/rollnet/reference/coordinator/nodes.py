@@ -43,6 +43,8 @@ STATE_FROM_DB = {
 }
 STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
 
+# Heartbeats queued for the next group commit beyond which granted intervals double.
+HEARTBEAT_BACKLOG_BACKOFF = 2048
 # Hardware claims beyond these are refused as implausible (a single host).
 MAX_CPU_CORES = 4096
 MAX_HOST_MEMORY = 64 * 2**40
@@ -356,13 +358,27 @@ class NodeRegistry:
             raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
         if result.state is NodeState.BANNED:
             raise Refusal(ErrorReason.NODE_BANNED, f"node {caller.node_id} is banned")
-        if result.state is NodeState.EJECTED:
-            raise Refusal(ErrorReason.NODE_EJECTED, f"node {caller.node_id} was ejected")
-        if result.state is NodeState.DEREGISTERED:
-            raise Refusal(
-                ErrorReason.NODE_DEREGISTERED,
-                f"node {caller.node_id} deregistered; call RegisterNode",
+        interval = self.clamp_interval(request.requested_interval)
+        if self.heartbeats.backlog > HEARTBEAT_BACKLOG_BACKOFF:
+            # The back-off hint: a coordinator behind on heartbeats asks for them less often.
+            interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
+        if result.state in (NodeState.EJECTED, NodeState.DEREGISTERED):
+            # Not an error: the node is told what to do. An ejected node drains (gives its work
+            # back and stops); a deregistered one that still runs registers again.
+            response = node_service_pb2.HeartbeatResponse(
+                state=STATE_FROM_DB[result.state],
+                heartbeat_interval=duration(interval),
+                leases=[
+                    node_service_pb2.LeaseStatus(lease_id=lease_id, valid=False)
+                    for lease_id in request.held_lease_ids
+                ],
+                server_time=timestamp(self.ctx.clock()),
             )
+            if result.state is NodeState.EJECTED:
+                response.commands.add().drain.reason = f"ejected: {result.reason}"
+            else:
+                response.commands.add().reregister.reason = "the node deregistered"
+            return response
         deadline = timestamp(result.deadline)
         statuses = []
         for lease_id in request.held_lease_ids:
@@ -374,7 +390,7 @@ class NodeRegistry:
             statuses.append(status)
         response = node_service_pb2.HeartbeatResponse(
             state=STATE_FROM_DB[result.state],
-            heartbeat_interval=duration(self.clamp_interval(request.requested_interval)),
+            heartbeat_interval=duration(interval),
             leases=statuses,
             server_time=timestamp(self.ctx.clock()),
         )
