@@ -1,10 +1,11 @@
 """Calibrate the rollout checks on the tiny model: honest noise vs. every attack.
 
 Runs honest rollouts under every honest variation we can reach on a CPU (batched vs. single
-sequence generation, 1 vs. 2 threads, KV-cache vs. full recompute, batched vs. single validator
-prefill; fp32 and bf16) and each attack of the detection matrix, verifies them all with
-thresholds loose enough to record every figure, and prints per scenario the distribution of
-each statistic, then the calibrated thresholds with their margins and the detection matrix.
+sequence generation, 1 vs. 2 threads, KV-cache vs. full recompute, SDPA vs. eager attention,
+batched vs. single validator prefill; fp32 and bf16) and each attack of the detection matrix,
+verifies them all with thresholds loose enough to record every figure, and prints per scenario
+the distribution of each statistic, then the calibrated thresholds with their margins and the
+detection matrix.
 
     .venv/bin/python bench/calibrate_proofs.py [--scale 1.0] [--max-new-tokens 48]
 """
@@ -18,9 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
 
 from rollnet.reference.inference import harness
 from rollnet.reference.inference.torch_backend import TorchBackend
@@ -270,6 +273,11 @@ def main() -> None:
     no_cache.attach(fp32.model)
     honest("honest: no KV cache", "float32", no_cache, validator32, count(64))
     honest("honest: single prefill", "float32", fp32, validator32, count(64), validator_batch=1)
+    # Another attention kernel (eager softmax instead of SDPA) on the worker side.
+    eager_model: Any = AutoModelForCausalLM
+    eager = TorchBackend()
+    eager.attach(eager_model.from_pretrained(str(work / "tiny"), attn_implementation="eager"))
+    honest("honest: eager attention", "float32", eager, validator32, count(64))
     honest("honest: bf16 batched", "bfloat16", bf16, validator16, count(128))
     honest("honest: bf16 single", "bfloat16", bf16, validator16, count(16), batch=1)
     honest("honest: bf16 2 threads", "bfloat16", bf16, validator16, count(64), threads=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,15 @@ from rollnet.reference.inference.harness import random_prompts
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model import init_tiny_model
 from rollnet.sdk.proofs import sampling, toploc
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread() -> Iterator[None]:
+    """One intra-op thread: the tiny model gains nothing from two, which thrash on a busy CPU."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
