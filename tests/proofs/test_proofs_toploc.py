@@ -189,3 +189,14 @@ def test_malformed_and_mismatched_proofs_are_rejected() -> None:
     assert (result.passed, result.reason) == (False, Reason.PROOF_MALFORMED)
     null = b"\x00" * toploc.PROOF_BYTES * 2
     assert toploc.verify_proof(null, hidden)[0].exp_mismatches == 128
+
+
+def test_vanishing_polynomial_for_every_window_size() -> None:
+    # Covers the closed-form first levels of the product tree with every padding pattern.
+    rng = np.random.default_rng(8)
+    for k in range(1, 41):
+        x = np.stack([rng.choice(P, size=k, replace=False) for _ in range(2)]).astype(np.int64)
+        m = _field.vanishing_polynomial(x)
+        assert m.shape == (2, k + 1)
+        assert np.all(m[:, k] == 1)
+        assert np.all(_field.evaluate(m, x) == 0)

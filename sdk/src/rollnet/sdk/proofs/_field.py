@@ -75,15 +75,20 @@ def _reduce(values: Float64Array, exact: bool = True) -> Int64Array:
 def powers(x: Int64Array, count: int) -> Int64Array:
     """``x**e mod p`` for e in [0, count): shape ``x.shape + (count,)``.
 
-    Built power by power on contiguous slabs (the power index first), which beats doubling on
-    strided views; callers keep ``count`` small (baby and giant steps are 16 and k/16).
+    Built by doubling on contiguous slabs (the power index first): x**(f + e) = x**f * x**e.
     """
     base = mod(np.asarray(x, dtype=np.int64))
     out = np.empty((count, *base.shape), dtype=np.int64)
     if count:
         out[0] = 1
-    for exponent in range(1, count):
-        out[exponent] = mod(out[exponent - 1] * base)
+    if count > 1:
+        out[1] = base
+    filled = min(2, count)
+    while filled < count:
+        step = min(filled, count - filled)
+        top = mod(out[filled - 1] * base)  # x**filled
+        out[filled : filled + step] = mod(out[:step] * top)
+        filled += step
     return np.moveaxis(out, 0, -1)
 
 
@@ -119,20 +124,36 @@ def _multiply_direct(a: Int64Array, b: Int64Array) -> Int64Array:
 def vanishing_polynomial(x: Int64Array) -> Int64Array:
     """Coefficients of ``prod_j (X - x_j)`` for each row of ``x`` [B, k]: shape [B, k + 1]."""
     batch, k = x.shape
-    size = 1
+    size = 4
     while size < k:
         size *= 2
-    # Pad with the constant polynomial 1 to a power-of-two number of factors, then multiply
-    # neighbours pairwise: log2(k) batched FFT products.
-    factors = np.zeros((batch, size, 2), dtype=np.int64)
-    factors[:, :, 0] = 1
-    factors[:, :k, 0] = mod(-x)
-    factors[:, :k, 1] = 1
+    # The factors are X + c with c = -x_j, padded to a power of two (>= 4) with the constant
+    # factor 1; ``real`` marks the true ones.
+    roots = np.zeros((batch, size), dtype=np.int64)
+    roots[:, :k] = mod(-x)
+    real = np.zeros((batch, size), dtype=bool)
+    real[:, :k] = True
+    # Level 0, closed form per pair: (X + a)(X + b) = X^2 + (a + b) X + ab. A padded factor is
+    # the constant 1, so a pair with one padded member is just "X + a" (and two give 1).
+    a, b = roots[:, 0::2], roots[:, 1::2]
+    a_real, b_real = real[:, 0::2], real[:, 1::2]
+    quad = np.zeros((batch, size // 2, 3), dtype=np.int64)
+    both = a_real & b_real
+    quad[..., 0] = np.where(both, mod(a * b), np.where(a_real, a, np.where(b_real, b, 1)))
+    quad[..., 1] = np.where(both, mod(a + b), (a_real | b_real).astype(np.int64))
+    quad[..., 2] = both
+    # Level 1, closed form: (p2 X^2 + p1 X + p0)(q2 X^2 + q1 X + q0), with p2, q2 in {0, 1}.
+    p0, p1, p2 = quad[:, 0::2, 0], quad[:, 0::2, 1], quad[:, 0::2, 2]
+    q0, q1, q2 = quad[:, 1::2, 0], quad[:, 1::2, 1], quad[:, 1::2, 2]
+    factors = np.empty((batch, size // 4, 5), dtype=np.int64)
+    factors[..., 0] = mod(p0 * q0)
+    factors[..., 1] = mod(p0 * q1 + p1 * q0)
+    factors[..., 2] = mod(p0 * q2 + p1 * q1 + p2 * q0)
+    factors[..., 3] = mod(p1 * q2 + p2 * q1)
+    factors[..., 4] = p2 * q2
+    # Remaining levels: pairwise FFT products (cheaper than direct ones from 5 coefficients up).
     while factors.shape[1] > 1:
-        left, right = factors[:, 0::2, :], factors[:, 1::2, :]
-        # Short factors multiply faster directly; long ones by FFT.
-        multiply = _multiply_direct if left.shape[-1] <= 5 else convolve
-        factors = multiply(left, right)
+        factors = convolve(factors[:, 0::2, :], factors[:, 1::2, :])
     return factors[:, 0, : k + 1]
 
 
