@@ -17,8 +17,8 @@ from typing import Any
 import blake3
 from sqlalchemy import create_engine, select
 
-from rollnet.ledger.enums import EntryKind, NodeState, ValidationJobState
-from rollnet.ledger.models import Commitment, LedgerEntry, Node, ValidationJob, Verdict
+from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
+from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.checkpoints import publish_model_dir
 from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
 from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient
@@ -170,6 +170,10 @@ class Ledger:
                 )
             ).scalars()
             return int(sum(rows))
+
+    def tasks_in(self, state: TaskState) -> int:
+        with self.engine.connect() as conn:
+            return len(conn.execute(select(Task.id).where(Task.state == state)).all())
 
     def jobs_in(self, state: ValidationJobState) -> int:
         with self.engine.connect() as conn:

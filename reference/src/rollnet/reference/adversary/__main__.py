@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         software_version=f"rollnet-adversary/{args.cheat}",
         pull_wait=args.pull_wait,
         backoff=Backoff(initial=0.2, maximum=2.0),
+        # An ejected cheater has nothing left to finish: do not linger.
+        drain_timeout=5.0,
+        deregister_timeout=3.0,
     )
     worker = build_cheating_worker(Cheat(args.cheat), config, identity)
     try:

@@ -17,6 +17,7 @@ The model transformations are the detection matrix's (``rollnet.reference.infere
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -81,9 +82,7 @@ CHEATS: dict[Cheat, CheatSpec] = {
 }
 """Every cheat with the check that catches it."""
 
-_WEIGHT_CHEATS = frozenset(
-    {Cheat.PERTURBED_WEIGHTS, Cheat.OTHER_MODEL, Cheat.FP16_WEIGHTS, Cheat.INT8_WEIGHTS}
-)
+_LOAD_LOCK = threading.Lock()
 
 
 def shuffle_weights(model: Any, seed: int) -> None:
@@ -118,7 +117,10 @@ class CheatingBackend(TorchBackend):
 
     def load(self, model_dir: str, device: str = "cpu", dtype: DType = "float32") -> None:
         """Load the checkpoint honestly, then apply the cheat's model change."""
-        super().load(model_dir, device=device, dtype=dtype)
+        # transformers' loading is not thread-safe (its meta-device init is process-wide), and
+        # tests run several cheating workers in one process.
+        with _LOAD_LOCK:
+            super().load(model_dir, device=device, dtype=dtype)
         model = self.model
         if self.cheat is Cheat.PERTURBED_WEIGHTS:
             harness.perturb_layer(model, 0.01, self.seed)

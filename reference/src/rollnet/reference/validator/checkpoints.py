@@ -4,20 +4,22 @@ loaded into an inference backend and kept while recent jobs still need them."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from rollnet.reference.inference.base import DType
+from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.pipeline import CheckpointModel
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.proofs import thresholds_for
 from rollnet.v1 import checkpoint_service_pb2
 
-log = logging.getLogger("rollnet.validator.checkpoints")
+log = get_logger("rollnet.validator.checkpoints")
+
+_LOAD_LOCK = threading.Lock()
 
 
 class CheckpointModels:
@@ -45,7 +47,6 @@ class CheckpointModels:
         self.thresholds = thresholds_for(dtype)
         self._loaded: OrderedDict[int, CheckpointModel] = OrderedDict()
         self._locks: dict[int, asyncio.Lock] = {}
-        self._load_lock = threading.Lock()
 
     async def get(self, step: int, client: RollnetClient) -> CheckpointModel:
         """The model of checkpoint ``step``: fetched, verified and loaded if not yet in memory."""
@@ -65,7 +66,7 @@ class CheckpointModels:
             self._loaded[step] = model
             while len(self._loaded) > self.keep:
                 evicted, _ = self._loaded.popitem(last=False)
-                log.info("checkpoint_evicted", extra={"step": evicted})
+                log.info("checkpoint_evicted", step=evicted)
             return model
 
     def _load(self, step: int, directory: Path) -> CheckpointModel:
@@ -73,12 +74,13 @@ class CheckpointModels:
 
         from rollnet.reference.inference.torch_backend import TorchBackend
 
-        with self._load_lock:
+        # transformers' loading is not thread-safe (its meta-device init is process-wide).
+        with _LOAD_LOCK:
             backend = TorchBackend()
             backend.load(str(directory), device=self.device, dtype=self.dtype)
             loader: Any = AutoTokenizer
             tokenizer = loader.from_pretrained(str(directory), local_files_only=True)
-        log.info("checkpoint_loaded", extra={"step": step, "dtype": self.dtype})
+        log.info("checkpoint_loaded", step=step, dtype=self.dtype)
         return CheckpointModel(
             step=step, backend=backend, tokenizer=tokenizer, thresholds=self.thresholds
         )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import random
 import signal
 import time
@@ -35,6 +34,7 @@ from typing import TypeVar
 from google.protobuf import duration_pb2
 
 from rollnet.reference.inference.base import DType
+from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.checkpoints import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
 from rollnet.reference.validator.pipeline import EnvironmentCache, JobOutcome, validate_job
@@ -53,7 +53,7 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-log = logging.getLogger("rollnet.validator")
+log = get_logger("rollnet.validator")
 
 T = TypeVar("T")
 
@@ -220,7 +220,7 @@ class Validator:
 
     def _fail(self, error: RollnetError | str) -> ValidatorFatalError:
         message = error if isinstance(error, str) else f"{error.reason}: {error.message}"
-        log.error("validator_refused", extra={"detail": message})
+        log.error("validator_refused", detail=message)
         self._fatal = self._fatal or ValidatorFatalError(message)
         self.request_stop()
         return self._fatal
@@ -254,7 +254,9 @@ class Validator:
                 delay = self._delay(failures, retry_after)
                 log.warning(
                     "call_failed_retrying",
-                    extra={"call": what, "code": error.code.name, "delay": round(delay, 2)},
+                    call=what,
+                    code=error.code.name,
+                    delay=round(delay, 2),
                 )
             if until is not None and time.monotonic() + delay > until:
                 raise TimeoutError(f"{what}: gave up")
@@ -283,7 +285,7 @@ class Validator:
             )
         if response.HasField("heartbeat_interval"):
             self._interval = max(0.05, response.heartbeat_interval.ToTimedelta().total_seconds())
-        log.info("validator_registered", extra={"node_id": self.node_id})
+        log.info("validator_registered", node_id=self.node_id)
 
     async def _heartbeat_loop(self) -> None:
         failures = 0
@@ -304,7 +306,7 @@ class Validator:
                 if error.reason in _REREGISTER:
                     with contextlib.suppress(RollnetError):
                         await self._register()
-                log.warning("heartbeat_failed", extra={"code": error.code.name})
+                log.warning("heartbeat_failed", code=error.code.name)
             except Exception:
                 failures += 1
                 log.exception("heartbeat_error")
@@ -329,11 +331,11 @@ class Validator:
         for status in response.leases:
             if lease is not None and status.lease_id == lease.lease_id and not status.valid:
                 self._lease_lost = True
-                log.warning("job_lease_lost", extra={"lease_id": lease.lease_id})
+                log.warning("job_lease_lost", lease_id=lease.lease_id)
         for command in response.commands:
             kind = command.WhichOneof("command")
             if kind == "drain":
-                log.info("drain_commanded", extra={"reason": command.drain.reason})
+                log.info("drain_commanded", reason=command.drain.reason)
                 self.request_stop()
             elif kind == "reregister":
                 with contextlib.suppress(RollnetError):
@@ -351,7 +353,7 @@ class Validator:
                 until=time.monotonic() + self.config.deregister_timeout,
             )
         except (RollnetError, TimeoutError, ValidatorFatalError) as error:
-            log.warning("deregister_failed", extra={"detail": str(error)[:200]})
+            log.warning("deregister_failed", detail=str(error)[:200])
             return
         log.info("validator_deregistered")
 
@@ -386,7 +388,7 @@ class Validator:
             except _Stopped:
                 break
             except RollnetError as error:
-                log.warning("pull_refused", extra={"code": error.code.name, "reason": error.reason})
+                log.warning("pull_refused", code=error.code.name, reason=error.reason)
                 if await self._sleep(self._delay(1, None), stoppable=True):
                     break
                 continue
@@ -406,12 +408,10 @@ class Validator:
         commitment = job.commitment
         log.info(
             "job_leased",
-            extra={
-                "job_id": job.job_id,
-                "commitment_id": commitment.commitment_id,
-                "worker_node_id": commitment.node_id,
-                "lease_id": lease.lease_id,
-            },
+            job_id=job.job_id,
+            commitment_id=commitment.commitment_id,
+            worker_node_id=commitment.node_id,
+            lease_id=lease.lease_id,
         )
         try:
             try:
@@ -433,7 +433,8 @@ class Validator:
                 self.metrics.abandoned.labels("inputs_unavailable").inc()
                 log.error(
                     "job_inputs_unavailable",
-                    extra={"job_id": job.job_id, "detail": str(error)[:300]},
+                    job_id=job.job_id,
+                    detail=str(error)[:300],
                 )
                 return
             loaded = time.monotonic()
@@ -446,16 +447,15 @@ class Validator:
             metrics.job_seconds.labels("check").observe(checked - loaded)
             log.info(
                 "job_judged",
-                extra={
-                    "job_id": job.job_id,
-                    "commitment_id": commitment.commitment_id,
-                    "decision": "accept" if outcome.accepted else "reject",
-                    "reject_reason": outcome.reject_reason,
-                    "failed_checks": sorted(outcome.failed_checks),
-                    "rollouts": len(outcome.validated_rewards),
-                    "tokens": outcome.prefill_tokens + outcome.decode_tokens,
-                    "check_seconds": round(checked - loaded, 3),
-                },
+                job_id=job.job_id,
+                commitment_id=commitment.commitment_id,
+                decision="accept" if outcome.accepted else "reject",
+                reject_reason=outcome.reject_reason,
+                failed_checks=sorted(outcome.failed_checks),
+                notes=outcome.notes[:8],
+                rollouts=len(outcome.validated_rewards),
+                tokens=outcome.prefill_tokens + outcome.decode_tokens,
+                check_seconds=round(checked - loaded, 3),
             )
         finally:
             self._lease = None
@@ -483,11 +483,9 @@ class Validator:
                 self.metrics.abandoned.labels("verdict_refused").inc()
                 log.warning(
                     "verdict_refused",
-                    extra={
-                        "job_id": job.job_id,
-                        "lease_lost": self._lease_lost,
-                        "detail": str(error)[:300],
-                    },
+                    job_id=job.job_id,
+                    lease_lost=self._lease_lost,
+                    detail=str(error)[:300],
                 )
                 return
         self.verdicts_submitted += 1

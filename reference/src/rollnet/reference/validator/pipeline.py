@@ -130,6 +130,8 @@ class JobOutcome:
     validated_rewards: list[common_pb2.Reward] = field(default_factory=list)
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Human-readable details of batch-level failures (for logs; not sent)."""
 
     @property
     def accepted(self) -> bool:
@@ -281,6 +283,7 @@ def validate_job(
         )
     )
     if problems:
+        outcome.notes.extend(problems)
         return outcome
     outcome.prefill_tokens = sum(len(r.prompt_token_ids) for r in batch.rollouts)
     outcome.decode_tokens = sum(len(r.completion_token_ids) for r in batch.rollouts)
@@ -381,16 +384,18 @@ def _validate_rollouts(
             slot.assignment = None
 
     # ONE batched prefill over every checkable rollout: assigned prompt + claimed completion.
-    ready = [s for s in slots if s.assignment is not None]
-    if ready:
-        prefills = backend.prefill_batch(
-            [
-                (s.assignment.assigned_prompt_ids, s.claim.completion_ids)
-                for s in ready
-                if s.assignment is not None
-            ]
-        )
-        for slot, prefill in zip(ready, prefills, strict=True):
+    # Sorted by length, so the backend's right-padded chunks waste few positions on padding.
+    ready = sorted(
+        (s for s in slots if s.assignment is not None),
+        key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
+    )
+    pairs = [
+        (s.assignment.assigned_prompt_ids, s.claim.completion_ids)
+        for s in ready
+        if s.assignment is not None
+    ]
+    if pairs:
+        for slot, prefill in zip(ready, backend.prefill_batch(pairs), strict=True):
             slot.prefill = prefill
 
     for slot in slots:

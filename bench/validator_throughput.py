@@ -1,0 +1,217 @@
+"""Validated tokens/s vs. generated tokens/s with the tiny model, and the validators:workers ratio.
+
+Both sides run here, one after the other, in one process, with the same torch thread count:
+
+* **worker**: the reference torch backend generates every rollout of ``--jobs`` tasks
+  (``--prompts`` × ``--samples`` completions of up to ``--max-new-tokens`` tokens each) with
+  seeded Gumbel-max sampling and TOPLOC proofs, as ``rollnet worker`` does;
+* **validator**: :func:`rollnet.reference.validator.validate_job` judges each task's batch — blob
+  integrity, batch match, binding, assigned data, one batched prefill, TOPLOC, sampling,
+  termination and reward recomputation — as ``rollnet validator`` does after fetching the blob.
+
+It prints both rates, their ratio (the target is ≥ 10×), and how many validators a swarm needs per
+worker when every commitment is validated (new nodes) and at the coordinator's spot-check floor
+for trusted nodes. Network time (GetBlob, SubmitVerdict: a few ms per job on loopback) is not
+included; it is per job, so it shrinks relative to the work as tasks grow.
+
+    .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import blake3
+import torch
+from transformers import AutoTokenizer
+
+from rollnet.reference.envs import load_environment
+from rollnet.reference.inference.base import SamplingParams
+from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
+from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
+from rollnet.reference.worker import encode_prompt
+from rollnet.sdk.proofs import (
+    LeaseBinding,
+    commitment_digest,
+    derive_sampling_seed,
+    proof_digest,
+    thresholds_for,
+)
+from rollnet.v1 import commitment_pb2, common_pb2, rollout_pb2, task_pb2, validation_pb2
+
+NETWORK = "rollnet-bench"
+FINISH = {"eos": rollout_pb2.FINISH_REASON_EOS, "length": rollout_pb2.FINISH_REASON_LENGTH}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per task")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--min-validation-rate", type=float, default=0.1)
+    parser.add_argument(
+        "--hidden-size", type=int, default=0, help="widen the tiny model (default: its own 64)"
+    )
+    parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: 2)")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="rollnet-bench-"))
+    spec = TinyModelSpec()
+    if args.hidden_size:
+        spec = replace(spec, hidden_size=args.hidden_size, intermediate_size=4 * args.hidden_size)
+    if args.layers:
+        spec = replace(spec, num_hidden_layers=args.layers)
+    model_dir = init_tiny_model(root / "tiny", seed=0, spec=spec)
+    worker, validator = TorchBackend(), TorchBackend()
+    worker.load(str(model_dir))
+    validator.load(str(model_dir))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    environment = load_environment("arithmetic", {})
+    sampling = common_pb2.SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+
+    jobs: list[tuple[validation_pb2.ValidationJob, bytes]] = []
+    generate_seconds = 0.0
+    generated_tokens = prompt_tokens = 0
+    for number in range(args.jobs):
+        task = task_pb2.Task(
+            task_id=f"task-{number}",
+            environment="arithmetic",
+            prompt_ids=[number * args.prompts + p for p in range(args.prompts)],
+            samples_per_prompt=args.samples,
+            sampling=sampling,
+            checkpoint_step=1,
+        )
+        lease = LeaseBinding(NETWORK, "node", task.task_id, f"lease-{number}", 1)
+        problems = [environment.prompt(int(p)) for p in task.prompt_ids]
+        prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+        slots = [(p, s) for p in range(args.prompts) for s in range(args.samples)]
+        seeds = [derive_sampling_seed(lease, index) for index in range(len(slots))]
+        started = time.perf_counter()
+        generations = worker.generate(
+            [prompts[p] for p, _ in slots],
+            SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seeds=seeds),
+        )
+        rollouts = []
+        for index, ((p, s), generation) in enumerate(zip(slots, generations, strict=True)):
+            text = tokenizer.decode(list(generation.completion_ids), skip_special_tokens=True)
+            reward = environment.reward(problems[p], text, len(generation.completion_ids))
+            rollouts.append(
+                rollout_pb2.Rollout(
+                    prompt_index=p,
+                    prompt_id=task.prompt_ids[p],
+                    sample_index=s,
+                    prompt_token_ids=generation.prompt_ids,
+                    completion_token_ids=generation.completion_ids,
+                    behaviour_logprobs=generation.logprobs,
+                    sampling_seed=seeds[index],
+                    finish_reason=FINISH[generation.finish_reason],
+                    toploc_proof=generation.proof,
+                    claimed_reward=common_pb2.Reward(
+                        task_reward=reward.task_reward,
+                        length_penalty=reward.length_penalty,
+                        total=reward.total,
+                    ),
+                )
+            )
+        generate_seconds += time.perf_counter() - started
+        generated_tokens += sum(len(r.completion_token_ids) for r in rollouts)
+        prompt_tokens += sum(len(r.prompt_token_ids) for r in rollouts)
+        jobs.append(seal(task, lease, rollouts))
+
+    model = CheckpointModel(
+        step=1, backend=validator, tokenizer=tokenizer, thresholds=thresholds_for("float32")
+    )
+    environments = EnvironmentCache()
+    validate_job(*jobs[0], model, environments)  # warm-up (first prefill allocates)
+    started = time.perf_counter()
+    accepted = 0
+    for job, blob in jobs:
+        accepted += validate_job(job, blob, model, environments).accepted
+    validate_seconds = time.perf_counter() - started
+    if accepted != len(jobs):
+        raise SystemExit(f"only {accepted}/{len(jobs)} honest jobs were accepted")
+
+    generated_rate = generated_tokens / generate_seconds
+    validated_rate = generated_tokens / validate_seconds
+    ratio = validated_rate / generated_rate
+    rollouts_total = args.jobs * args.prompts * args.samples
+    print(
+        f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
+        f"{spec.num_hidden_layers} layers), float32, CPU"
+    )
+    print(
+        f"workload: {args.jobs} jobs x {args.prompts} prompts x {args.samples} samples = "
+        f"{rollouts_total} rollouts, {generated_tokens} completion + {prompt_tokens} prompt tokens"
+    )
+    print(
+        f"worker   : generated {generated_rate:10.0f} completion tokens/s "
+        f"({generate_seconds:.2f} s)"
+    )
+    print(
+        f"validator: validated {validated_rate:10.0f} completion tokens/s "
+        f"({validate_seconds:.2f} s; {(generated_tokens + prompt_tokens) / validate_seconds:.0f} "
+        f"prompt+completion tokens/s; {len(jobs) / validate_seconds:.1f} jobs/s)"
+    )
+    print(f"validated / generated: {ratio:.1f}x (target >= 10x)")
+    floor = args.min_validation_rate
+    print(
+        f"validators per worker: {1 / ratio:.3f} when every commitment is checked "
+        f"(1 validator per {ratio:.0f} workers); {floor / ratio:.4f} at the trusted-node "
+        f"spot-check floor {floor:g} (1 validator per {ratio / floor:.0f} workers)"
+    )
+
+
+def seal(
+    task: task_pb2.Task, lease: LeaseBinding, rollouts: list[rollout_pb2.Rollout]
+) -> tuple[validation_pb2.ValidationJob, bytes]:
+    """The job and blob a coordinator would hand a validator for these rollouts."""
+    batch = rollout_pb2.RolloutBatch(
+        task_id=task.task_id,
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
+        node_id=lease.node_id,
+        checkpoint_step=task.checkpoint_step,
+        rollouts=rollouts,
+    ).SerializeToString(deterministic=True)
+    digest = blake3.blake3(batch).digest()
+    commitment = commitment_pb2.Commitment(
+        commitment_id="c-" + task.task_id,
+        task_id=task.task_id,
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
+        node_id=lease.node_id,
+        rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+        checkpoint_step=task.checkpoint_step,
+        rollouts=[
+            commitment_pb2.RolloutDigest(
+                sampling_seed=r.sampling_seed,
+                proof_blake3=proof_digest(r.toploc_proof),
+                completion_tokens=len(r.completion_token_ids),
+                commitment_digest=commitment_digest(
+                    lease,
+                    blob_blake3=digest,
+                    rollout_index=index,
+                    sampling_seed=r.sampling_seed,
+                    prompt_ids=r.prompt_token_ids,
+                    completion_ids=r.completion_token_ids,
+                    proof=r.toploc_proof,
+                ),
+            )
+            for index, r in enumerate(rollouts)
+        ],
+    )
+    job = validation_pb2.ValidationJob(
+        job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=NETWORK
+    )
+    return job, batch
+
+
+if __name__ == "__main__":
+    main()
