@@ -173,9 +173,10 @@ class TorchBackend:
         lengths = np.zeros(batch, dtype=np.int64)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         ended_by_eos = np.zeros(batch, dtype=bool)
-        # Commit as soon as one step's windows are full: a batch of at most 64 windows per call.
+        # Commit windows as they fill, in groups of 4-64: a lone window costs ~0.45 ms of numpy
+        # call overhead, four together ~0.16 ms each. At batch 1 that is every 128 tokens.
         proofs = (
-            _ProofWindows(batch, self.proof_threads, batch_windows=min(64, batch))
+            _ProofWindows(batch, self.proof_threads, batch_windows=min(64, max(4, batch)))
             if sampling.proofs
             else None
         )
