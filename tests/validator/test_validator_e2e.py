@@ -16,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from validator_testing import (
     NETWORK,
     Ledger,
     coordinator_config_for,
     eventually,
+    free_port,
     request_tasks,
     rollnet,
     spawn,
@@ -78,8 +81,18 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
 
     try:
         key, _ = node("validator", validator)
+        metrics_port = free_port()
         validator_process = spawn(
-            rollnet("validator", "--key", str(key), "--data-dir", str(tmp_path / "v"), *common),
+            rollnet(
+                "validator",
+                "--key",
+                str(key),
+                "--data-dir",
+                str(tmp_path / "v"),
+                "--metrics-listen",
+                f"127.0.0.1:{metrics_port}",
+                *common,
+            ),
             tmp_path / "validator.log",
         )
         processes.append(validator_process)
@@ -164,6 +177,22 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
                     await asyncio.wait_for(runner, 30)
             else:
                 assert await asyncio.to_thread(runner.wait, 30) == 1, cheat
+
+        # The validator's Prometheus metrics count what the ledger records.
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        scraped = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(scraped.decode())
+            for sample in family.samples
+        }
+        all_verdicts = [v for judged in verdicts.values() for v in judged]
+        rejected = [reasons[0] for accepted, reasons, _ in all_verdicts if not accepted]
+        assert samples[("rollnet_validator_jobs_total", (("decision", "reject"),))] >= len(rejected)
+        for reason in set(rejected):
+            key_ = ("rollnet_validator_rejects_total", (("reason", reason),))
+            assert samples[key_] >= rejected.count(reason)
+        assert samples[("rollnet_validator_validated_tokens_total", (("kind", "completion"),))] > 0
 
         # One verdict per commitment.
         assert set(ledger.verdicts_per_commitment().values()) == {1}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,6 +60,14 @@ def coordinator_config_for(
     }
     settings.update(changes)
     return with_overrides(base, **settings)
+
+
+def free_port() -> int:
+    """A port that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def connect(address: str, identity: Identity) -> RollnetClient:
