@@ -20,7 +20,13 @@ from rollnet.sdk.proofs.report import (
     Verdict,
     VerificationReport,
 )
-from rollnet.sdk.proofs.sampling import check_sampling, gumbel_noise, gumbel_scores, noise_bits
+from rollnet.sdk.proofs.sampling import (
+    check_sampling,
+    gumbel_noise,
+    gumbel_scores,
+    noise_bits,
+    sampling_margins,
+)
 from rollnet.sdk.proofs.termination import FINISH_EOS, FINISH_LENGTH, check_termination
 from rollnet.sdk.proofs.thresholds import (
     BFLOAT16,
@@ -37,7 +43,9 @@ from rollnet.sdk.proofs.toploc import (
     WindowStats,
     build_proof,
     check_toploc,
+    encode_windows,
     parse_proof,
+    proof_size,
     verify_proof,
 )
 from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollout
@@ -70,11 +78,14 @@ __all__ = [
     "check_toploc",
     "commitment_digest",
     "derive_sampling_seed",
+    "encode_windows",
     "gumbel_noise",
     "gumbel_scores",
     "noise_bits",
     "parse_proof",
     "proof_digest",
+    "proof_size",
+    "sampling_margins",
     "thresholds_for",
     "tokens_digest",
     "verify_proof",
