@@ -141,3 +141,11 @@ def find_commitment(session: Session, task_id: str, fencing_token: int) -> Commi
             Commitment.task_id == task_id, Commitment.fencing_token == fencing_token
         )
     ).first()
+
+
+def latest_checkpoint_step(session: Session) -> int | None:
+    """The highest published step, without loading its manifest."""
+    from sqlalchemy import func
+
+    step = session.scalar(select(func.max(Checkpoint.step)))
+    return None if step is None else int(step)

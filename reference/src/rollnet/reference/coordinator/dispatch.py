@@ -216,8 +216,8 @@ class Dispatcher:
             cap = min(
                 caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node
             )
-            latest = artifacts.latest_checkpoint(session)
-            min_step = None if latest is None else max(0, latest.step - config.async_level)
+            latest = artifacts.latest_checkpoint_step(session)
+            min_step = None if latest is None else max(0, latest - config.async_level)
             return tasks.lease_next_task(
                 session,
                 node_id=caller.node_id,

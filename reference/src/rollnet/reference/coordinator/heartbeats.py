@@ -118,8 +118,7 @@ class HeartbeatBatcher:
             extended |= validation.extend_validation_leases(
                 session, holders, now=now, lease_duration=config.lease_duration
             )
-            latest = artifacts.latest_checkpoint(session)
-            step = latest.step if latest is not None else 0
+            step = artifacts.latest_checkpoint_step(session) or 0
             results = []
             for item in batch:
                 state_role = states.get(item.node_id)

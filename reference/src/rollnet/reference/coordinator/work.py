@@ -99,19 +99,8 @@ class WorkDesk:
             raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
         except BlobDigestMismatch as error:
             raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
-        now = self.ctx.clock()
-
-        def work(session: Session) -> None:
-            artifacts.record_blob(
-                session,
-                blake3_hex=stored.digest.hex(),
-                size=stored.size,
-                location=str(stored.path.relative_to(self.ctx.blobs.root)),
-                uploader_id=caller.node_id,
-                now=now,
-            )
-
-        await self.ctx.run_in_transaction(work)
+        # No database write here: the file is the blob. Its row is written in the transaction
+        # of the commitment (or checkpoint) that references it, saving a commit per upload.
         return blob_service_pb2.UploadBlobResponse(
             blob=common_pb2.BlobRef(blake3=stored.digest, size=stored.size),
             already_present=stored.already_present,
@@ -143,10 +132,10 @@ class WorkDesk:
             offset += len(data)
 
     # ---------------------------------------------------------------- commitments
-    def _load_batch(self, digest: bytes) -> rollout_pb2.RolloutBatch:
+    def _load_batch(self, digest: bytes) -> tuple[rollout_pb2.RolloutBatch, int]:
         _, data = self.ctx.blobs.read_range(digest, 0, 0)
         try:
-            return rollout_pb2.RolloutBatch.FromString(data)
+            return rollout_pb2.RolloutBatch.FromString(data), len(data)
         except DecodeError as error:
             raise Refusal(
                 ErrorReason.ROLLOUT_BATCH_INVALID, f"rollout blob is not a RolloutBatch: {error}"
@@ -217,7 +206,7 @@ class WorkDesk:
             )
         if not self.ctx.blobs.exists(request.rollout_batch.blake3):
             raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
-        batch = self._load_batch(request.rollout_batch.blake3)
+        batch, batch_size = self._load_batch(request.rollout_batch.blake3)
         now = self.ctx.clock()
 
         def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
@@ -234,9 +223,20 @@ class WorkDesk:
                 # The same work submitted again (a retry whose first answer was lost): answer
                 # with the original commitment and receipt, write nothing.
                 return self._response(session, existing, request), False
-            blob = artifacts.get_blob(session, request.rollout_batch.blake3.hex())
-            if blob is None or blob.size != request.rollout_batch.size:
+            if batch_size != request.rollout_batch.size:
                 raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            artifacts.record_blob(
+                session,
+                blake3_hex=request.rollout_batch.blake3.hex(),
+                size=batch_size,
+                location=str(
+                    self.ctx.blobs.path_of(request.rollout_batch.blake3).relative_to(
+                        self.ctx.blobs.root
+                    )
+                ),
+                uploader_id=caller.node_id,
+                now=now,
+            )
             self._check_batch(batch, request, caller, task)
             outcome = tasks.submit_task(
                 session,
