@@ -195,7 +195,10 @@ class AcceptedRollout(_message.Message):
 
     @_builtins.property
     def validated_reward(self) -> _common_pb2.Reward:
-        """The reward recomputed by the validator (or the coordinator for spot-check skips)."""
+        """The reward recomputed by the validator. Unset when the commitment was accepted without a
+        spot check (a trusted node's work): the trainer recomputes it through the environment, as it
+        never trusts a worker's claimed reward.
+        """
 
     def __init__(
         self,
