@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from worker_testing import (
+    CoordinatorProcess,
     Ledger,
     connect,
     coordinator_config_for,
@@ -21,6 +22,7 @@ from worker_testing import (
     worker_config,
 )
 
+from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
@@ -37,15 +39,17 @@ class GatedGenerator(InferenceGenerator):
         super().__init__(lambda: make_backend("torch"), store)
         self.generated = asyncio.Event()
         self.gate = asyncio.Event()
+        self.holding = True
 
     async def generate(
         self, task: task_pb2.Task, lease: LeaseContext
     ) -> Sequence[rollout_pb2.Rollout]:
         rollouts = await super().generate(task, lease)
-        self.generated.set()
-        await self.gate.wait()
-        self.generated.clear()
-        self.gate.clear()
+        if self.holding:
+            self.generated.set()
+            await self.gate.wait()
+            self.generated.clear()
+            self.gate.clear()
         return rollouts
 
 
@@ -131,4 +135,52 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         if not running.done():
             running.cancel()
         await coordinator.stop(grace=0.5)
+        ledger.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_coordinator_process_sigkilled_mid_run(
+    tmp_path: Path, sqlite_url: str, trainer_identity: Identity, tiny_model: Path
+) -> None:
+    """A real coordinator process dies (SIGKILL) while a task is generated and comes back on
+    the same database: the worker carries on, every task is committed exactly once, and the
+    ledger still verifies."""
+    address = f"127.0.0.1:{free_port()}"
+    coordinator = CoordinatorProcess(
+        tmp_path / "coordinator", sqlite_url, address, trainer_identity
+    )
+    coordinator.start()
+    ledger = Ledger(sqlite_url)
+    identity = Identity.generate()
+    generator = GatedGenerator(tmp_path / "worker")
+    worker = Worker(worker_config(address, tmp_path / "worker"), identity, generator)
+    running: asyncio.Task[None] | None = None
+    try:
+        await coordinator.wait_listening()
+        trainer = await start_trainer(address, trainer_identity, tiny_model)
+        task_ids = await request_tasks(trainer, 3)
+        await trainer.close()
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(generator.generated.wait(), 90)
+        generator.gate.set()
+        await eventually(lambda: worker.receipts_received == 1, within=60, what="receipt 1")
+        # The second task is generated and held: kill the coordinator, then let it go.
+        await asyncio.wait_for(generator.generated.wait(), 90)
+        coordinator.kill()
+        generator.holding = False
+        generator.gate.set()
+        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
+        coordinator.start()
+        await coordinator.wait_listening()
+        await eventually(lambda: worker.receipts_received == 3, within=90, what="all receipts")
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+        assert ledger.commitments_per_task() == {t: [identity.node_id] for t in task_ids}
+        coordinator.kill()
+        assert cli_main(["ledger", "verify", "--db", sqlite_url]) == 0
+    finally:
+        if running is not None and not running.done():
+            running.cancel()
+        coordinator.kill()
         ledger.close()

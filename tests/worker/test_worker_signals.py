@@ -36,6 +36,10 @@ def prepare(directory: Path) -> tuple[Identity, BinaryIO]:
     return identity, open(directory / "worker.log", "wb")
 
 
+# These start `rollnet worker` processes.
+pytestmark = pytest.mark.slow
+
+
 async def spawn_worker(address: str, directory: Path) -> tuple[asyncio.subprocess.Process, str]:
     """Start ``rollnet worker`` with a fresh key; returns the process and its node id."""
     identity, log = prepare(directory)

@@ -4,7 +4,10 @@ model and asks for rollouts, database probes, and waiting on conditions with a d
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -170,3 +173,73 @@ class Ledger:
             for task_id, (state, holder) in self.task_states().items()
             if state is TaskState.LEASED and holder == node_id
         ]
+
+
+class CoordinatorProcess:
+    """``python -m rollnet.reference.cli coordinator`` on a fixed address, stderr to a file."""
+
+    def __init__(self, data_dir: Path, database_url: str, listen: str, trainer: Identity) -> None:
+        self.data_dir = data_dir
+        self.database_url = database_url
+        self.listen = listen
+        self.log = data_dir / "coordinator.log"
+        self.config = data_dir / "coordinator.toml"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            "\n".join(
+                [
+                    f'network_id = "{NETWORK}"',
+                    f'trainers = ["{trainer.node_id}"]',
+                    "heartbeat_interval = 1",
+                    "lease_duration = 30",
+                    "suspect_after_missed = 30",
+                    "offline_after_missed = 60",
+                    "sweep_interval = 0.2",
+                    "retry_after = 0.2",
+                    "pull_wait_max = 2",
+                ]
+            )
+            + "\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self._start_offset = 0
+
+    def start(self) -> None:
+        self._start_offset = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rollnet.reference.cli",
+                    "coordinator",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--db",
+                    self.database_url,
+                    "--listen",
+                    self.listen,
+                    "--config",
+                    str(self.config),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    async def wait_listening(self) -> None:
+        def listening() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"coordinator exited early:\n{self.log.read_text()}")
+            with self.log.open("rb") as output:
+                output.seek(self._start_offset)
+                return b"listening on" in output.read()
+
+        await eventually(listening, within=90, what="the coordinator to listen")
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no cleanup."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
