@@ -28,16 +28,29 @@ def register(subparsers: Any) -> None:
         "--data-dir", type=Path, required=True, help="outbox, receipts and checkpoints"
     )
     parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
-    parser.add_argument("--backend", choices=("torch", "vllm"), default="torch")
+    parser.add_argument(
+        "--tls-ca", type=Path, default=None, help="PEM root certificates: connect with TLS"
+    )
+    parser.add_argument("--tls-server-name", default=None, help="expected TLS server name")
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="inference backend (default torch; vllm needs a GPU and the [vllm] extra)",
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cpu; vllm: cuda)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype"
+    )
     parser.add_argument(
         "--environment",
         action="append",
         default=[],
         help="serve only this environment (repeatable; default: any)",
     )
-    parser.add_argument("--max-concurrent-tasks", type=int, default=1)
+    parser.add_argument(
+        "--max-concurrent-tasks", type=int, default=1, help="leases held at once (default 1)"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="completions per backend call")
     parser.add_argument(
         "--keep-checkpoints",
@@ -56,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.reference.logs import configure_logging
     from rollnet.reference.worker import InferenceGenerator, make_backend
     from rollnet.sdk.checkpoints import CheckpointStore
+    from rollnet.sdk.client import TlsConfig
     from rollnet.sdk.identity import Identity, KeyFileError
     from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
 
@@ -81,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         batch_size=args.batch_size,
     )
+    tls = None
+    if args.tls_ca is not None or args.tls_server_name is not None:
+        tls = TlsConfig(root_certificates=args.tls_ca, server_name_override=args.tls_server_name)
     config = WorkerConfig(
         target=args.coordinator,
+        tls=tls,
         data_dir=args.data_dir,
         network_id=args.network_id,
         backends=(args.backend,),
