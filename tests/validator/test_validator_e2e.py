@@ -1,5 +1,6 @@
 """End to end on loopback: a coordinator, one honest worker (``rollnet worker`` process), one
-adversarial worker per attack class and one validator (``rollnet validator`` process).
+adversarial worker per attack class and two validators at once (a ``rollnet validator`` process
+and a :class:`~rollnet.reference.validator.Validator` in the test process).
 
 Two cheaters run as real processes (``python -m rollnet.reference.adversary``); the other four
 run the same worker runtime inside the test process, against the same coordinator, which spares
@@ -38,6 +39,7 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.adversary import CHEATS, Cheat, build_cheating_worker
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.validator import Validator, ValidatorConfig
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError
 
@@ -61,9 +63,14 @@ def first_failure(figures: dict[str, Any]) -> dict[str, Any]:
 async def test_honest_work_is_credited_and_every_cheater_is_ejected(
     tmp_path: Path, sqlite_url: str, tiny_model: Path
 ) -> None:
-    trainer, validator = Identity.generate(), Identity.generate()
+    trainer, validator, second = Identity.generate(), Identity.generate(), Identity.generate()
     config = coordinator_config_for(
-        tmp_path, sqlite_url, trainer, validator, eject_after_rejects=EJECT_AFTER
+        tmp_path,
+        sqlite_url,
+        trainer,
+        validator,
+        eject_after_rejects=EJECT_AFTER,
+        validators=frozenset({validator.node_id, second.node_id}),
     )
     coordinator = await start_coordinator(config)
     address = coordinator.address
@@ -72,6 +79,17 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
     processes: list[subprocess.Popen[bytes]] = []
     cheaters: dict[Cheat, tuple[Identity, subprocess.Popen[bytes] | asyncio.Task[None]]] = {}
     common = ["--coordinator", address, "--network-id", NETWORK, "--pull-wait", "1"]
+    in_process_validator = Validator(
+        ValidatorConfig(
+            target=address,
+            data_dir=tmp_path / "v2",
+            network_id=NETWORK,
+            pull_wait=1.0,
+            backoff=Backoff(initial=0.1, maximum=1.0),
+        ),
+        second,
+    )
+    validating = asyncio.create_task(in_process_validator.run())
 
     def node(name: str, identity: Identity | None = None) -> tuple[Path, Identity]:
         key = tmp_path / f"{name}.key"
@@ -178,7 +196,10 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
             else:
                 assert await asyncio.to_thread(runner.wait, 30) == 1, cheat
 
-        # The validator's Prometheus metrics count what the ledger records.
+        # Both validators judged work; the process's Prometheus metrics count what the ledger
+        # records for it.
+        by_validator = ledger.verdicts_by_validator()
+        assert set(by_validator) == {validator.node_id, second.node_id}, by_validator.keys()
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         scraped = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
         samples = {
@@ -186,12 +207,16 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
             for family in text_string_to_metric_families(scraped.decode())
             for sample in family.samples
         }
-        all_verdicts = [v for judged in verdicts.values() for v in judged]
-        rejected = [reasons[0] for accepted, reasons, _ in all_verdicts if not accepted]
-        assert samples[("rollnet_validator_jobs_total", (("decision", "reject"),))] >= len(rejected)
+        mine = by_validator[validator.node_id]
+        rejected = [reasons[0] for accepted, reasons in mine if not accepted]
+        decisions = {"accept": len(mine) - len(rejected), "reject": len(rejected)}
+        for decision, count in decisions.items():
+            assert samples.get(("rollnet_validator_jobs_total", (("decision", decision),)), 0) == (
+                count
+            )
         for reason in set(rejected):
             key_ = ("rollnet_validator_rejects_total", (("reason", reason),))
-            assert samples[key_] >= rejected.count(reason)
+            assert samples[key_] == rejected.count(reason)
         assert samples[("rollnet_validator_validated_tokens_total", (("kind", "completion"),))] > 0
 
         # One verdict per commitment.
@@ -201,6 +226,9 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
         # (Off the event loop: the coordinator serves from it meanwhile.)
         assert await asyncio.to_thread(stop, honest_process) == 0
         assert await asyncio.to_thread(stop, validator_process) == 0
+        in_process_validator.request_stop()
+        await asyncio.wait_for(validating, 30)
+        assert ledger.node_state(second.node_id) is NodeState.DEREGISTERED
         verify = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", *rollnet("ledger", "verify", "--db", sqlite_url)],
@@ -210,6 +238,9 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
         )
         assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
+        in_process_validator.request_stop()
+        if not validating.done():
+            await asyncio.wait({validating}, timeout=30)
         for _, runner in cheaters.values():
             if isinstance(runner, asyncio.Task):
                 runner.cancel()

@@ -159,6 +159,15 @@ class Ledger:
             out.setdefault(node_id, []).append((accepted, tuple(reasons or ()), figures))
         return out
 
+    def verdicts_by_validator(self) -> dict[str, list[tuple[bool, tuple[str, ...]]]]:
+        """Per validator node: (accepted, reasons) of each verdict it gave."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Verdict.validator_id, Verdict.accepted, Verdict.reasons))
+            out: dict[str, list[tuple[bool, tuple[str, ...]]]] = {}
+            for validator_id, accepted, reasons in rows:
+                out.setdefault(validator_id, []).append((accepted, tuple(reasons or ())))
+        return out
+
     def verdicts_per_commitment(self) -> dict[str, int]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Verdict.commitment_id)).scalars().all()
