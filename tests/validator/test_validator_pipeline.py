@@ -23,7 +23,7 @@ from rollnet.reference.validator import (
 )
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
-from rollnet.sdk.proofs import FLOAT32, LeaseBinding
+from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -142,6 +142,19 @@ async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> N
     outcome = judge(bench, job, blob)
     assert outcome.failed_checks == {"binding"}
     assert outcome.reject_reason == "COMMITMENT_DIGEST_MISMATCH"
+
+
+async def test_rollouts_rebound_to_another_lease_fail_sampling(bench: Bench) -> None:
+    # Another node's valid tokens and proofs, re-signed for the thief's own lease with the
+    # thief's derived seeds: binding holds, but the tokens were not drawn with those seeds.
+    task, lease, rollouts = await generate(bench, None)
+    thief = LeaseBinding(lease.network_id, "thief", lease.task_id, "thief-lease", 2)
+    for index, rollout in enumerate(rollouts):
+        rollout.sampling_seed = derive_sampling_seed(thief, index)
+    job, blob = seal_job(task, thief, rollouts)
+    outcome = judge(bench, job, blob)
+    assert outcome.failed_checks == {"sampling"}
+    assert outcome.reject_reason == "TOKEN_NOT_SAMPLED"
 
 
 async def test_tampered_blob_and_batch_are_rejected_before_the_model(bench: Bench) -> None:
