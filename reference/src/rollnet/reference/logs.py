@@ -15,6 +15,8 @@ import structlog
 
 _SHARED_PROCESSORS: list[Any] = [
     structlog.contextvars.merge_contextvars,
+    # Fields passed to stdlib logging as ``extra=`` become fields of the structured record.
+    structlog.stdlib.ExtraAdder(),
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -92,6 +92,9 @@ class ConnectionConfig:
     """Seconds to wait for a keepalive ack before the connection is considered dead."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Default retry policy of every client on the channel."""
+    max_reconnect_backoff: float | None = 10.0
+    """Longest wait, in seconds, between gRPC's attempts to re-open a broken connection
+    (``None``: gRPC's default of 120 s, which can keep a node away long after an outage)."""
     user_agent: str = "rollnet-sdk/0.1"
 
 
@@ -104,6 +107,10 @@ def _channel_options(config: ConnectionConfig) -> list[tuple[str, Any]]:
         # policy would resend the same nonce after the server saw it, a refused replay.
         ("grpc.enable_retries", 0),
     ]
+    if config.max_reconnect_backoff is not None:
+        options.append(
+            ("grpc.max_reconnect_backoff_ms", int(config.max_reconnect_backoff * 1000))
+        )
     if config.keepalive_time is not None:
         options += [
             ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
