@@ -431,3 +431,18 @@ def extend_leases(
         .execution_options(synchronize_session=False)
     )
     return {row.lease_id for row in rows}
+
+
+def has_queued_task(
+    session: Session,
+    *,
+    environments: Collection[str] | None = None,
+    min_checkpoint_step: int | None = None,
+) -> bool:
+    """Whether a queued task matches (a cheap read before trying to lease one)."""
+    query = select(Task.id).where(Task.state == TaskState.QUEUED)
+    if environments is not None:
+        query = query.where(Task.environment.in_(sorted(environments)))
+    if min_checkpoint_step is not None:
+        query = query.where(Task.checkpoint_step >= min_checkpoint_step)
+    return session.scalar(query.limit(1)) is not None

@@ -272,3 +272,15 @@ def extend_validation_leases(
         .execution_options(synchronize_session=False)
     )
     return {row.lease_id for row in rows}
+
+
+def has_queued_validation_job(session: Session) -> bool:
+    """Whether a validation job waits (a cheap read before trying to lease one)."""
+    return (
+        session.scalar(
+            select(ValidationJob.id)
+            .where(ValidationJob.state == ValidationJobState.QUEUED)
+            .limit(1)
+        )
+        is not None
+    )

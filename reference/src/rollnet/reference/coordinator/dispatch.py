@@ -218,6 +218,7 @@ class Dispatcher:
             )
             latest = artifacts.latest_checkpoint_step(session)
             min_step = None if latest is None else max(0, latest - config.async_level)
+            filters.update(environments=envs, min_checkpoint_step=min_step)
             return tasks.lease_next_task(
                 session,
                 node_id=caller.node_id,
@@ -228,8 +229,13 @@ class Dispatcher:
                 max_leases_per_node=cap,
             )
 
+        filters: dict[str, Any] = {}
+
+        def work_waits(session: Session) -> bool:
+            return tasks.has_queued_task(session, **filters)
+
+        leased = await self.ctx.run_in_transaction(work)
         while True:
-            leased = await self.ctx.run_in_transaction(work)
             if leased is not None:
                 lease = task_pb2.Lease(
                     lease_id=leased.lease_id,
@@ -247,6 +253,9 @@ class Dispatcher:
             if remaining <= 0:
                 return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
             await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
+            # An idle poll costs a read, not a write: lease only when something is queued.
+            if await self.ctx.run_read(work_waits):
+                leased = await self.ctx.run_in_transaction(work)
 
     async def report_progress(
         self, caller: Caller, request: task_service_pb2.ReportProgressRequest

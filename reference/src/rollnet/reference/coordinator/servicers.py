@@ -109,8 +109,14 @@ class Idempotency:
         request: Message,
         response_type: type[Resp],
         produce: Callable[[], Awaitable[Resp]],
+        *,
+        changed: Callable[[Resp], bool] = lambda _response: True,
     ) -> Resp:
-        """Return the stored response for a seen request id, else produce and store one."""
+        """Return the stored response for a seen request id, else produce and store one.
+
+        ``changed`` says whether a response reflects a mutation; one that does not (a pull that
+        found no work) is not recorded, so the same id may be used to poll again.
+        """
         request_id: str = getattr(request, "request_id", "")
         if not request_id:
             return await produce()
@@ -133,7 +139,7 @@ class Idempotency:
             return raced
         finally:
             IDEMPOTENCY_SCOPE.reset(token)
-        if not scope.stored:
+        if not scope.stored and changed(response):
             # The response was assembled after the mutation committed: record it now. A crash
             # in between is covered by the RPC's own idempotency (see docs/protocol.md).
             payload = digest + response.SerializeToString(deterministic=True)
@@ -253,7 +259,13 @@ class TaskServicer(_Base, task_service_pb2_grpc.TaskServiceServicer):
         async def produce() -> task_service_pb2.PullTaskResponse:
             return await self.dispatcher.pull(caller(), request)
 
-        return await self.idem.run("PullTask", request, task_service_pb2.PullTaskResponse, produce)
+        return await self.idem.run(
+            "PullTask",
+            request,
+            task_service_pb2.PullTaskResponse,
+            produce,
+            changed=lambda response: response.HasField("lease"),
+        )
 
     @handled
     async def ReportProgress(
@@ -352,6 +364,7 @@ class ValidationServicer(_Base, validation_service_pb2_grpc.ValidationServiceSer
             request,
             validation_service_pb2.PullValidationJobResponse,
             lambda: self.desk.pull_job(caller(), request),
+            changed=lambda response: response.HasField("lease"),
         )
 
     @handled

@@ -418,8 +418,8 @@ class WorkDesk:
                 ),
             )
 
+        response = await self.ctx.run_in_transaction(work)
         while True:
-            response = await self.ctx.run_in_transaction(work)
             if response is not None:
                 return response
             remaining = (deadline - self.ctx.clock()).total_seconds()
@@ -428,6 +428,9 @@ class WorkDesk:
                     retry_after=duration(config.retry_after)
                 )
             await wait_for(self.ctx.signals.jobs_available, min(remaining, 1.0))
+            # An idle poll costs a read, not a write: lease only when a job waits.
+            if await self.ctx.run_read(validation.has_queued_validation_job):
+                response = await self.ctx.run_in_transaction(work)
 
     async def submit_verdict(
         self, caller: Caller, request: validation_service_pb2.SubmitVerdictRequest
