@@ -25,7 +25,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,22 @@ async def bench_heartbeats(
     return echo_rate, beat_rate
 
 
+async def keep_alive(channel: grpc.aio.Channel, nodes: list[Node], interval: float) -> None:
+    """Heartbeat every node once per ``interval``, spread over the interval."""
+    heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
+    body = node_service_pb2.HeartbeatRequest().SerializeToString()
+    semaphore = asyncio.Semaphore(16)
+
+    async def beat(node: Node) -> None:
+        async with semaphore:
+            await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+
+    while True:
+        started = time.perf_counter()
+        await asyncio.gather(*(beat(node) for node in nodes))
+        await asyncio.sleep(max(0.0, interval / 2 - (time.perf_counter() - started)))
+
+
 async def bench_lease_cycles(
     coordinator: str,
     echo: str,
@@ -210,6 +228,7 @@ async def bench_lease_cycles(
     trainer: Node,
     seconds: float,
     concurrency: int,
+    interval: float,
 ) -> tuple[float, float]:
     async with (
         grpc.aio.insecure_channel(coordinator) as channel,
@@ -343,7 +362,13 @@ async def bench_lease_cycles(
         count, lat = await drive(seconds, concurrency, echo_cycle)
         echo_rate = report("echo (3 signed round trips)", count, seconds, lat)
         profile("lease-cycle", seconds)
-        count, lat = await drive(seconds, concurrency, cycle)
+        # The workers stay alive as real ones do: heartbeats at the configured interval, so
+        # none goes OFFLINE (which would revoke its leases) while it is busy.
+        keepalive = asyncio.create_task(keep_alive(channel, workers, interval))
+        try:
+            count, lat = await drive(seconds, concurrency, cycle)
+        finally:
+            keepalive.cancel()
         cycle_rate = report("lease cycle (pull+upload+commit)", count, seconds, lat)
     return echo_rate, cycle_rate
 
@@ -375,8 +400,10 @@ async def bench_swarm(
             requested_interval=duration_pb2.Duration(seconds=int(interval))
         ).SerializeToString()
         stop_at = time.perf_counter() + seconds
+        ids = frozenset(n.identity.node_id for n in nodes)
         latencies: list[float] = []
         errors = 0
+        error_codes: Counter[str] = Counter()
         worst_suspect = 0
 
         async def node_loop(node: Node) -> None:
@@ -386,8 +413,9 @@ async def bench_swarm(
                 started = time.perf_counter()
                 try:
                     await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
-                except grpc.aio.AioRpcError:
+                except grpc.aio.AioRpcError as error:
                     errors += 1
+                    error_codes[error.code().name] += 1
                 latencies.append(time.perf_counter() - started)
                 await asyncio.sleep(interval * random.uniform(0.9, 1.0))
 
@@ -395,7 +423,7 @@ async def bench_swarm(
             nonlocal worst_suspect
             while time.perf_counter() < stop_at:
                 await asyncio.sleep(2.0)
-                worst_suspect = max(worst_suspect, count_stale(db))
+                worst_suspect = max(worst_suspect, count_stale(db, ids))
 
         started = time.perf_counter()
         await asyncio.gather(watch(), *(node_loop(n) for n in nodes))
@@ -404,19 +432,27 @@ async def bench_swarm(
             f"  {len(nodes):,} nodes @ {interval:g} s: {len(latencies) / elapsed:,.0f} heartbeats/s"
             f", p50 {percentile(latencies, 0.5) * 1000:.2f} ms, p99 "
             f"{percentile(latencies, 0.99) * 1000:.2f} ms, errors {errors}, "
-            f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {count_stale(db)}"
+            f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {count_stale(db, ids)}"
         )
+        if error_codes:
+            print(f"  errors by code: {dict(error_codes)}")
 
 
-def count_stale(db: Path) -> int:
+def count_stale(db: Path, node_ids: frozenset[str]) -> int:
+    """How many of ``node_ids`` the coordinator holds SUSPECT or OFFLINE right now."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as connection:
-        row = connection.execute(
-            "SELECT count(*) FROM nodes WHERE state IN ('suspect', 'offline')"
-        ).fetchone()
-    return int(row[0])
+        rows = connection.execute(
+            "SELECT id FROM nodes WHERE state IN ('suspect', 'offline')"
+        ).fetchall()
+    return sum(1 for (node_id,) in rows if node_id in node_ids)
 
 
 # ---------------------------------------------------------------------------- orchestration
+def _drain(stream: Any) -> None:
+    for _line in stream:
+        pass
+
+
 def start_process(args: list[str], pattern: str, env: dict[str, str]) -> tuple[Any, int]:
     process = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -429,6 +465,8 @@ def start_process(args: list[str], pattern: str, env: dict[str, str]) -> tuple[A
             raise RuntimeError(f"{args[0]} exited early")
         match = re.search(pattern, line)
         if match:
+            # Keep draining the pipe, or a chatty child blocks once the buffer fills.
+            threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
             return process, int(match.group(1))
     raise RuntimeError(f"{args} did not report its port")
 
@@ -445,7 +483,7 @@ async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: 
     print(f"lease cycle ({args.concurrency} in flight, {args.seconds} s):")
     trainer = args.trainer
     echo_rate, cycle_rate = await bench_lease_cycles(
-        coordinator, echo, nodes, trainer, args.seconds, args.concurrency
+        coordinator, echo, nodes, trainer, args.seconds, args.concurrency, args.interval
     )
     print(f"  ratio lease cycle / echo: {cycle_rate / echo_rate:.2f}x   (target >= 0.2x)")
     if args.swarm:

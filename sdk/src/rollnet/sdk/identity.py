@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import stat
 from pathlib import Path
@@ -40,12 +41,18 @@ def node_id_from_public_key(public_key: bytes) -> str:
     return digest[:16].hex()
 
 
+@functools.lru_cache(maxsize=65536)
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    # Parsing a key costs about as much as a fifth of a verification; nodes sign many calls.
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
 def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
     """Whether ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``."""
     if len(public_key) != PUBLIC_KEY_SIZE or len(signature) != SIGNATURE_SIZE:
         return False
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        _public_key(public_key).verify(signature, message)
     except (InvalidSignature, ValueError):
         return False
     return True

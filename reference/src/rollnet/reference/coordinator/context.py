@@ -84,17 +84,19 @@ class CoordinatorContext:
         def _run() -> T:
             with self.sessions.begin() as session:
                 result = work(session)
+                # Work may return the response alone or first in a tuple with side results.
+                response = result[0] if isinstance(result, tuple) and result else result
                 if (
                     scope is not None
                     and not scope.stored
-                    and isinstance(result, scope.response_type)
+                    and isinstance(response, scope.response_type)
                 ):
                     idempotency.store(
                         session,
                         scope.caller_id,
                         scope.method,
                         scope.request_id,
-                        scope.request_digest + result.SerializeToString(deterministic=True),
+                        scope.request_digest + response.SerializeToString(deterministic=True),
                         now=now,
                     )
                     scope.stored = True

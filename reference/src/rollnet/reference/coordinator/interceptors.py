@@ -234,11 +234,21 @@ class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, buckets: TokenBuckets, exempt_prefixes: frozenset[str]) -> None:
         self.buckets = buckets
         self.exempt_prefixes = exempt_prefixes
+        # Inside the verifier the handlers are the servicers' own, fixed per method: wrap once.
+        self._wrapped: dict[str, Any] = {}
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        cached = self._wrapped.get(details.method)
+        if cached is not None:
+            return cached
         handler = await continuation(details)
         if handler is None or any(details.method.startswith(p) for p in self.exempt_prefixes):
             return handler
+        wrapped = self._wrap(handler)
+        self._wrapped[details.method] = wrapped
+        return wrapped
+
+    def _wrap(self, handler: Any) -> Any:
 
         def admit(context: Any) -> float | None:
             caller = current_caller()
