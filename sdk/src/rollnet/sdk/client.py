@@ -108,9 +108,7 @@ def _channel_options(config: ConnectionConfig) -> list[tuple[str, Any]]:
         ("grpc.enable_retries", 0),
     ]
     if config.max_reconnect_backoff is not None:
-        options.append(
-            ("grpc.max_reconnect_backoff_ms", int(config.max_reconnect_backoff * 1000))
-        )
+        options.append(("grpc.max_reconnect_backoff_ms", int(config.max_reconnect_backoff * 1000)))
     if config.keepalive_time is not None:
         options += [
             ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
