@@ -111,3 +111,18 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
         assert flag in text, f"{flag} missing from --help"
         assert option.env in text, f"{option.env} missing from --help"
         assert option.help.split("(")[0].strip() in text
+
+
+def test_environment_and_sampling_settings_come_from_toml(tmp_path: Path) -> None:
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text(
+        'environments = ["arithmetic"]\nmax_new_tokens = 64\nmax_samples_per_prompt = 8\n'
+        "max_temperature = 1.5\n"
+    )
+    config = load_config(tmp_path / "data", config_file=config_file)
+    assert config.environments == frozenset({"arithmetic"})
+    assert (config.max_new_tokens, config.max_samples_per_prompt) == (64, 8)
+    assert config.max_temperature == 1.5
+    config_file.write_text("environments = 3\n")
+    with pytest.raises(ConfigError, match="environments must be a list"):
+        load_config(tmp_path / "data", config_file=config_file)

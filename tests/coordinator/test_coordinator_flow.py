@@ -278,3 +278,39 @@ async def test_unknown_key_and_wrong_role_are_refused(
 
 
 _ = blake3
+
+
+async def test_demand_outside_the_operator_limits_is_refused_field_by_field(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    trainer = connect(coordinator, trainer_identity)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        with pytest.raises(RollnetError) as refused:
+            await trainer.rollouts.request_rollouts(
+                rollout_service_pb2.RequestRolloutsRequest(
+                    rollout_step=1,
+                    environment="no-such-environment",
+                    prompt_count=1,
+                    samples_per_prompt=100_000,
+                    sampling=common_pb2.SamplingParams(temperature=50.0, max_new_tokens=10**6),
+                )
+            )
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        fields = {v.field for v in refused.value.field_violations}
+        assert {"samples_per_prompt", "sampling.temperature", "sampling.max_new_tokens"} <= fields
+        with pytest.raises(RollnetError) as refused:
+            await trainer.rollouts.request_rollouts(
+                rollout_service_pb2.RequestRolloutsRequest(
+                    rollout_step=1,
+                    environment="no-such-environment",
+                    prompt_count=1,
+                    samples_per_prompt=2,
+                    sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=8),
+                )
+            )
+        assert [v.field for v in refused.value.field_violations] == ["environment"]
+        assert "arithmetic" in refused.value.message  # names what is available
+    finally:
+        await trainer.close()

@@ -67,6 +67,10 @@ class CoordinatorConfig:
     registrations_per_ip_per_minute: int = 60
     head_sign_interval: timedelta = timedelta(seconds=60)
     seed: int = 0
+    max_new_tokens: int = 32768
+    max_samples_per_prompt: int = 256
+    max_temperature: float = 2.0
+    environments: frozenset[str] = frozenset()
     validators: frozenset[str] = frozenset()
     trainers: frozenset[str] = frozenset()
     operators: frozenset[str] = frozenset()
@@ -172,9 +176,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("registrations_per_ip_per_minute", _positive_int, "RegisterNode calls per IP/minute"),
     Option("head_sign_interval", _seconds, "how often the ledger chain head is signed, seconds"),
     Option("seed", _non_negative_int, "coordinator seed for prompt draws and sampling seeds"),
+    Option("max_new_tokens", _positive_int, "largest max_new_tokens a trainer may ask for"),
+    Option("max_samples_per_prompt", _positive_int, "largest group size a trainer may ask for"),
+    Option(
+        "max_temperature", _positive_float, "highest sampling temperature a trainer may ask for"
+    ),
 )
 _OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
-_STRUCTURED_KEYS = frozenset({"validators", "trainers", "operators", "pools", "data_dir"})
+_STRUCTURED_KEYS = frozenset(
+    {"validators", "trainers", "operators", "pools", "environments", "data_dir"}
+)
 
 
 class ConfigError(ValueError):
@@ -250,6 +261,10 @@ def load_config(
         for key, raw in document.items():
             if key in ("validators", "trainers", "operators"):
                 values[key] = _node_set(raw, key, source)
+            elif key == "environments":
+                if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+                    raise ConfigError(f"{source}: environments must be a list of names")
+                values[key] = frozenset(raw)
             elif key == "pools":
                 values["pools"] = _pools(raw, source)
             elif key in _OPTIONS_BY_NAME:

@@ -107,12 +107,27 @@ class Dispatcher:
         v = Violations()
         v.require(bool(request.environment), "environment", "is required")
         v.require(request.prompt_count > 0, "prompt_count", "must be positive")
-        v.require(0 < request.samples_per_prompt <= 1024, "samples_per_prompt", "1 to 1024")
+        config = self.ctx.config
+        v.require(
+            0 < request.samples_per_prompt <= config.max_samples_per_prompt,
+            "samples_per_prompt",
+            f"1 to {config.max_samples_per_prompt} (max_samples_per_prompt)",
+        )
+        v.require(
+            request.sampling.temperature <= config.max_temperature,
+            "sampling.temperature",
+            f"at most {config.max_temperature} (max_temperature)",
+        )
+        v.require(
+            not config.environments or request.environment in config.environments,
+            "environment",
+            f"this coordinator serves {sorted(config.environments)} (environments)",
+        )
         v.require(request.sampling.temperature > 0, "sampling.temperature", "must be > 0")
         v.require(
-            0 < request.sampling.max_new_tokens <= 1 << 20,
+            0 < request.sampling.max_new_tokens <= config.max_new_tokens,
             "sampling.max_new_tokens",
-            "1 to 1048576",
+            f"1 to {config.max_new_tokens} (max_new_tokens)",
         )
         per_task = request.prompts_per_task or 1
         v.require(
