@@ -29,7 +29,7 @@ def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) ->
             "--rounds",
             "1",
             "--prompts",
-            "2",
+            "4",
             "--samples",
             "2",
             "--cheat",
