@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
         ValidatorConfig,
         ValidatorFatalError,
         ValidatorMetrics,
-        run_until_signalled,
     )
     from rollnet.sdk.identity import Identity, KeyFileError
+    from rollnet.sdk.worker import run_until_signalled
 
     configure_logging(args.log_level)
     try:

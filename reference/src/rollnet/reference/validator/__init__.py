@@ -7,12 +7,7 @@ process around it (``rollnet validator``). See ``docs/validator.md``.
 
 from rollnet.reference.validator.checkpoints import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
-from rollnet.reference.validator.node import (
-    Validator,
-    ValidatorConfig,
-    ValidatorFatalError,
-    run_until_signalled,
-)
+from rollnet.reference.validator.node import Validator, ValidatorConfig, ValidatorFatalError
 from rollnet.reference.validator.pipeline import (
     CheckpointModel,
     EnvironmentCache,
@@ -33,6 +28,5 @@ __all__ = [
     "ValidatorFatalError",
     "ValidatorMetrics",
     "ValidatorReason",
-    "run_until_signalled",
     "validate_job",
 ]

@@ -9,8 +9,9 @@ checkpoint is loaded (:class:`~rollnet.reference.validator.checkpoints.Checkpoin
 
 Nothing is lost when a validator dies: the job's lease expires and the coordinator requeues it;
 ``SubmitVerdict`` is idempotent by ``request_id`` and the coordinator keeps one verdict per job.
-:meth:`Validator.request_stop` (SIGTERM/SIGINT via :func:`run_until_signalled`) drains: no more
-pulls, the job in hand is finished and submitted, the node deregisters, ``run`` returns.
+:meth:`Validator.request_stop` (SIGTERM/SIGINT via ``rollnet.sdk.worker.run_until_signalled``)
+drains: no more pulls, the job in hand is finished and submitted, the node deregisters, ``run``
+returns.
 
 The SDK's :class:`rollnet.sdk.worker.Worker` is built around ``PullTask`` and commitments (its
 retry and heartbeat helpers are private to it), so this runtime keeps its own small loop, reusing
@@ -23,7 +24,6 @@ import asyncio
 import contextlib
 import functools
 import random
-import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -499,25 +499,9 @@ class Validator:
         metrics.rollouts.inc(len(outcome.validated_rewards))
 
 
-async def run_until_signalled(validator: Validator) -> None:
-    """Run ``validator``; SIGTERM and SIGINT request a clean stop (drain, deregister)."""
-    loop = asyncio.get_running_loop()
-    installed = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, validator.request_stop)
-            installed.append(signum)
-    try:
-        await validator.run()
-    finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-
-
 __all__ = [
     "PROTOCOL_VERSION",
     "Validator",
     "ValidatorConfig",
     "ValidatorFatalError",
-    "run_until_signalled",
 ]

@@ -22,7 +22,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import blake3
 from google.protobuf import duration_pb2
@@ -817,10 +817,21 @@ class Worker:
         _log(logging.INFO, "worker_deregistered", {"released_leases": response.released_leases})
 
 
-async def run_until_signalled(worker: Worker) -> None:
+class Stoppable(Protocol):
+    """A long-running node (a :class:`Worker`, a validator) that stops cleanly on request."""
+
+    async def run(self) -> None:
+        """Serve until stopped."""
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to drain and return."""
+
+
+async def run_until_signalled(worker: Stoppable) -> None:
     """Run ``worker``; SIGTERM and SIGINT request a clean stop (the only signal handling here).
 
-    Must be called from the main thread's event loop.
+    Works for anything with ``run()`` and ``request_stop()`` (workers, validators). Must be
+    called from the main thread's event loop.
     """
     loop = asyncio.get_running_loop()
     installed = []
