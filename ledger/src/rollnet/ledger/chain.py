@@ -12,9 +12,10 @@ gapless, and a process killed mid-batch leaves either the whole batch or none of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -173,14 +174,49 @@ def append_entries(
         }
         for stored in appended
     ]
-    # Core executemany: one round trip per batch (insertmanyvalues on PostgreSQL).
-    session.execute(_ENTRIES_TABLE.insert(), rows)
+    _insert_entries(session, rows)
     session.execute(
         update(LedgerChainTip)
         .where(LedgerChainTip.id == _TIP_ID)
         .values(sequence=sequence, head_hash=prev_hash)
     )
     return appended
+
+
+def _insert_entries(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert a batch of entry rows with one executemany.
+
+    Every row of a batch shares ``recorded_at`` and most share a kind, so each column's bind
+    processor runs once per distinct value instead of once per row (SQLAlchemy's executemany
+    would run all of them for every row — a third of the append cost), then the driver gets the
+    processed rows in the statement's own parameter order.
+    """
+    connection = session.connection()
+    dialect = connection.dialect
+    compiled = _ENTRIES_TABLE.insert().compile(dialect=dialect)
+    processors = {
+        column.name: column.type._cached_bind_processor(dialect)
+        for column in _ENTRIES_TABLE.columns
+    }
+    memo: dict[tuple[str, object], object] = {}
+
+    def bound(name: str, value: object) -> object:
+        processor = processors[name]
+        if processor is None or value is None:
+            return value
+        if name in ("recorded_at", "kind"):
+            key = (name, value)
+            if key not in memo:
+                memo[key] = processor(value)
+            return memo[key]
+        return processor(value)
+
+    positions = compiled.positiontup
+    if positions is not None:  # positional paramstyle (sqlite3: qmark)
+        params: list[Any] = [tuple(bound(n, row[n]) for n in positions) for row in rows]
+    else:  # named paramstyle (psycopg: pyformat)
+        params = [{n: bound(n, v) for n, v in row.items()} for row in rows]
+    connection.exec_driver_sql(str(compiled), params)
 
 
 def list_entries(
