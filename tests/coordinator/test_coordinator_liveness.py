@@ -194,3 +194,33 @@ async def test_heartbeat_never_revives_removed_nodes(
         await operator.close()
         for client in clients.values():
             await client.close()
+
+
+async def test_silence_is_judged_against_the_interval_granted_to_each_node(
+    fast: Coordinator,
+) -> None:
+    """A node granted a 5 s interval stays ACTIVE through 1.5 s of silence; a node on the 0.2 s
+    default turns SUSPECT after 0.4 s of it."""
+    slow, quick = Identity.generate(), Identity.generate()
+    slow_client, quick_client = connect(fast.address, slow), connect(fast.address, quick)
+    try:
+        for identity, client in ((slow, slow_client), (quick, quick_client)):
+            await register(client, identity, common_pb2.ROLE_WORKER)
+        reply = await slow_client.nodes.heartbeat(
+            node_service_pb2.HeartbeatRequest(requested_interval=duration_pb2.Duration(seconds=5))
+        )
+        assert _seconds(reply.heartbeat_interval) == 5.0
+        await quick_client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        await _reach(quick_client, State.STATE_SUSPECT)
+
+        async def a_while() -> bool:  # 1.5 s: well past the default node's 0.4 s threshold
+            return (await _state(slow_client)) == State.STATE_ACTIVE and (
+                fast.ctx.clock() - started
+            ).total_seconds() > 1.5
+
+        started = fast.ctx.clock()
+        await wait_until(a_while, within=15, what="1.5 s of silence with the slow node ACTIVE")
+        assert await _state(slow_client) == State.STATE_ACTIVE
+    finally:
+        await slow_client.close()
+        await quick_client.close()

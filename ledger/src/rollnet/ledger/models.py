@@ -143,6 +143,10 @@ class Node(Base):
     registered_at: Mapped[datetime]
     last_heartbeat_at: Mapped[datetime]
     state_changed_at: Mapped[datetime]
+    #: When the node turns SUSPECT / OFFLINE if no heartbeat arrives: set by each heartbeat from
+    #: the interval granted to that node (NULL: judged by the coordinator-wide interval).
+    suspect_at: Mapped[datetime | None]
+    offline_at: Mapped[datetime | None]
     #: Why the node was ejected, banned or deregistered (empty otherwise).
     state_reason: Mapped[str] = mapped_column(Text, default="")
 

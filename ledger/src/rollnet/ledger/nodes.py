@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
@@ -142,13 +142,17 @@ class StaleNodes:
 def mark_stale_nodes(
     session: Session, *, suspect_before: datetime, offline_before: datetime, now: datetime
 ) -> StaleNodes:
-    """Active nodes silent since ``suspect_before`` become suspect; active or suspect nodes
-    silent since ``offline_before`` go offline (the caller then requeues their leases)."""
+    """Active nodes past their ``suspect_at`` become suspect; active or suspect nodes past their
+    ``offline_at`` go offline (the caller then requeues their leases). Nodes without per-node
+    deadlines are judged by ``suspect_before`` / ``offline_before`` (silent since then)."""
     offline = session.scalars(
         update(Node)
         .where(
             Node.state.in_([NodeState.ACTIVE, NodeState.SUSPECT]),
-            Node.last_heartbeat_at < offline_before,
+            or_(
+                and_(Node.offline_at.is_not(None), Node.offline_at < now),
+                and_(Node.offline_at.is_(None), Node.last_heartbeat_at < offline_before),
+            ),
         )
         .values(state=NodeState.OFFLINE, state_changed_at=now)
         .returning(Node.id)
@@ -156,7 +160,13 @@ def mark_stale_nodes(
     ).all()
     suspect = session.scalars(
         update(Node)
-        .where(Node.state == NodeState.ACTIVE, Node.last_heartbeat_at < suspect_before)
+        .where(
+            Node.state == NodeState.ACTIVE,
+            or_(
+                and_(Node.suspect_at.is_not(None), Node.suspect_at < now),
+                and_(Node.suspect_at.is_(None), Node.last_heartbeat_at < suspect_before),
+            ),
+        )
         .values(state=NodeState.SUSPECT, state_changed_at=now)
         .returning(Node.id)
         .execution_options(synchronize_session=False)
@@ -212,7 +222,11 @@ def set_state_reason(session: Session, node_id: str, reason: str) -> None:
 
 
 def record_heartbeats(
-    session: Session, node_ids: Collection[str], *, now: datetime
+    session: Session,
+    node_ids: Collection[str],
+    *,
+    now: datetime,
+    deadlines: Mapping[str, tuple[datetime, datetime]] | None = None,
 ) -> dict[str, tuple[NodeState, NodeRole, str]]:
     """Group commit of many heartbeats: one conditional UPDATE, one SELECT.
 
@@ -224,18 +238,27 @@ def record_heartbeats(
     ids = sorted(set(node_ids))
     if not ids:
         return {}
-    session.execute(
-        update(Node)
-        .where(Node.id.in_(ids), Node.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)))
-        .values(
-            last_heartbeat_at=now,
-            state=NodeState.ACTIVE,
-            state_changed_at=case(
+    # One UPDATE per distinct (suspect_at, offline_at) pair: nodes granted the same interval in
+    # the same batch share it, so a batch costs a handful of statements, not one per node.
+    groups: dict[tuple[datetime, datetime] | None, list[str]] = {}
+    for node_id in ids:
+        groups.setdefault(deadlines.get(node_id) if deadlines else None, []).append(node_id)
+    for pair, members in groups.items():
+        values: dict[str, Any] = {
+            "last_heartbeat_at": now,
+            "state": NodeState.ACTIVE,
+            "state_changed_at": case(
                 (Node.state == NodeState.ACTIVE, Node.state_changed_at), else_=now
             ),
+        }
+        if pair is not None:
+            values["suspect_at"], values["offline_at"] = pair
+        session.execute(
+            update(Node)
+            .where(Node.id.in_(members), Node.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)))
+            .values(**values)
+            .execution_options(synchronize_session=False)
         )
-        .execution_options(synchronize_session=False)
-    )
     rows = session.execute(
         select(Node.id, Node.state, Node.role, Node.state_reason).where(Node.id.in_(ids))
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
@@ -38,6 +38,7 @@ class HeartbeatResult:
 class _Pending:
     node_id: str
     lease_ids: tuple[str, ...]
+    interval: timedelta
     future: asyncio.Future[HeartbeatResult]
 
 
@@ -53,12 +54,18 @@ class HeartbeatBatcher:
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
 
-    async def submit(self, node_id: str, lease_ids: tuple[str, ...]) -> HeartbeatResult:
-        """Queue one heartbeat and wait until its batch is committed."""
+    async def submit(
+        self, node_id: str, lease_ids: tuple[str, ...], interval: timedelta
+    ) -> HeartbeatResult:
+        """Queue one heartbeat and wait until its batch is committed.
+
+        ``interval`` is the heartbeat interval granted to the node in this reply: its SUSPECT and
+        OFFLINE deadlines are counted from it.
+        """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(node_id, lease_ids, future))
+        await self._queue.put(_Pending(node_id, lease_ids, interval, future))
         return await future
 
     @property
@@ -105,7 +112,18 @@ class HeartbeatBatcher:
         deadline = now + config.lease_duration
 
         def work(session: Session) -> list[HeartbeatResult]:
-            states = nodes.record_heartbeats(session, [p.node_id for p in batch], now=now)
+            states = nodes.record_heartbeats(
+                session,
+                [p.node_id for p in batch],
+                now=now,
+                deadlines={
+                    p.node_id: (
+                        now + p.interval * config.suspect_after_missed,
+                        now + p.interval * config.offline_after_missed,
+                    )
+                    for p in batch
+                },
+            )
             holders = [
                 (lease_id, p.node_id)
                 for p in batch

@@ -353,15 +353,17 @@ class NodeRegistry:
         v = Violations()
         v.require(len(request.held_lease_ids) <= 1024, "held_lease_ids", "at most 1024")
         v.raise_if_any()
-        result = await self.heartbeats.submit(caller.node_id, tuple(request.held_lease_ids))
-        if not result.known or result.state is None:
-            raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
-        if result.state is NodeState.BANNED:
-            raise Refusal(ErrorReason.NODE_BANNED, f"node {caller.node_id} is banned")
         interval = self.clamp_interval(request.requested_interval)
         if self.heartbeats.backlog > HEARTBEAT_BACKLOG_BACKOFF:
             # The back-off hint: a coordinator behind on heartbeats asks for them less often.
             interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
+        result = await self.heartbeats.submit(
+            caller.node_id, tuple(request.held_lease_ids), interval
+        )
+        if not result.known or result.state is None:
+            raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+        if result.state is NodeState.BANNED:
+            raise Refusal(ErrorReason.NODE_BANNED, f"node {caller.node_id} is banned")
         if result.state in (NodeState.EJECTED, NodeState.DEREGISTERED):
             # Not an error: the node is told what to do. An ejected node drains (gives its work
             # back and stops); a deregistered one that still runs registers again.
