@@ -409,15 +409,23 @@ async def bench_swarm(
         async def node_loop(node: Node) -> None:
             nonlocal errors
             await asyncio.sleep(random.uniform(0, interval))
+            granted = interval
             while time.perf_counter() < stop_at:
                 started = time.perf_counter()
                 try:
-                    await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+                    reply = await heartbeat(
+                        body, metadata=node.metadata(HEARTBEAT, body), timeout=30
+                    )
+                    # As real nodes do: follow the interval the coordinator grants (its
+                    # back-off hint), with jitter.
+                    granted = reply.heartbeat_interval.ToTimedelta().total_seconds()
                 except grpc.aio.AioRpcError as error:
+                    if time.perf_counter() >= stop_at:
+                        break  # cancelled by the end of the run, not refused
                     errors += 1
                     error_codes[error.code().name] += 1
                 latencies.append(time.perf_counter() - started)
-                await asyncio.sleep(interval * random.uniform(0.9, 1.0))
+                await asyncio.sleep(granted * random.uniform(0.9, 1.0))
 
         async def watch() -> None:
             nonlocal worst_suspect
