@@ -514,6 +514,9 @@ def main() -> int:
     parser.add_argument("--swarm", type=int, default=10_000)
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--swarm-seconds", type=float, default=45.0)
+    parser.add_argument(
+        "--db", default=None, help="coordinator database URL (default: SQLite in a temp dir)"
+    )
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo:
@@ -544,6 +547,7 @@ def main() -> int:
                 "coordinator",
                 "--data-dir",
                 str(Path(tmp, "data")),
+                *(["--db", args.db] if args.db else []),
                 "--config",
                 str(config),
                 "--listen",
