@@ -3,36 +3,30 @@ model and asks for rollouts, database probes, and waiting on conditions with a d
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import swarm_testing
 from sqlalchemy import create_engine, func, select
+from swarm_testing import NETWORK as NETWORK
+from swarm_testing import connect as connect
+from swarm_testing import eventually as eventually
+from swarm_testing import free_port as free_port
 
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Commitment, Node, Task
-from rollnet.reference.checkpoints import publish_model_dir
 from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
-from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient
+from rollnet.sdk import Identity
 from rollnet.sdk.worker import Backoff, WorkerConfig
-from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
 
-NETWORK = "rollnet-test"
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (for a coordinator that must come back on it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+# Shared swarm helpers, with this directory's defaults.
+start_trainer = functools.partial(swarm_testing.start_trainer, shard_size=128 * 1024)
+request_tasks = functools.partial(swarm_testing.request_tasks, prompts_per_task=2, max_new_tokens=8)
 
 
 def coordinator_config_for(
@@ -57,16 +51,6 @@ def coordinator_config_for(
     return with_overrides(base, **settings)
 
 
-def connect(address: str, identity: Identity) -> RollnetClient:
-    """A signed test client that does not retry."""
-    return RollnetClient.connect(
-        ConnectionConfig(
-            target=address, network_id=NETWORK, timeout=15.0, retry=RetryPolicy.no_retry()
-        ),
-        identity,
-    )
-
-
 def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
     """A worker config with fast back-off, for tests."""
     settings: dict[str, Any] = {
@@ -82,59 +66,6 @@ def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
     }
     settings.update(changes)
     return WorkerConfig(**settings)
-
-
-async def start_trainer(address: str, trainer: Identity, model_dir: Path) -> RollnetClient:
-    """Register the trainer and publish the tiny model as checkpoint 1 (small shards)."""
-    client = connect(address, trainer)
-    await client.nodes.register_node(
-        node_service_pb2.RegisterNodeRequest(
-            public_key=trainer.public_key,
-            role=common_pb2.ROLE_TRAINER,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-            hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
-        )
-    )
-    await publish_model_dir(client, trainer, model_dir, 1, NETWORK, shard_size=128 * 1024)
-    return client
-
-
-async def request_tasks(
-    trainer: RollnetClient,
-    tasks: int,
-    *,
-    prompts_per_task: int = 2,
-    samples: int = 2,
-    max_new_tokens: int = 8,
-) -> list[str]:
-    """Ask for ``tasks`` tasks of the arithmetic environment; returns their ids."""
-    response = await trainer.rollouts.request_rollouts(
-        rollout_service_pb2.RequestRolloutsRequest(
-            rollout_step=1,
-            environment="arithmetic",
-            prompt_count=tasks * prompts_per_task,
-            samples_per_prompt=samples,
-            sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
-            prompts_per_task=prompts_per_task,
-        )
-    )
-    return list(response.task_ids)
-
-
-async def eventually(
-    condition: Callable[[], Awaitable[bool] | bool], *, within: float, what: str
-) -> None:
-    """Wait until ``condition()`` is true, polling; fail with ``what`` after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        outcome = condition()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Ledger:

@@ -1,0 +1,95 @@
+"""Helpers shared by the tests that run a swarm: clients, a trainer, demand, waiting.
+
+Importable from every test directory (the root ``conftest.py`` puts ``tests/`` on the path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rollnet.reference.checkpoints import publish_model_dir
+from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient
+from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
+
+NETWORK = "rollnet-test"
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (for a coordinator that must come back on it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def connect(address: str, identity: Identity) -> RollnetClient:
+    """A signed test client that does not retry."""
+    return RollnetClient.connect(
+        ConnectionConfig(
+            target=address, network_id=NETWORK, timeout=15.0, retry=RetryPolicy.no_retry()
+        ),
+        identity,
+    )
+
+
+async def start_trainer(
+    address: str, trainer: Identity, model_dir: Path, *, shard_size: int = 256 * 1024
+) -> RollnetClient:
+    """Register the trainer and publish the tiny model as checkpoint 1 (small shards)."""
+    client = connect(address, trainer)
+    await client.nodes.register_node(
+        node_service_pb2.RegisterNodeRequest(
+            public_key=trainer.public_key,
+            role=common_pb2.ROLE_TRAINER,
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
+        )
+    )
+    await publish_model_dir(client, trainer, model_dir, 1, NETWORK, shard_size=shard_size)
+    return client
+
+
+async def request_tasks(
+    trainer: RollnetClient,
+    tasks: int,
+    *,
+    prompts_per_task: int = 1,
+    samples: int = 2,
+    max_new_tokens: int = 32,
+) -> list[str]:
+    """Ask for ``tasks`` tasks of the arithmetic environment; returns their ids."""
+    response = await trainer.rollouts.request_rollouts(
+        rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=1,
+            environment="arithmetic",
+            prompt_count=tasks * prompts_per_task,
+            samples_per_prompt=samples,
+            sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
+            prompts_per_task=prompts_per_task,
+        )
+    )
+    return list(response.task_ids)
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool] | bool],
+    *,
+    within: float,
+    what: str,
+    poll: float = 0.05,
+) -> None:
+    """Wait until ``condition()`` holds, polling; fail naming ``what`` after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        outcome = condition()
+        if not isinstance(outcome, bool):
+            outcome = await outcome
+        if outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(poll)
