@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from typing import Any
 
 import blake3
@@ -22,7 +23,7 @@ from rollnet.reference.coordinator.nodes import (
     refuse_unusable,
     timestamp,
 )
-from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.envs.config import EnvironmentConfigError
 from rollnet.reference.envs.registry import (
     EnvironmentRegistryError,
@@ -140,17 +141,9 @@ class Dispatcher:
         try:
             environment = load_environment(request.environment, env_config)
         except UnknownEnvironmentError as error:
-            raise Refusal(
-                ErrorReason.INVALID_FIELDS,
-                str(error),
-                field_violations=[_violation("environment", str(error))],
-            ) from error
+            raise invalid(("environment", str(error))) from error
         except (EnvironmentConfigError, EnvironmentRegistryError) as error:
-            raise Refusal(
-                ErrorReason.INVALID_FIELDS,
-                str(error),
-                field_violations=[_violation("environment_config", str(error))],
-            ) from error
+            raise invalid(("environment_config", str(error))) from error
         normalized_config = dict(environment.config)
         # Prompt ids are drawn from the coordinator seed, the step and the request id, so an
         # auditor can redraw them; workers cannot choose their prompts.
@@ -217,7 +210,7 @@ class Dispatcher:
         config = self.ctx.config
         wait = config.pull_wait_max
         if request.HasField("wait"):
-            wait = min(max(request.wait.ToTimedelta(), wait * 0), config.pull_wait_max)
+            wait = min(max(request.wait.ToTimedelta(), timedelta(0)), config.pull_wait_max)
         loop_deadline = self.ctx.clock() + wait
         environments = list(request.environments) or None
 
@@ -331,9 +324,3 @@ def _task_id(node_id: str, request_id: str, index: int) -> str:
     if not request_id:
         return secrets.token_hex(12)
     return blake3.blake3(f"{node_id}\n{request_id}\n{index}".encode()).hexdigest()[:24]
-
-
-def _violation(field: str, description: str) -> Any:
-    from rollnet.sdk.errors import FieldViolation
-
-    return FieldViolation(field=field, description=description)

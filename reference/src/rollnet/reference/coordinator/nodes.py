@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from sqlalchemy.exc import IntegrityError
@@ -63,10 +63,10 @@ class Caller:
     role: NodeRole | None
 
 
-def timestamp(moment: object) -> timestamp_pb2.Timestamp:
+def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
     """A protobuf Timestamp of a timezone-aware datetime."""
     stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(moment)  # type: ignore[arg-type]
+    stamp.FromDatetime(moment)
     return stamp
 
 
@@ -499,14 +499,14 @@ def eject_node(
     state: NodeState,
     reason: str,
     *,
-    now: object,
+    now: datetime,
     max_attempts: int,
 ) -> None:
     """Move a node to EJECTED or BANNED (never back from BANNED) and take back its leases."""
     from_states = [s for s in NodeState if s is not NodeState.BANNED]
     if state is NodeState.EJECTED:
         from_states = [s for s in from_states if s is not NodeState.EJECTED]
-    nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)  # type: ignore[arg-type]
+    nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)
     nodes.set_state_reason(session, node_id, reason)
-    tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)  # type: ignore[arg-type]
-    validation.requeue_validation_jobs_of_node(session, node_id, now=now)  # type: ignore[arg-type]
+    tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)
+    validation.requeue_validation_jobs_of_node(session, node_id, now=now)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import idempotency
-from rollnet.ledger.enums import NodeRole, NodeState
+from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.context import (
     IDEMPOTENCY_SCOPE,
@@ -476,6 +476,3 @@ class LedgerServicer(_Base, ledger_service_pb2_grpc.LedgerServiceServicer):
         self, request: ledger_service_pb2.GetChainHeadRequest, context: Any
     ) -> ledger_service_pb2.GetChainHeadResponse:
         return await self.desk.chain_head(fresh=request.fresh)
-
-
-_ = NodeRole

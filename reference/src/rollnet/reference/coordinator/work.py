@@ -31,7 +31,7 @@ from rollnet.reference.coordinator.dispatch import (
     task_to_proto,
 )
 from rollnet.reference.coordinator.nodes import Caller, duration, eject_node, timestamp
-from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.sdk.commitments import batch_binding_digest, receipt_message
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.proofs.binding import proof_digest
@@ -463,10 +463,8 @@ class WorkDesk:
             assert task is not None
             expected = len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
             if accepted and len(request.validated_rewards) != expected:
-                raise Refusal(
-                    ErrorReason.INVALID_FIELDS,
-                    f"validated_rewards must hold {expected} rewards",
-                    field_violations=[],
+                raise invalid(
+                    ("validated_rewards", f"must hold {expected} rewards, one per rollout")
                 )
             flops = _flops_per_token(session, task.checkpoint_step)
             if accepted:
