@@ -22,12 +22,18 @@ from rollnet.sdk.proofs.report import (
 )
 from rollnet.sdk.proofs.sampling import (
     check_sampling,
+    check_sampling_batch,
     gumbel_noise,
     gumbel_scores,
     noise_bits,
     sampling_margins,
 )
-from rollnet.sdk.proofs.termination import FINISH_EOS, FINISH_LENGTH, check_termination
+from rollnet.sdk.proofs.termination import (
+    FINISH_EOS,
+    FINISH_LENGTH,
+    check_termination,
+    eos_probabilities,
+)
 from rollnet.sdk.proofs.thresholds import (
     BFLOAT16,
     FLOAT32,
@@ -43,12 +49,19 @@ from rollnet.sdk.proofs.toploc import (
     WindowStats,
     build_proof,
     check_toploc,
+    check_toploc_batch,
     encode_windows,
     parse_proof,
     proof_size,
     verify_proof,
+    verify_proofs,
 )
-from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollout
+from rollnet.sdk.proofs.verify import (
+    RolloutAssignment,
+    RolloutClaim,
+    verify_rollout,
+    verify_rollouts,
+)
 
 __all__ = [
     "BFLOAT16",
@@ -74,11 +87,14 @@ __all__ = [
     "check_assigned_data",
     "check_binding",
     "check_sampling",
+    "check_sampling_batch",
     "check_termination",
     "check_toploc",
+    "check_toploc_batch",
     "commitment_digest",
     "derive_sampling_seed",
     "encode_windows",
+    "eos_probabilities",
     "gumbel_noise",
     "gumbel_scores",
     "noise_bits",
@@ -89,5 +105,7 @@ __all__ = [
     "thresholds_for",
     "tokens_digest",
     "verify_proof",
+    "verify_proofs",
     "verify_rollout",
+    "verify_rollouts",
 ]

@@ -21,6 +21,15 @@ def _log_softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return np.asarray(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
 
 
+def eos_probabilities(
+    last_logits: npt.ArrayLike, eos_token_ids: Collection[int], temperature: float
+) -> npt.NDArray[np.float64]:
+    """Probability (at ``temperature``) of the EOS tokens under each row of logits ``[N, V]``."""
+    rows = np.asarray(last_logits, dtype=np.float64)
+    logprobs = _log_softmax(rows / temperature)
+    return np.asarray(np.exp(logprobs[..., list(eos_token_ids)]).sum(axis=-1), dtype=np.float64)
+
+
 def check_termination(
     completion_ids: Sequence[int],
     *,
@@ -30,10 +39,13 @@ def check_termination(
     last_logits: npt.ArrayLike,
     temperature: float,
     thresholds: Thresholds,
+    eos_probability: float | None = None,
 ) -> CheckResult:
     """The rollout ends with a probable EOS, or at exactly the length limit; no EOS before the end.
 
-    ``last_logits`` are the validator's logits [V] at the row that chose the final token.
+    ``last_logits`` are the validator's logits [V] at the row that chose the final token;
+    ``eos_probability``, when given, is :func:`eos_probabilities` of them, computed in advance
+    (for many rollouts at once) and used instead.
     """
     length = len(completion_ids)
     figures: dict[str, Figure] = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
@@ -51,8 +63,9 @@ def check_termination(
         return fail(Reason.EOS_BEFORE_END, "EOS inside the completion")
     ends_with_eos = completion_ids[-1] in eos_token_ids
     if ends_with_eos:
-        logprobs = _log_softmax(np.asarray(last_logits, dtype=np.float64) / temperature)
-        eos_prob = float(np.exp(logprobs[list(eos_token_ids)]).sum())
+        if eos_probability is None:
+            eos_probability = float(eos_probabilities(last_logits, eos_token_ids, temperature))
+        eos_prob = eos_probability
         figures["eos_probability"] = eos_prob
         if finish_reason != FINISH_EOS:
             return fail(Reason.FINISH_REASON_MISMATCH, "ends with EOS but claims another reason")

@@ -10,11 +10,11 @@ import numpy.typing as npt
 
 from rollnet.sdk.proofs.assigned import check_assigned_data
 from rollnet.sdk.proofs.binding import LeaseBinding, check_binding
-from rollnet.sdk.proofs.report import VerificationReport
-from rollnet.sdk.proofs.sampling import check_sampling
-from rollnet.sdk.proofs.termination import check_termination
+from rollnet.sdk.proofs.report import CheckResult, VerificationReport
+from rollnet.sdk.proofs.sampling import check_sampling_batch
+from rollnet.sdk.proofs.termination import check_termination, eos_probabilities
 from rollnet.sdk.proofs.thresholds import Thresholds
-from rollnet.sdk.proofs.toploc import check_toploc
+from rollnet.sdk.proofs.toploc import check_toploc_batch
 
 
 @dataclass(frozen=True)
@@ -57,40 +57,87 @@ def verify_rollout(
     the position that predicts completion token ``i`` (so the prefill input is the prompt plus all
     but the last completion token). ``T`` must equal the completion length.
     """
-    hidden = np.asarray(hidden_states)
-    scores = np.asarray(logits)
-    length = len(claim.completion_ids)
-    if hidden.shape[0] != length or scores.shape[0] != length:
-        raise ValueError(
-            f"prefill rows (hidden {hidden.shape[0]}, logits {scores.shape[0]}) "
-            f"must equal the completion length {length}"
+    return verify_rollouts(
+        [claim], [assignment], hidden_states=[hidden_states], logits=[logits], thresholds=thresholds
+    )[0]
+
+
+def verify_rollouts(
+    claims: Sequence[RolloutClaim],
+    assignments: Sequence[RolloutAssignment],
+    *,
+    hidden_states: Sequence[npt.ArrayLike],
+    logits: Sequence[npt.ArrayLike],
+    thresholds: Thresholds,
+) -> list[VerificationReport]:
+    """:func:`verify_rollout` for many rollouts (a validator's whole batch), with the same reports.
+
+    Every check still runs on every rollout; the numeric ones are vectorized across rollouts:
+    TOPLOC verifies all windows together, the sampling check regenerates the noise of every
+    token in one pass, and the final-EOS probabilities are computed in one call.
+    """
+    if not len(claims) == len(assignments) == len(hidden_states) == len(logits):
+        raise ValueError("one assignment, hidden-state array and logits array per claim")
+    hidden = [np.asarray(h) for h in hidden_states]
+    scores = [np.asarray(z) for z in logits]
+    for claim, h, z in zip(claims, hidden, scores, strict=True):
+        length = len(claim.completion_ids)
+        if h.shape[0] != length or z.shape[0] != length:
+            raise ValueError(
+                f"prefill rows (hidden {h.shape[0]}, logits {z.shape[0]}) "
+                f"must equal the completion length {length}"
+            )
+    toploc = check_toploc_batch([c.proof for c in claims], hidden, thresholds)
+    by_temperature: dict[float, list[int]] = {}
+    for number, assignment in enumerate(assignments):
+        by_temperature.setdefault(assignment.temperature, []).append(number)
+    sampling: dict[int, CheckResult] = {}
+    for temperature, numbers in by_temperature.items():
+        results = check_sampling_batch(
+            [scores[n] for n in numbers],
+            [claims[n].completion_ids for n in numbers],
+            seeds=[claims[n].sampling_seed for n in numbers],
+            temperature=temperature,
+            thresholds=thresholds,
         )
-    binding = check_binding(
-        assignment.lease,
-        blob_blake3=assignment.blob_blake3,
-        rollout_index=claim.rollout_index,
-        claimed_seed=claim.sampling_seed,
-        claimed_digest=claim.commitment_digest,
-        prompt_ids=claim.prompt_ids,
-        completion_ids=claim.completion_ids,
-        proof=claim.proof,
-    )
-    assigned = check_assigned_data(assignment.assigned_prompt_ids, claim.prompt_ids)
-    termination = check_termination(
-        claim.completion_ids,
-        finish_reason=claim.finish_reason,
-        eos_token_ids=assignment.eos_token_ids,
-        max_new_tokens=assignment.max_new_tokens,
-        last_logits=scores[-1] if length else np.zeros(0),
-        temperature=assignment.temperature,
-        thresholds=thresholds,
-    )
-    toploc = check_toploc(claim.proof, hidden, thresholds)
-    sampling = check_sampling(
-        scores,
-        claim.completion_ids,
-        seed=claim.sampling_seed,
-        temperature=assignment.temperature,
-        thresholds=thresholds,
-    )
-    return VerificationReport((binding, assigned, termination, toploc, sampling))
+        sampling.update(zip(numbers, results, strict=True))
+    # Final-EOS probabilities, one call per (temperature, EOS set) for the rollouts ending in EOS.
+    eos_groups: dict[tuple[float, frozenset[int]], list[int]] = {}
+    for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
+        if claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids:
+            key = (assignment.temperature, assignment.eos_token_ids)
+            eos_groups.setdefault(key, []).append(number)
+    eos_probability: dict[int, float] = {}
+    for (temperature, eos_ids), numbers in eos_groups.items():
+        if len({scores[n].shape[1] for n in numbers}) == 1:
+            last = np.stack([scores[n][-1] for n in numbers])
+            probabilities = eos_probabilities(last, eos_ids, temperature).tolist()
+            eos_probability.update(zip(numbers, probabilities, strict=True))
+    reports = []
+    for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
+        length = len(claim.completion_ids)
+        binding = check_binding(
+            assignment.lease,
+            blob_blake3=assignment.blob_blake3,
+            rollout_index=claim.rollout_index,
+            claimed_seed=claim.sampling_seed,
+            claimed_digest=claim.commitment_digest,
+            prompt_ids=claim.prompt_ids,
+            completion_ids=claim.completion_ids,
+            proof=claim.proof,
+        )
+        assigned = check_assigned_data(assignment.assigned_prompt_ids, claim.prompt_ids)
+        termination = check_termination(
+            claim.completion_ids,
+            finish_reason=claim.finish_reason,
+            eos_token_ids=assignment.eos_token_ids,
+            max_new_tokens=assignment.max_new_tokens,
+            last_logits=scores[number][-1] if length else np.zeros(0),
+            temperature=assignment.temperature,
+            thresholds=thresholds,
+            eos_probability=eos_probability.get(number),
+        )
+        reports.append(
+            VerificationReport((binding, assigned, termination, toploc[number], sampling[number]))
+        )
+    return reports
