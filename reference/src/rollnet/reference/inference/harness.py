@@ -2,7 +2,7 @@
 
 ``RolloutFactory`` plays an honest worker (or one of the attacks of the detection matrix in
 ``docs/verification.md``) and ``validate`` plays the validator: batched re-prefill with the
-claimed checkpoint, then :func:`rollnet.sdk.proofs.verify_rollout` on each rollout.
+claimed checkpoint, then :func:`rollnet.sdk.proofs.verify_rollouts` on the batch.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import blake3
 import numpy as np
 import torch
 
-from rollnet.reference.inference.base import Generation, SamplingParams
+from rollnet.reference.inference.base import Generation, Prefill, SamplingParams
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.binding import LeaseBinding, commitment_digest, derive_sampling_seed
 from rollnet.sdk.proofs.report import VerificationReport
 from rollnet.sdk.proofs.thresholds import Thresholds
-from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollout
+from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollouts
 
 NETWORK_ID = "rollnet-test"
 
@@ -156,24 +156,29 @@ def validate(
     *,
     batch_size: int = 64,
 ) -> list[VerificationReport]:
-    """Re-prefill each rollout (assigned prompt + claimed completion) and verify it."""
+    """Re-prefill each rollout (assigned prompt + claimed completion) and verify it, as the
+    validator does: one batched prefill and the batched checks per ``batch_size`` rollouts."""
     reports: list[VerificationReport] = []
     for start in range(0, len(rollouts), batch_size):
         chunk = rollouts[start : start + batch_size]
         prefills = validator.prefill_batch(
             [(r.assignment.assigned_prompt_ids, r.claim.completion_ids) for r in chunk]
         )
-        for rollout, prefill in zip(chunk, prefills, strict=True):
-            reports.append(
-                verify_rollout(
-                    rollout.claim,
-                    rollout.assignment,
-                    hidden_states=prefill.hidden_states,
-                    logits=prefill.logits,
-                    thresholds=thresholds,
-                )
-            )
+        reports.extend(verify_prefilled(chunk, prefills, thresholds))
     return reports
+
+
+def verify_prefilled(
+    rollouts: Sequence[Rollout], prefills: Sequence[Prefill], thresholds: Thresholds
+) -> list[VerificationReport]:
+    """Every check of every rollout against its prefill (the checks vectorized across them)."""
+    return verify_rollouts(
+        [r.claim for r in rollouts],
+        [r.assignment for r in rollouts],
+        hidden_states=[p.hidden_states for p in prefills],
+        logits=[p.logits for p in prefills],
+        thresholds=thresholds,
+    )
 
 
 # -- model transformations used by the attacks ------------------------------------------------

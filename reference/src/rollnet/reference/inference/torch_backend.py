@@ -270,30 +270,38 @@ class TorchBackend:
         width = max(len(i) for i in inputs)
         batch = len(inputs)
         ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
         for row, sequence in enumerate(inputs):
             ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-            mask[row, : len(sequence)] = 1
+        # Completion rows of every rollout, gathered into one [N, d] block for one LM-head call:
+        # rollout r's rows are (r * width + len(prompt_r) - 1) + 0..len(completion_r)-1.
+        lengths = torch.tensor([len(c) for _, c in rollouts], dtype=torch.long)
+        firsts = torch.tensor([row * width + len(p) - 1 for row, (p, _) in enumerate(rollouts)])
+        offsets = torch.cumsum(lengths, 0) - lengths
+        total = int(lengths.sum())
+        flat = torch.repeat_interleave(firsts - offsets, lengths) + torch.arange(total)
         with torch.inference_mode():
             self._captured = None
-            self.model.get_decoder()(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
-            )
+            # Right padding needs no attention mask: under the causal mask a real position never
+            # attends to a later (padding) one, and the positions of real tokens are 0..n-1
+            # either way. Without a mask SDPA runs its causal kernel and no [B, 1, L, L] mask is
+            # built. Padding rows compute garbage that nobody reads.
+            self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False)
             if self._captured is None:
                 raise RuntimeError("the final-norm hook did not fire")
-            hidden = self._captured
-            results = []
-            head = self.model.get_output_embeddings()
-            for row, (prompt, completion) in enumerate(rollouts):
-                start = len(prompt) - 1
-                rows = hidden[row, start : start + len(completion)]
-                logits = head(rows).float()
-                results.append(
-                    Prefill(
-                        hidden_states=rows.float().cpu().numpy(),
-                        logits=logits.cpu().numpy(),
-                    )
+            hidden = self._captured.reshape(batch * width, -1)[flat.to(self.device)]
+            logits = self.model.get_output_embeddings()(hidden)
+            hidden_np = hidden.float().cpu().numpy()
+            logits_np = logits.float().cpu().numpy()
+        results = []
+        offset = 0
+        for n in lengths.tolist():
+            results.append(
+                Prefill(
+                    hidden_states=hidden_np[offset : offset + n],
+                    logits=logits_np[offset : offset + n],
                 )
+            )
+            offset += n
         return results
 
 

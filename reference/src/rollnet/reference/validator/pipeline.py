@@ -45,7 +45,7 @@ from rollnet.sdk.proofs import (
     check_assigned_data,
     check_binding,
     proof_digest,
-    verify_rollout,
+    verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
 from rollnet.v1 import (
@@ -334,6 +334,7 @@ def _validate_rollouts(
         environment_error = str(error)
 
     slots: list[_Slot] = []
+    assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
     for index, rollout in enumerate(batch.rollouts):
         claim = RolloutClaim(
             prompt_ids=tuple(rollout.prompt_token_ids),
@@ -358,8 +359,15 @@ def _validate_rollouts(
             )
             continue
         try:
-            slot.problem = environment.prompt(int(rollout.prompt_id))
-            assigned = _encode_prompt(model.tokenizer, slot.problem.prompt)
+            # Samples of one prompt share its problem and tokens: look each prompt up once.
+            prompt_id = int(rollout.prompt_id)
+            if prompt_id not in assigned_prompts:
+                problem = environment.prompt(prompt_id)
+                assigned_prompts[prompt_id] = (
+                    problem,
+                    _encode_prompt(model.tokenizer, problem.prompt),
+                )
+            slot.problem, assigned = assigned_prompts[prompt_id]
         except Exception:
             slot.checks.append(
                 _result(
@@ -398,16 +406,18 @@ def _validate_rollouts(
         for slot, prefill in zip(ready, backend.prefill_batch(pairs), strict=True):
             slot.prefill = prefill
 
+    # Every check of every prefilled rollout, the numeric ones vectorized across the batch.
+    verified = [s for s in slots if s.assignment is not None and s.prefill is not None]
+    reports = verify_rollouts(
+        [s.claim for s in verified],
+        [s.assignment for s in verified if s.assignment is not None],
+        hidden_states=[s.prefill.hidden_states for s in verified if s.prefill is not None],
+        logits=[s.prefill.logits for s in verified if s.prefill is not None],
+        thresholds=model.thresholds,
+    )
+    for slot, report in zip(verified, reports, strict=True):
+        slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
     for slot in slots:
-        if slot.assignment is not None and slot.prefill is not None:
-            report = verify_rollout(
-                slot.claim,
-                slot.assignment,
-                hidden_states=slot.prefill.hidden_states,
-                logits=slot.prefill.logits,
-                thresholds=model.thresholds,
-            )
-            slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         reward = _reward_check(slot, environment, model.tokenizer)
         if reward is not None:
             check, validated = reward
