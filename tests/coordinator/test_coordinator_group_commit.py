@@ -1,0 +1,123 @@
+"""Group commit on SQLite: calls queued behind a running commit share the next one.
+
+Each call's work runs in its own savepoint, so one call's failure loses nothing of the others,
+and nobody hears success unless the shared COMMIT went through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.engine import create_engine, session_factory
+from rollnet.reference.coordinator.context import GroupCommitWriter
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = create_engine(data_dir=tmp_path)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE parent (id INTEGER PRIMARY KEY)"))
+        connection.execute(
+            text(
+                "CREATE TABLE item (x INTEGER UNIQUE, parent INTEGER REFERENCES parent(id) "
+                "DEFERRABLE INITIALLY DEFERRED)"
+            )
+        )
+    yield engine
+    engine.dispose()
+
+
+def stored(engine: Engine) -> list[int]:
+    with engine.connect() as connection:
+        return sorted(x for (x,) in connection.execute(text("SELECT x FROM item")))
+
+
+def insert(
+    x: int, *, parent: int | None = None, then_fail: bool = False
+) -> Callable[[Session], int]:
+    def work(session: Session) -> int:
+        session.execute(text("INSERT INTO item (x, parent) VALUES (:x, :p)"), {"x": x, "p": parent})
+        if then_fail:
+            raise ValueError(f"refused after writing {x}")
+        return x
+
+    return work
+
+
+async def held_batch(writer: GroupCommitWriter, *works: Callable[[Session], int]) -> list[Any]:
+    """Run ``works`` as one batch: they queue while a first call holds the writer."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def blocker(session: Session) -> None:
+        started.set()
+        release.wait(timeout=30)
+
+    first = writer.submit(blocker)
+    await asyncio.to_thread(started.wait, 30)
+    futures = [writer.submit(work) for work in works]
+    release.set()
+    await first
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+async def test_one_failing_call_rolls_back_only_its_own_writes(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    try:
+        results = await held_batch(
+            writer,
+            insert(1),
+            insert(2, then_fail=True),
+            insert(1),  # unique violation: this call alone fails
+            insert(3),
+        )
+    finally:
+        writer.shutdown()
+    assert results[0] == 1
+    assert results[3] == 3
+    assert isinstance(results[1], ValueError)
+    assert isinstance(results[2], IntegrityError)
+    assert stored(engine) == [1, 3]
+    # The blocker committed alone; the four queued calls shared the next commit.
+    assert (writer.batches, writer.jobs) == (2, 5)
+
+
+async def test_a_failed_commit_fails_every_call_of_the_batch(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    try:
+        # The deferred foreign key is checked at COMMIT: the whole batch is refused there.
+        results = await held_batch(writer, insert(1), insert(2, parent=99), insert(3))
+    finally:
+        writer.shutdown()
+    assert all(isinstance(r, IntegrityError) for r in results), results
+    assert stored(engine) == []
+
+
+async def test_a_lone_call_commits_or_rolls_back_whole(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    try:
+        assert await writer.submit(insert(7)) == 7
+        with pytest.raises(ValueError, match="refused after writing 8"):
+            await writer.submit(insert(8, then_fail=True))
+    finally:
+        writer.shutdown()
+    assert stored(engine) == [7]
+    with pytest.raises(RuntimeError, match="shut down"):
+        writer.submit(insert(9))
+
+
+async def test_shutdown_finishes_queued_work(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    futures = [writer.submit(insert(x)) for x in range(20)]
+    await asyncio.to_thread(writer.shutdown)
+    assert await asyncio.gather(*futures) == list(range(20))
+    assert stored(engine) == list(range(20))
