@@ -20,6 +20,7 @@ same tolerance treatment as the argmax). Temperature must be > 0.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -191,16 +192,46 @@ def check_sampling_batch(
         raise ValueError("one logits array, completion and seed per rollout")
     if not temperature > 0:
         raise ValueError("Gumbel-max sampling needs a temperature > 0")
-    results: list[CheckResult | None] = []
-    arrays: list[npt.NDArray[np.float64]] = []
-    chosen: list[Int64Array] = []
-    row_seeds: list[Int64Array] = []
-    positions: list[Int64Array] = []
-    lengths: list[int] = []
-    for scores, completion, seed in zip(logits, completion_ids, seeds, strict=True):
-        array = np.asarray(scores, dtype=np.float64)
-        ids = np.asarray(completion, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= array.shape[1]):
+    arrays = [np.asarray(z) for z in logits]
+    if not arrays:
+        return []
+    if any(z.ndim != 2 for z in arrays) or len({z.shape[1] for z in arrays}) > 1:
+        if len(arrays) == 1:
+            raise ValueError("logits must be [tokens, vocabulary]")
+        return [  # vocabularies of different widths: one rollout at a time
+            check_sampling_batch(
+                [z], [ids], seeds=[seed], temperature=temperature, thresholds=thresholds
+            )[0]
+            for z, ids, seed in zip(arrays, completion_ids, seeds, strict=True)
+        ]
+    lengths = np.asarray([len(ids) for ids in completion_ids], dtype=np.int64)
+    if any(z.shape[0] != n for z, n in zip(arrays, lengths.tolist(), strict=True)):
+        raise ValueError("logits rows must equal the completion length")
+    for seed in seeds:
+        check_seed(seed)
+    vocab = arrays[0].shape[1]
+    ids = np.fromiter(itertools.chain.from_iterable(completion_ids), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+
+    def per_rollout(flags: npt.NDArray[np.bool_]) -> Int64Array:
+        counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+        return np.asarray(counts[starts[1:]] - counts[starts[:-1]], dtype=np.int64)
+
+    out_of_vocabulary = per_rollout((ids < 0) | (ids >= vocab)) > 0
+    checked = np.repeat(~out_of_vocabulary, lengths)
+    rows = np.flatnonzero(checked)
+    margins = np.zeros(ids.size, dtype=np.float64)
+    if rows.size:
+        stacked = np.concatenate(arrays)[rows].astype(np.float64)
+        seed_rows = np.repeat(np.asarray(seeds, dtype=np.int64), lengths)[rows]
+        positions = (np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths))[rows]
+        margins[rows] = _batch_margins(stacked, ids[rows], seed_rows, positions, temperature)
+    violating = margins < -thresholds.sampling_tolerance
+    violations = per_rollout(violating)
+    first_violations = np.flatnonzero(violating)
+    results: list[CheckResult] = []
+    for number, length in enumerate(lengths.tolist()):
+        if out_of_vocabulary[number]:
             results.append(
                 CheckResult(
                     CheckName.SAMPLING,
@@ -211,57 +242,29 @@ def check_sampling_batch(
                 )
             )
             continue
-        if array.shape[0] != ids.size:
-            raise ValueError("logits rows must equal the completion length")
-        results.append(None)
-        arrays.append(array)
-        chosen.append(ids)
-        row_seeds.append(np.full(ids.size, check_seed(seed), dtype=np.int64))
-        positions.append(np.arange(ids.size, dtype=np.int64))
-        lengths.append(int(ids.size))
-    margins = (
-        _batch_margins(
-            np.concatenate(arrays),
-            np.concatenate(chosen),
-            np.concatenate(row_seeds),
-            np.concatenate(positions),
-            temperature,
-        )
-        if arrays and arrays[0].ndim == 2 and len({a.shape[1] for a in arrays}) == 1
-        else None
-    )
-    offset = 0
-    checked = iter(zip(arrays, chosen, row_seeds, lengths, strict=True))
-    out: list[CheckResult] = []
-    for result in results:
-        if result is not None:
-            out.append(result)
-            continue
-        array, ids, seed_row, length = next(checked)
-        if margins is not None:
-            mine = margins[offset : offset + length]
-            offset += length
-        else:  # vocabularies of different widths: one rollout at a time
-            seed = int(seed_row[0]) if length else 0
-            mine = sampling_margins(array, ids.tolist(), seed, temperature)
-        out.append(_judge(mine, thresholds))
-    return out
+        start = int(starts[number])
+        count = int(violations[number])
+        first = None
+        if count:
+            first = int(first_violations[np.searchsorted(first_violations, start)]) - start
+        minimum = float(margins[start : start + length].min()) if length else 0.0
+        results.append(_judge(minimum, count, length, first))
+    return results
 
 
-def _judge(margins: npt.NDArray[np.float64], thresholds: Thresholds) -> CheckResult:
-    violations = np.flatnonzero(margins < -thresholds.sampling_tolerance)
+def _judge(minimum: float, violations: int, tokens: int, first: int | None) -> CheckResult:
     figures: dict[str, Figure] = {
-        "min_margin": float(margins.min()) if margins.size else 0.0,
-        "violations": int(violations.size),
-        "tokens": int(margins.size),
+        "min_margin": minimum,
+        "violations": violations,
+        "tokens": tokens,
     }
-    if violations.size:
-        figures["first_violation"] = int(violations[0])
+    if first is not None:
+        figures["first_violation"] = first
         return CheckResult(
             CheckName.SAMPLING,
             False,
             Reason.TOKEN_NOT_SAMPLED,
             figures,
-            f"{violations.size} token(s) did not win the seeded Gumbel-max draw",
+            f"{violations} token(s) did not win the seeded Gumbel-max draw",
         )
     return CheckResult(CheckName.SAMPLING, True, None, figures)

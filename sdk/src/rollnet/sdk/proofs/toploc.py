@@ -77,8 +77,9 @@ class WindowStats:
 def bf16_bits(values: npt.ArrayLike) -> UInt16Array:
     """Round to bfloat16 (nearest, ties to even, as torch does) and return the bit patterns."""
     as_f32 = np.ascontiguousarray(values, dtype=np.float32)
-    bits = as_f32.view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = as_f32.view(np.uint32)
+    # uint32 cannot overflow here except for NaN patterns (>= 0xFFFF8001), replaced below.
+    rounded = ((bits + ((bits >> 16) & 1) + np.uint32(0x7FFF)) >> 16).astype(np.uint16)
     nan = np.isnan(as_f32)
     if nan.any():
         rounded[nan] = (((bits[nan] >> 16) & 0x8000) | 0x7FC0).astype(np.uint16)
@@ -277,24 +278,20 @@ def _slack_values(values: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
     return np.asarray(np.ldexp(own_ulps, exponent), dtype=np.float64)
 
 
-def _rounding_slack(hidden: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
-    """:func:`_slack_values` of float hidden states; ``None`` if they are bf16 patterns or hold
-    no more precision than bf16 (bf16 values widened to fp32: nothing to judge rounding by)."""
-    array = np.asarray(hidden)
-    if array.dtype in (np.uint16, np.int16):
-        return None
-    values = np.ascontiguousarray(array, dtype=np.float32)
-    if not (values.view(np.uint32) & 0xFFFF).any():
-        return None
-    return _slack_values(values)
+def _has_fp32_precision(hidden: npt.NDArray[np.generic]) -> bool:
+    """Whether float hidden states hold more precision than bf16 (bf16 values widened to fp32
+    have none to judge rounding by; bf16 bit patterns are not floats at all)."""
+    if hidden.dtype.kind != "f":
+        return False
+    return bool((np.ascontiguousarray(hidden, dtype=np.float32).view(np.uint32) & 0xFFFF).any())
 
 
 @dataclass
 class _Prepared:
-    """Every rollout's hidden states stacked: bf16 patterns, slack, and where each one starts."""
+    """Every rollout's hidden states stacked: bf16 patterns, fp32 values, where each starts."""
 
     bits: UInt16Array  # [rows, d]
-    slack: npt.NDArray[np.float64] | None  # [rows, d], None when no rollout has fp32 values
+    values: npt.NDArray[np.float32] | None  # [rows, d]; None when no rollout has fp32 precision
     has_slack: list[bool]
     offsets: list[int]
 
@@ -310,21 +307,22 @@ def _prepare(hidden_states: Sequence[npt.ArrayLike]) -> _Prepared:
         values = np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays])
         low = np.asarray((values.view(np.uint32) & 0xFFFF).any(axis=1), dtype=bool)
         has = [bool(low[a:b].any()) for a, b in itertools.pairwise(offsets)]
-        slack = _slack_values(values) if any(has) else None
-        return _Prepared(bf16_bits(values), slack, has, offsets)
+        return _Prepared(bf16_bits(values), values if any(has) else None, has, offsets)
     bits = [as_bf16_bits(a) for a in arrays]
-    slacks = [_rounding_slack(a) for a in arrays]
     if any(b.ndim != 2 for b in bits) or len({b.shape[1] for b in bits}) > 1:
         raise ValueError("hidden states must be [tokens, hidden size], one width for all")
+    has = [_has_fp32_precision(a) for a in arrays]
     width = bits[0].shape[1] if bits else 0
     stacked = np.concatenate(bits) if bits else np.zeros((0, width), dtype=np.uint16)
-    has = [s is not None for s in slacks]
-    stacked_slack = None
+    stacked_values = None
     if any(has):
-        stacked_slack = np.concatenate(
-            [s if s is not None else np.zeros(b.shape) for s, b in zip(slacks, bits, strict=True)]
+        stacked_values = np.concatenate(
+            [
+                np.asarray(a, dtype=np.float32) if fp32 else np.zeros(b.shape, dtype=np.float32)
+                for a, b, fp32 in zip(arrays, bits, has, strict=True)
+            ]
         )
-    return _Prepared(stacked, stacked_slack, has, offsets)
+    return _Prepared(stacked, stacked_values, has, offsets)
 
 
 _EVALUATE_CHUNK = 64  # windows per field evaluation: keeps the temporaries in cache
@@ -368,29 +366,42 @@ def verify_proofs(
         return results
     all_moduli = np.concatenate(moduli_parts)
     all_coefficients = np.concatenate(coefficient_parts)
+    width = prepared.bits.shape[1]
+    # Windows holding at least k values are checked together whatever their length, padded with
+    # zero rows: padding never enters the top-k (ties go to the lower index and padding comes
+    # last), so the statistics equal those of the unpadded window (as in encode_windows).
     groups: dict[int, list[int]] = {}
     for number, owner in enumerate(owners):
-        groups.setdefault(owner[3], []).append(number)
+        groups.setdefault(window if owner[3] * width >= k else owner[3], []).append(number)
+    zero_row = prepared.bits.shape[0]
+    bits = np.concatenate([prepared.bits, np.zeros((1, width), dtype=np.uint16)])
+    values = (
+        None
+        if prepared.values is None
+        else np.concatenate([prepared.values, np.zeros((1, width), dtype=np.float32)])
+    )
     stats: dict[int, WindowStats] = {}
-    width = prepared.bits.shape[1]
     for rows, group in groups.items():
         for first in range(0, len(group), _EVALUATE_CHUNK):
             numbers = np.asarray(group[first : first + _EVALUATE_CHUNK], dtype=np.int64)
             starts = np.asarray([owners[n][2] for n in numbers.tolist()], dtype=np.int64)
-            row_index = starts[:, None] + np.arange(rows, dtype=np.int64)[None, :]
-            flat = prepared.bits[row_index].reshape(numbers.size, rows * width)
+            real = np.asarray([owners[n][3] for n in numbers.tolist()], dtype=np.int64)
+            steps = np.arange(rows, dtype=np.int64)[None, :]
+            row_index = np.where(steps < real[:, None], starts[:, None] + steps, zero_row)
+            flat = bits[row_index].reshape(numbers.size, rows * width)
             used = min(k, flat.shape[1])
             idx = top_k_indices(flat, used)
             observed = np.take_along_axis(flat, idx, axis=1).astype(np.int64)
             near: npt.NDArray[np.float64] | None = None
-            if prepared.slack is not None:
-                flat_slack = prepared.slack[row_index].reshape(numbers.size, rows * width)
+            if values is not None:
+                flat_values = values[row_index].reshape(numbers.size, rows * width)
+                chosen = np.ascontiguousarray(np.take_along_axis(flat_values, idx, axis=1))
                 # Honest noise is absolute (it scales with the row, not with each entry), so
                 # measure slack in ULPs of the window's largest committed exponent: a tiny
                 # entry (committed when a short window has < k values) is always near its
                 # boundary.
                 top_exponent = ((observed >> 7) & 0xFF).max(axis=1, keepdims=True) - 127
-                near = np.ldexp(np.take_along_axis(flat_slack, idx, axis=1), -top_exponent)
+                near = np.ldexp(_slack_values(chosen), -top_exponent)
             mods = all_moduli[numbers]
             safe = np.where(mods > 0, mods, PRIME)  # a null proof (modulus 0) fails below
             claimed = _field.evaluate(all_coefficients[numbers], idx % safe[:, None])
