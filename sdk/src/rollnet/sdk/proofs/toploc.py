@@ -325,7 +325,7 @@ def _prepare(hidden_states: Sequence[npt.ArrayLike]) -> _Prepared:
     return _Prepared(stacked, stacked_values, has, offsets)
 
 
-_EVALUATE_CHUNK = 64  # windows per field evaluation: keeps the temporaries in cache
+_EVALUATE_CHUNK = 32  # windows per field evaluation: keeps the temporaries in cache
 
 
 def verify_proofs(
