@@ -25,7 +25,7 @@ import torch
 from rollnet.reference.inference import Prefill, SamplingParams, harness
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import init_tiny_model
-from rollnet.sdk.proofs import toploc, verify_rollout
+from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.thresholds import FLOAT32
 
 
@@ -150,14 +150,8 @@ def main() -> None:
         def checks(
             rollouts: list[harness.Rollout] = rollouts, prefills: list[Prefill] = prefills
         ) -> None:
-            for rollout, prefill in zip(rollouts, prefills, strict=True):
-                verify_rollout(
-                    rollout.claim,
-                    rollout.assignment,
-                    hidden_states=prefill.hidden_states,
-                    logits=prefill.logits,
-                    thresholds=FLOAT32,
-                )
+            # What the validator runs: every check of every rollout, vectorized across the batch.
+            harness.verify_prefilled(rollouts, prefills, FLOAT32)
 
         times = interleaved(
             args.repeats,

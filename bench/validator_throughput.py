@@ -9,19 +9,27 @@ Both sides run here, one after the other, in one process, with the same torch th
   integrity, batch match, binding, assigned data, one batched prefill, TOPLOC, sampling,
   termination and reward recomputation — as ``rollnet validator`` does after fetching the blob.
 
-It prints both rates, their ratio (the target is ≥ 10×), and how many validators a swarm needs per
-worker when every commitment is validated (new nodes) and at the coordinator's spot-check floor
-for trusted nodes. Network time (GetBlob, SubmitVerdict: a few ms per job on loopback) is not
-included; it is per job, so it shrinks relative to the work as tasks grow.
+Generation and validation take turns for ``--repeats`` rounds (the same rollouts each round) and
+the best round of each counts, so a change in machine load hits both. It prints both rates, their
+ratio (the target is ≥ 10×), and how many validators a swarm needs per worker when every
+commitment is validated (new nodes) and at the coordinator's spot-check floor for trusted nodes.
 
-    .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4]
+Then it runs 1 and 2 validators at once, each a separate process (as ``rollnet validator`` is)
+with the same torch thread count, judging disjoint halves of the jobs, and prints the aggregate
+validated tokens/s of each. Network time (GetBlob, SubmitVerdict: a few ms per job on loopback)
+is not included; it is per job, so it shrinks relative to the work as tasks grow.
+
+    .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4] \
+        [--threads 1] [--repeats 3] [--parallel-rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -57,10 +65,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--min-validation-rate", type=float, default=0.1)
     parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads, worker and validator"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of generate + validate")
+    parser.add_argument(
+        "--parallel-rounds", type=int, default=5, help="passes over the jobs per validator process"
+    )
+    parser.add_argument(
         "--hidden-size", type=int, default=0, help="widen the tiny model (default: its own 64)"
     )
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: 2)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     root = Path(tempfile.mkdtemp(prefix="rollnet-bench-"))
     spec = TinyModelSpec()
@@ -69,16 +85,99 @@ def main() -> None:
     if args.layers:
         spec = replace(spec, num_hidden_layers=args.layers)
     model_dir = init_tiny_model(root / "tiny", seed=0, spec=spec)
-    worker, validator = TorchBackend(), TorchBackend()
+    worker = TorchBackend()
     worker.load(str(model_dir))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    model = load_validator_model(model_dir)
+    environments = EnvironmentCache()
+
+    generate_seconds = generate_cpu = validate_seconds = validate_cpu = float("inf")
+    jobs: list[tuple[validation_pb2.ValidationJob, bytes]] = []
+    generate_jobs(worker, tokenizer, args)  # warm-up
+    for _ in range(args.repeats):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        jobs = generate_jobs(worker, tokenizer, args)
+        generate_seconds = min(generate_seconds, time.perf_counter() - started)
+        generate_cpu = min(generate_cpu, time.process_time() - started_cpu)
+        validate_job(*jobs[0], model, environments)  # warm-up (first prefill allocates)
+        started, started_cpu = time.perf_counter(), time.process_time()
+        accepted = sum(validate_job(job, blob, model, environments).accepted for job, blob in jobs)
+        validate_seconds = min(validate_seconds, time.perf_counter() - started)
+        validate_cpu = min(validate_cpu, time.process_time() - started_cpu)
+        if accepted != len(jobs):
+            raise SystemExit(f"only {accepted}/{len(jobs)} honest jobs were accepted")
+    generated_tokens, prompt_tokens = token_counts(jobs)
+
+    generated_rate = generated_tokens / generate_seconds
+    validated_rate = generated_tokens / validate_seconds
+    ratio = validated_rate / generated_rate
+    rollouts_total = args.jobs * args.prompts * args.samples
+    print(
+        f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
+        f"{spec.num_hidden_layers} layers), float32, CPU; best of {args.repeats} rounds"
+    )
+    print(
+        f"workload: {args.jobs} jobs x {args.prompts} prompts x {args.samples} samples = "
+        f"{rollouts_total} rollouts, {generated_tokens} completion + {prompt_tokens} prompt tokens"
+    )
+    print(
+        f"worker   : generated {generated_rate:10.0f} completion tokens/s "
+        f"({generate_seconds:.3f} s)"
+    )
+    print(
+        f"validator: validated {validated_rate:10.0f} completion tokens/s "
+        f"({validate_seconds:.3f} s; {(generated_tokens + prompt_tokens) / validate_seconds:.0f} "
+        f"prompt+completion tokens/s; {len(jobs) / validate_seconds:.1f} jobs/s)"
+    )
+    print(f"validated / generated: {ratio:.1f}x (target >= 10x)")
+    # The worker commits proofs on a background thread, so wall time flatters it on 2+ cores.
+    print(
+        f"per CPU-second: generated {generated_tokens / generate_cpu:.0f}, validated "
+        f"{generated_tokens / validate_cpu:.0f} -> {generate_cpu / validate_cpu:.1f}x"
+    )
+    floor = args.min_validation_rate
+    print(
+        f"validators per worker: {1 / ratio:.3f} when every commitment is checked "
+        f"(1 validator per {ratio:.1f} workers); {floor / ratio:.4f} at the trusted-node "
+        f"spot-check floor {floor:g} (1 validator per {ratio / floor:.0f} workers)"
+    )
+
+    print(
+        f"\nvalidators at once (processes, {args.threads} torch thread(s) each, CPUs here: "
+        f"{multiprocessing.cpu_count()}):"
+    )
+    wire = [(job.SerializeToString(), blob) for job, blob in jobs]
+    rates: dict[int, float] = {}
+    for _ in range(2):  # alternate 1 and 2, best of two each
+        for count in (1, 2):
+            seconds = run_validators(model_dir, wire, count, args.parallel_rounds, args.threads)
+            rates[count] = max(
+                rates.get(count, 0.0), generated_tokens * args.parallel_rounds / seconds
+            )
+    for count, rate in rates.items():
+        print(
+            f"  {count} validator(s): {rate:10.0f} completion tokens/s "
+            f"({rate / rates[1]:.2f}x one; {rate / generated_rate:.1f}x one worker)"
+        )
+
+
+def load_validator_model(model_dir: Path) -> CheckpointModel:
+    """The validator's loaded checkpoint, as ``rollnet validator`` holds it."""
+    validator = TorchBackend()
     validator.load(str(model_dir))
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    return CheckpointModel(
+        step=1, backend=validator, tokenizer=tokenizer, thresholds=thresholds_for("float32")
+    )
+
+
+def generate_jobs(
+    worker: TorchBackend, tokenizer: Any, args: argparse.Namespace
+) -> list[tuple[validation_pb2.ValidationJob, bytes]]:
+    """Generate and seal every job's rollouts as a worker does (the same rollouts every call)."""
     environment = load_environment("arithmetic", {})
     sampling = common_pb2.SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-
-    jobs: list[tuple[validation_pb2.ValidationJob, bytes]] = []
-    generate_seconds = generate_cpu = 0.0
-    generated_tokens = prompt_tokens = 0
+    jobs = []
     for number in range(args.jobs):
         task = task_pb2.Task(
             task_id=f"task-{number}",
@@ -93,7 +192,6 @@ def main() -> None:
         prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
         slots = [(p, s) for p in range(args.prompts) for s in range(args.samples)]
         seeds = [derive_sampling_seed(lease, index) for index in range(len(slots))]
-        started, started_cpu = time.perf_counter(), time.process_time()
         generations = worker.generate(
             [prompts[p] for p, _ in slots],
             SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seeds=seeds),
@@ -120,59 +218,66 @@ def main() -> None:
                     ),
                 )
             )
-        generate_seconds += time.perf_counter() - started
-        generate_cpu += time.process_time() - started_cpu
-        generated_tokens += sum(len(r.completion_token_ids) for r in rollouts)
-        prompt_tokens += sum(len(r.prompt_token_ids) for r in rollouts)
         jobs.append(seal(task, lease, rollouts))
+    return jobs
 
-    model = CheckpointModel(
-        step=1, backend=validator, tokenizer=tokenizer, thresholds=thresholds_for("float32")
-    )
+
+def token_counts(jobs: Sequence[tuple[validation_pb2.ValidationJob, bytes]]) -> tuple[int, int]:
+    """Completion and prompt tokens of every job."""
+    completion = prompt = 0
+    for _, blob in jobs:
+        batch = rollout_pb2.RolloutBatch.FromString(blob)
+        completion += sum(len(r.completion_token_ids) for r in batch.rollouts)
+        prompt += sum(len(r.prompt_token_ids) for r in batch.rollouts)
+    return completion, prompt
+
+
+def run_validators(
+    model_dir: Path, wire: list[tuple[bytes, bytes]], count: int, rounds: int, threads: int
+) -> float:
+    """Wall seconds for ``count`` validator processes to judge ``wire`` ``rounds`` times, the
+    jobs split between them; timed from a common start once every process has loaded."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(count)
+    results = context.Queue()
+    shares = [wire[i::count] for i in range(count)]
+    processes = [
+        context.Process(
+            target=validator_process, args=(model_dir, share, rounds, threads, start, results)
+        )
+        for share in shares
+    ]
+    for process in processes:
+        process.start()
+    spans = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    if sum(accepted for _, _, accepted in spans) != len(wire) * rounds:
+        raise SystemExit("a validator process rejected honest work")
+    return max(end for _, end, _ in spans) - min(begin for begin, _, _ in spans)
+
+
+def validator_process(
+    model_dir: Path,
+    share: list[tuple[bytes, bytes]],
+    rounds: int,
+    threads: int,
+    start: Any,
+    results: Any,
+) -> None:
+    """One validator: load the checkpoint, wait for the others, judge its share ``rounds`` times."""
+    torch.set_num_threads(threads)
+    model = load_validator_model(model_dir)
     environments = EnvironmentCache()
-    validate_job(*jobs[0], model, environments)  # warm-up (first prefill allocates)
-    started, started_cpu = time.perf_counter(), time.process_time()
+    jobs = [(validation_pb2.ValidationJob.FromString(job), blob) for job, blob in share]
+    validate_job(*jobs[0], model, environments)  # warm-up
+    start.wait()
+    began = time.time()
     accepted = 0
-    for job, blob in jobs:
-        accepted += validate_job(job, blob, model, environments).accepted
-    validate_seconds = time.perf_counter() - started
-    validate_cpu = time.process_time() - started_cpu
-    if accepted != len(jobs):
-        raise SystemExit(f"only {accepted}/{len(jobs)} honest jobs were accepted")
-
-    generated_rate = generated_tokens / generate_seconds
-    validated_rate = generated_tokens / validate_seconds
-    ratio = validated_rate / generated_rate
-    rollouts_total = args.jobs * args.prompts * args.samples
-    print(
-        f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
-        f"{spec.num_hidden_layers} layers), float32, CPU"
-    )
-    print(
-        f"workload: {args.jobs} jobs x {args.prompts} prompts x {args.samples} samples = "
-        f"{rollouts_total} rollouts, {generated_tokens} completion + {prompt_tokens} prompt tokens"
-    )
-    print(
-        f"worker   : generated {generated_rate:10.0f} completion tokens/s "
-        f"({generate_seconds:.2f} s)"
-    )
-    print(
-        f"validator: validated {validated_rate:10.0f} completion tokens/s "
-        f"({validate_seconds:.2f} s; {(generated_tokens + prompt_tokens) / validate_seconds:.0f} "
-        f"prompt+completion tokens/s; {len(jobs) / validate_seconds:.1f} jobs/s)"
-    )
-    print(f"validated / generated: {ratio:.1f}x (target >= 10x)")
-    # The worker commits proofs on a background thread, so wall time flatters it on 2+ cores.
-    print(
-        f"per CPU-second: generated {generated_tokens / generate_cpu:.0f}, validated "
-        f"{generated_tokens / validate_cpu:.0f} -> {generate_cpu / validate_cpu:.1f}x"
-    )
-    floor = args.min_validation_rate
-    print(
-        f"validators per worker: {1 / ratio:.3f} when every commitment is checked "
-        f"(1 validator per {ratio:.0f} workers); {floor / ratio:.4f} at the trusted-node "
-        f"spot-check floor {floor:g} (1 validator per {ratio / floor:.0f} workers)"
-    )
+    for _ in range(rounds):
+        for job, blob in jobs:
+            accepted += validate_job(job, blob, model, environments).accepted
+    results.put((began, time.time(), accepted))
 
 
 def seal(
