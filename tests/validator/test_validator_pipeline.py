@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import blake3
 import pytest
 from validator_testing import NETWORK, seal_job
 
@@ -192,3 +193,22 @@ async def test_unprefillable_rollouts_are_rejected_without_running_them(bench: B
     assert all(
         c.passed for c in outcome.checks if c.HasField("rollout_index") and c.rollout_index >= 2
     )
+
+
+async def test_a_seed_outside_63_bits_is_rejected_without_crashing(bench: Bench) -> None:
+    # uint64 on the wire: a hostile worker can send a seed no digest or noise can take.
+    task, lease, rollouts = await generate(bench, None)
+    job, sealed = seal_job(task, lease, rollouts)
+    batch = rollout_pb2.RolloutBatch.FromString(sealed)
+    batch.rollouts[0].sampling_seed = 2**64 - 1
+    blob = batch.SerializeToString(deterministic=True)
+    commitment = job.commitment
+    commitment.rollouts[0].sampling_seed = 2**64 - 1
+    commitment.rollout_batch.blake3 = blake3.blake3(blob).digest()
+    commitment.rollout_batch.size = len(blob)
+    outcome = judge(bench, job, blob)
+    failures = [(c.rollout_index, c.check, c.reason) for c in outcome.checks if not c.passed]
+    assert failures[0] == (0, "binding", "SEED_NOT_DERIVED")
+    assert outcome.reject_reason == "SEED_NOT_DERIVED"
+    # The new blob hash breaks the other rollouts' digests; nothing else fails.
+    assert {f[1:] for f in failures[1:]} == {("binding", "COMMITMENT_DIGEST_MISMATCH")}

@@ -48,6 +48,7 @@ from rollnet.sdk.proofs import (
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
+from rollnet.sdk.proofs.sampling import MAX_SEED
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -387,7 +388,13 @@ def _validate_rollouts(
         # Guards before the model runs: a token outside the vocabulary cannot be embedded, and a
         # completion over the length limit must not make the validator prefill without bound.
         out_of_vocabulary = sum(1 for t in completion if t >= vocab)
-        if out_of_vocabulary or len(completion) > max_new_tokens:
+        # A seed outside the 63-bit range cannot be derived, hashed into a digest or used for
+        # noise: judged without the model, so a hostile batch cannot crash the validator.
+        if (
+            out_of_vocabulary
+            or len(completion) > max_new_tokens
+            or not 0 <= rollout.sampling_seed <= MAX_SEED
+        ):
             slot.checks.extend(_unprefillable(slot, out_of_vocabulary, max_new_tokens))
             slot.assignment = None
 
@@ -431,11 +438,12 @@ def _validate_rollouts(
 def _unprefillable(
     slot: _Slot, out_of_vocabulary: int, max_new_tokens: int
 ) -> list[validation_pb2.CheckResult]:
-    """Checks for a rollout the model will not run on: binding and assigned data still apply."""
+    """Checks for a rollout the model will not run on (a token outside the vocabulary, too many
+    tokens, a seed outside the 63-bit range): binding and assigned data still apply."""
     assert slot.assignment is not None
     claim, assignment = slot.claim, slot.assignment
-    checks = [
-        _from_proof(
+    if 0 <= claim.sampling_seed <= MAX_SEED:
+        binding = _from_proof(
             check_binding(
                 assignment.lease,
                 blob_blake3=assignment.blob_blake3,
@@ -447,7 +455,17 @@ def _unprefillable(
                 proof=claim.proof,
             ),
             slot.index,
-        ),
+        )
+    else:
+        binding = _result(
+            CheckName.BINDING,
+            False,
+            Reason.SEED_NOT_DERIVED,
+            {"rollout_index": claim.rollout_index, "claimed_seed": claim.sampling_seed},
+            slot.index,
+        )
+    checks = [
+        binding,
         _from_proof(
             check_assigned_data(assignment.assigned_prompt_ids, claim.prompt_ids), slot.index
         ),
