@@ -2,6 +2,9 @@
 
 Writes are idempotent where the protocol retries: recording the same blob or checkpoint twice is
 a no-op, recording a conflicting one is an error.
+
+The statements on the commitment path (one per lease cycle) are built once at import and run as
+Core statements: building and caching an ORM query costs more than SQLite takes to run it.
 """
 
 from __future__ import annotations
@@ -9,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
-from rollnet.ledger.models import Blob, Checkpoint, Commitment
+from rollnet.ledger.models import Blob, Checkpoint, Commitment, table_of
 
 
 class ConflictError(ValueError):
@@ -27,19 +30,23 @@ def record_blob(
     location: str,
     uploader_id: str | None,
     now: datetime,
-) -> Blob:
-    """Record a stored blob; returns the existing row if the same hash was recorded before."""
-    existing = session.get(Blob, blake3_hex)
+) -> None:
+    """Record a stored blob; recording the same hash and size again is a no-op."""
+    existing = session.execute(_BLOB_SIZE, {"hash": blake3_hex}).scalar()
     if existing is not None:
-        if existing.size != size:
-            raise ConflictError(f"blob {blake3_hex} already recorded with size {existing.size}")
-        return existing
-    blob = Blob(
-        hash=blake3_hex, size=size, location=location, uploader_id=uploader_id, created_at=now
+        if existing != size:
+            raise ConflictError(f"blob {blake3_hex} already recorded with size {existing}")
+        return
+    session.execute(
+        _BLOBS.insert(),
+        {
+            "hash": blake3_hex,
+            "size": size,
+            "location": location,
+            "uploader_id": uploader_id,
+            "created_at": now,
+        },
     )
-    session.add(blob)
-    session.flush()
-    return blob
 
 
 def get_blob(session: Session, blake3_hex: str) -> Blob | None:
@@ -66,26 +73,26 @@ class NewCommitment:
     record: bytes | None = None
 
 
-def record_commitment(session: Session, commitment: NewCommitment, *, now: datetime) -> Commitment:
+def record_commitment(session: Session, commitment: NewCommitment, *, now: datetime) -> None:
     """Store a commitment. The (task, fencing token) pair is unique: one commitment per lease."""
-    row = Commitment(
-        id=commitment.commitment_id,
-        task_id=commitment.task_id,
-        node_id=commitment.node_id,
-        lease_id=commitment.lease_id,
-        fencing_token=commitment.fencing_token,
-        rollout_blob_hash=commitment.rollout_blob_hash,
-        proof_blob_hash=commitment.proof_blob_hash,
-        sampling_seed=commitment.sampling_seed,
-        claimed_work=commitment.claimed_work,
-        request_id=commitment.request_id,
-        signature=commitment.signature,
-        received_at=now,
-        record=commitment.record,
+    session.execute(
+        _COMMITMENTS.insert(),
+        {
+            "id": commitment.commitment_id,
+            "task_id": commitment.task_id,
+            "node_id": commitment.node_id,
+            "lease_id": commitment.lease_id,
+            "fencing_token": commitment.fencing_token,
+            "rollout_blob_hash": commitment.rollout_blob_hash,
+            "proof_blob_hash": commitment.proof_blob_hash,
+            "sampling_seed": commitment.sampling_seed,
+            "claimed_work": commitment.claimed_work,
+            "request_id": commitment.request_id,
+            "signature": commitment.signature,
+            "received_at": now,
+            "record": commitment.record,
+        },
     )
-    session.add(row)
-    session.flush()
-    return row
 
 
 def get_commitment(session: Session, commitment_id: str) -> Commitment | None:
@@ -136,16 +143,23 @@ def latest_checkpoint(session: Session) -> Checkpoint | None:
 
 def find_commitment(session: Session, task_id: str, fencing_token: int) -> Commitment | None:
     """The commitment made under one lease attempt of a task, if any (at most one exists)."""
-    return session.scalars(
-        select(Commitment).where(
-            Commitment.task_id == task_id, Commitment.fencing_token == fencing_token
-        )
-    ).first()
+    found = session.execute(
+        _COMMITMENT_OF_LEASE, {"task_id": task_id, "fencing_token": fencing_token}
+    ).scalar()
+    return None if found is None else session.get(Commitment, found)
 
 
 def latest_checkpoint_step(session: Session) -> int | None:
     """The highest published step, without loading its manifest."""
-    from sqlalchemy import func
-
-    step = session.scalar(select(func.max(Checkpoint.step)))
+    step = session.execute(_LATEST_STEP).scalar()
     return None if step is None else int(step)
+
+
+_BLOBS = table_of(Blob)
+_COMMITMENTS = table_of(Commitment)
+_BLOB_SIZE = select(_BLOBS.c.size).where(_BLOBS.c.hash == bindparam("hash"))
+_COMMITMENT_OF_LEASE = select(_COMMITMENTS.c.id).where(
+    _COMMITMENTS.c.task_id == bindparam("task_id"),
+    _COMMITMENTS.c.fencing_token == bindparam("fencing_token"),
+)
+_LATEST_STEP = select(func.max(table_of(Checkpoint).c.step))

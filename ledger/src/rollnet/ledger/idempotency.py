@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger._columns import utc_now
-from rollnet.ledger.models import IdempotencyRecord
+from rollnet.ledger.models import IdempotencyRecord, table_of
 
 
 def lookup(session: Session, caller_id: str, method: str, request_id: str) -> bytes | None:
@@ -50,17 +50,17 @@ def store(
     *,
     now: datetime,
 ) -> None:
-    """Record the response; flushes so a duplicate fails here, inside the transaction."""
-    session.add(
-        IdempotencyRecord(
-            caller_id=caller_id,
-            method=method,
-            request_id=request_id,
-            response=response,
-            created_at=now,
-        )
+    """Record the response; a duplicate fails here (IntegrityError), inside the transaction."""
+    session.execute(
+        table_of(IdempotencyRecord).insert(),
+        {
+            "caller_id": caller_id,
+            "method": method,
+            "request_id": request_id,
+            "response": response,
+            "created_at": now,
+        },
     )
-    session.flush()
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -94,6 +95,11 @@ class StrEnumColumn(TypeDecorator[_E]):
         if value is None:
             return None
         return self.enum_type(value)
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table of a mapped class (``__table__`` is typed as a bare FromClause)."""
+    return Base.metadata.tables[model.__tablename__]
 
 
 def _one_of(column: str, enum_type: type[StrEnum]) -> CheckConstraint:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
-from rollnet.ledger.models import HASH_LENGTH, NODE_ID_LENGTH, Node
+from rollnet.ledger.models import HASH_LENGTH, NODE_ID_LENGTH, Node, table_of
 
 _LOWER_HEX = "0123456789abcdef"
 
@@ -78,6 +78,37 @@ def register_node(
 def get_node(session: Session, node_id: str) -> Node | None:
     """The node with ``node_id``, if registered."""
     return session.get(Node, node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStanding:
+    """What a call on the work path needs to know of its node (no ORM object is built)."""
+
+    id: str
+    role: NodeRole
+    state: NodeState
+    capabilities: list[str]
+    accepted_streak: int
+
+
+def get_standing(session: Session, node_id: str) -> NodeStanding | None:
+    """The standing of the node with ``node_id``, if registered (one prebuilt SELECT)."""
+    row = session.execute(_STANDING, {"node_id": node_id}).one_or_none()
+    if row is None:
+        return None
+    return NodeStanding(
+        id=row.id,
+        role=NodeRole(row.role),
+        state=NodeState(row.state),
+        capabilities=list(row.capabilities),
+        accepted_streak=row.accepted_streak,
+    )
+
+
+_N = table_of(Node).c
+_STANDING = select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
+    _N.id == bindparam("node_id")
+)
 
 
 def list_nodes(

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import bindparam, case, func, select, update
 from sqlalchemy.orm import Session
 
+from rollnet.ledger.engine import is_postgresql
 from rollnet.ledger.enums import TaskState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
-from rollnet.ledger.models import Node, Task
+from rollnet.ledger.models import Node, Task, table_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,35 @@ def get_task(session: Session, task_id: str) -> Task | None:
     return session.get(Task, task_id)
 
 
+@dataclass(frozen=True, slots=True)
+class TaskTerms:
+    """What a task asks for, read with one prebuilt statement (the commitment path's read)."""
+
+    id: str
+    environment: str
+    checkpoint_step: int
+    prompt_ids: list[str]
+    seed: int
+    sampling: dict[str, Any]
+    state: TaskState
+
+
+def get_terms(session: Session, task_id: str) -> TaskTerms | None:
+    """The terms of the task with ``task_id``, if any (no ORM object is built)."""
+    row = session.execute(_TERMS, {"task_id": task_id}).one_or_none()
+    if row is None:
+        return None
+    return TaskTerms(
+        id=row.id,
+        environment=row.environment,
+        checkpoint_step=row.checkpoint_step,
+        prompt_ids=list(row.prompt_ids),
+        seed=row.seed,
+        sampling=dict(row.sampling),
+        state=TaskState(row.state),
+    )
+
+
 def lease_next_task(
     session: Session,
     *,
@@ -106,48 +136,31 @@ def lease_next_task(
     leases. The node's row is locked first so its cap holds across concurrent replicas.
     """
     if max_leases_per_node is not None:
-        session.execute(select(Node.id).where(Node.id == node_id).with_for_update())
-        held = session.scalar(
-            select(func.count())
-            .select_from(Task)
-            .where(Task.lease_holder == node_id, Task.state == TaskState.LEASED)
-        )
+        if is_postgresql(session):
+            session.execute(_LOCK_NODE, {"node_id": node_id})
+        held = session.execute(_HELD_LEASES, {"node_id": node_id}).scalar()
         if (held or 0) >= max_leases_per_node:
             return None
-    candidate = select(Task.id).where(Task.state == TaskState.QUEUED)
+    params: dict[str, Any] = {}
     if environments is not None:
-        candidate = candidate.where(Task.environment.in_(sorted(environments)))
+        params["environments"] = sorted(environments)
     if min_checkpoint_step is not None:
-        candidate = candidate.where(Task.checkpoint_step >= min_checkpoint_step)
-    task_id = session.scalar(
-        candidate.order_by(Task.created_at, Task.id).limit(1).with_for_update(skip_locked=True)
-    )
+        params["min_step"] = min_checkpoint_step
+    candidate = _CANDIDATES[(environments is not None, min_checkpoint_step is not None)]
+    task_id = session.execute(candidate, params).scalar()
     if task_id is None:
         return None
     lease_id = new_lease_id()
     deadline = now + lease_duration
     row = session.execute(
-        update(Task)
-        .where(Task.id == task_id, Task.state == TaskState.QUEUED)
-        .values(
-            state=TaskState.LEASED,
-            attempt=Task.attempt + 1,
-            fencing_token=Task.attempt + 1,
-            lease_id=lease_id,
-            lease_holder=node_id,
-            lease_deadline=deadline,
-            updated_at=now,
-        )
-        .returning(
-            Task.id,
-            Task.environment,
-            Task.checkpoint_step,
-            Task.prompt_ids,
-            Task.seed,
-            Task.sampling,
-            Task.fencing_token,
-        )
-        .execution_options(synchronize_session=False)
+        _LEASE,
+        {
+            "task_id": task_id,
+            "new_lease_id": lease_id,
+            "holder": node_id,
+            "deadline": deadline,
+            "now": now,
+        },
     ).one_or_none()
     if row is None:  # pragma: no cover - the row is locked (PostgreSQL) or we are the writer
         return None
@@ -186,15 +199,14 @@ def submit_task(
     One conditional UPDATE decides; on refusal the task is read to say why.
     """
     result = session.execute(
-        update(Task)
-        .where(
-            Task.id == task_id,
-            Task.state == TaskState.LEASED,
-            _lease_matches(lease_id, fencing_token, node_id),
-            Task.lease_deadline > now,
-        )
-        .values(state=TaskState.SUBMITTED, updated_at=now)
-        .execution_options(synchronize_session=False)
+        _SUBMIT,
+        {
+            "task_id": task_id,
+            "lease": lease_id,
+            "token": fencing_token,
+            "holder": node_id,
+            "now": now,
+        },
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
         return LeaseOutcome.OK
@@ -347,7 +359,67 @@ def count_tasks_by_state(session: Session) -> dict[TaskState, int]:
     return {TaskState(state): int(count) for state, count in rows}
 
 
-_TASKS = Task.metadata.tables[Task.__tablename__]
+_TASKS = table_of(Task)
+_T = _TASKS.c
+
+# The leasing statements, built once (see lease_next_task).
+_LOCK_NODE = (
+    select(table_of(Node).c.id).where(table_of(Node).c.id == bindparam("node_id")).with_for_update()
+)
+_HELD_LEASES = (
+    select(func.count())
+    .select_from(_TASKS)
+    .where(_T.lease_holder == bindparam("node_id"), _T.state == TaskState.LEASED)
+)
+
+
+def _candidate(by_environment: bool, by_step: bool) -> Any:
+    query = select(_T.id).where(_T.state == TaskState.QUEUED)
+    if by_environment:
+        query = query.where(_T.environment.in_(bindparam("environments", expanding=True)))
+    if by_step:
+        query = query.where(_T.checkpoint_step >= bindparam("min_step"))
+    return query.order_by(_T.created_at, _T.id).limit(1).with_for_update(skip_locked=True)
+
+
+_CANDIDATES = {(e, m): _candidate(e, m) for e in (False, True) for m in (False, True)}
+_LEASE = (
+    update(_TASKS)
+    .where(_T.id == bindparam("task_id"), _T.state == TaskState.QUEUED)
+    .values(
+        state=TaskState.LEASED,
+        attempt=_T.attempt + 1,
+        fencing_token=_T.attempt + 1,
+        lease_id=bindparam("new_lease_id"),
+        lease_holder=bindparam("holder"),
+        lease_deadline=bindparam("deadline"),
+        updated_at=bindparam("now"),
+    )
+    .returning(
+        _T.id,
+        _T.environment,
+        _T.checkpoint_step,
+        _T.prompt_ids,
+        _T.seed,
+        _T.sampling,
+        _T.fencing_token,
+    )
+)
+_SUBMIT = (
+    update(_TASKS)
+    .where(
+        _T.id == bindparam("task_id"),
+        _T.state == TaskState.LEASED,
+        _T.lease_id == bindparam("lease"),
+        _T.fencing_token == bindparam("token"),
+        _T.lease_holder == bindparam("holder"),
+        _T.lease_deadline > bindparam("now"),
+    )
+    .values(state=TaskState.SUBMITTED, updated_at=bindparam("now"))
+)
+_TERMS = select(
+    _T.id, _T.environment, _T.checkpoint_step, _T.prompt_ids, _T.seed, _T.sampling, _T.state
+).where(_T.id == bindparam("task_id"))
 
 
 def find_by_lease(session: Session, lease_id: str) -> Task | None:

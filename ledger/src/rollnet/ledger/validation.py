@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
-from rollnet.ledger.models import ValidationJob, Verdict
+from rollnet.ledger.models import ValidationJob, Verdict, table_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +34,20 @@ class LeasedValidationJob:
 
 def enqueue_validation_job(
     session: Session, *, job_id: str, commitment_id: str, now: datetime
-) -> ValidationJob:
+) -> None:
     """Queue the validation of ``commitment_id`` (one job per commitment)."""
-    job = ValidationJob(
-        id=job_id,
-        commitment_id=commitment_id,
-        state=ValidationJobState.QUEUED,
-        attempt=0,
-        fencing_token=0,
-        created_at=now,
-        updated_at=now,
+    session.execute(
+        table_of(ValidationJob).insert(),
+        {
+            "id": job_id,
+            "commitment_id": commitment_id,
+            "state": ValidationJobState.QUEUED,
+            "attempt": 0,
+            "fencing_token": 0,
+            "created_at": now,
+            "updated_at": now,
+        },
     )
-    session.add(job)
-    session.flush()
-    return job
 
 
 def lease_next_validation_job(

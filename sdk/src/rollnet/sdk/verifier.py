@@ -239,6 +239,8 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             capacity=config.nonce_capacity,
             per_key_capacity=config.nonce_capacity_per_key,
         )
+        #: method -> (the handler inside, its verifying wrapper), built on a method's first call.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def verify(self, method: str, metadata: Any, body: bytes) -> Caller:
         """Check one call's signing headers against the bytes of its (first) request message.
@@ -311,10 +313,17 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = handler_call_details.method
         if handler is None or any(method.startswith(p) for p in self.config.exempt_prefixes):
             return handler
-        metadata = handler_call_details.invocation_metadata
+        # The wrapper reads each call's metadata from its context, so one wrapper per method
+        # serves every call (as long as the handler inside is the same object).
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
         if handler.request_streaming:
-            return self._wrap_stream_request(handler, method, metadata)
-        return self._wrap_unary_request(handler, method, metadata)
+            wrapped = self._wrap_stream_request(handler, method)
+        else:
+            wrapped = self._wrap_unary_request(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> Caller:
         try:
@@ -330,11 +339,11 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         _REQUEST_ID.set(_header(metadata, NONCE_HEADER))
         return caller
 
-    def _wrap_unary_request(self, handler: Any, method: str, metadata: Any) -> Any:
+    def _wrap_unary_request(self, handler: Any, method: str) -> Any:
         deserialize = handler.request_deserializer or _identity
 
         async def parse(raw: bytes, context: Any) -> Any:
-            await self._admit(method, metadata, raw, context)
+            await self._admit(method, context.invocation_metadata(), raw, context)
             request = await _parse(deserialize, raw, context)
             request_id = getattr(request, "request_id", "")
             if isinstance(request_id, str) and request_id:
@@ -369,7 +378,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             behavior, response_serializer=handler.response_serializer
         )
 
-    def _wrap_stream_request(self, handler: Any, method: str, metadata: Any) -> Any:
+    def _wrap_stream_request(self, handler: Any, method: str) -> Any:
         deserialize = handler.request_deserializer or _identity
 
         async def requests(raw_requests: Any, context: Any) -> AsyncIterator[Any]:
@@ -378,7 +387,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 first: bytes | None = await anext(iterator)
             except StopAsyncIteration:
                 first = None
-            await self._admit(method, metadata, first or b"", context)
+            await self._admit(method, context.invocation_metadata(), first or b"", context)
 
             async def parsed() -> AsyncIterator[Any]:
                 if first is not None:

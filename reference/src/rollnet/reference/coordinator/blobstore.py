@@ -10,11 +10,13 @@ harmlessly.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import blake3
 
@@ -97,8 +99,8 @@ class BlobStore:
                     )
                 if final.is_file():
                     return StoredBlob(digest, size, final, already_present=True)
-                out.flush()
-                os.fsync(out.fileno())
+                # The fsync waits on the disk for milliseconds: not on the event loop.
+                await asyncio.to_thread(_flush_to_disk, out)
             os.replace(temporary, final)
             return StoredBlob(digest, size, final, already_present=False)
         finally:
@@ -112,3 +114,8 @@ class BlobStore:
             blob.seek(min(offset, total))
             data = blob.read(length if length else -1)
         return total, data
+
+
+def _flush_to_disk(out: BinaryIO) -> None:
+    out.flush()
+    os.fsync(out.fileno())

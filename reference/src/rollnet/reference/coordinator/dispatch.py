@@ -215,11 +215,11 @@ class Dispatcher:
         environments = list(request.environments) or None
 
         def work(session: Session) -> LeasedTask | None:
-            row = nodes.get_node(session, caller.node_id)
+            row = nodes.get_standing(session, caller.node_id)
             if row is None:
                 raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
             refuse_unusable(row)
-            caps = capabilities_from_db(list(row.capabilities))
+            caps = capabilities_from_db(row.capabilities)
             envs = environments or (list(caps.environments) or None)
             cap = min(
                 caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node

@@ -64,12 +64,22 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, metrics: CoordinatorMetrics) -> None:
         self.metrics = metrics
+        #: method -> (the handler inside, its observing wrapper): one wrapper per method.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = await continuation(details)
         if handler is None:
             return None
         method: str = details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> Any:
 
         def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
             if resp_stream and inspect.isasyncgenfunction(inner):

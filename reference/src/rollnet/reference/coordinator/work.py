@@ -17,7 +17,8 @@ from rollnet.ledger.artifacts import NewCommitment
 from rollnet.ledger.chain import NewEntry
 from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState
 from rollnet.ledger.leases import LeaseOutcome
-from rollnet.ledger.models import Commitment, Task
+from rollnet.ledger.models import Commitment
+from rollnet.ledger.tasks import TaskTerms
 from rollnet.reference.coordinator.blobstore import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -146,7 +147,7 @@ class WorkDesk:
         batch: rollout_pb2.RolloutBatch,
         request: commitment_service_pb2.SubmitCommitmentRequest,
         caller: Caller,
-        task: Task,
+        task: TaskTerms,
     ) -> None:
         problems: list[str] = []
         if batch.task_id != request.task_id:
@@ -208,9 +209,17 @@ class WorkDesk:
             raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
         batch, batch_size = self._load_batch(request.rollout_batch.blake3)
         now = self.ctx.clock()
+        # Everything the receipt covers is known now: sign outside the writer's transaction.
+        commitment_id = secrets.token_hex(12)
+        signature = self.ctx.identity.sign(
+            receipt_message(commitment_id, request.binding_digest, now)
+        )
+        blob_location = str(
+            self.ctx.blobs.path_of(request.rollout_batch.blake3).relative_to(self.ctx.blobs.root)
+        )
 
         def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
-            task = tasks.get_task(session, request.task_id)
+            task = tasks.get_terms(session, request.task_id)
             if task is None:
                 raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
             existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
@@ -222,18 +231,14 @@ class WorkDesk:
             ):
                 # The same work submitted again (a retry whose first answer was lost): answer
                 # with the original commitment and receipt, write nothing.
-                return self._response(session, existing, request), False
+                return self._response(session, existing, request.binding_digest), False
             if batch_size != request.rollout_batch.size:
                 raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
             artifacts.record_blob(
                 session,
                 blake3_hex=request.rollout_batch.blake3.hex(),
                 size=batch_size,
-                location=str(
-                    self.ctx.blobs.path_of(request.rollout_batch.blake3).relative_to(
-                        self.ctx.blobs.root
-                    )
-                ),
+                location=blob_location,
                 uploader_id=caller.node_id,
                 now=now,
             )
@@ -250,7 +255,6 @@ class WorkDesk:
                 raise lease_outcome_refusal(outcome, f"task {request.task_id}")
             prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
             decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
-            commitment_id = secrets.token_hex(12)
             record = commitment_pb2.Commitment(
                 commitment_id=commitment_id,
                 task_id=request.task_id,
@@ -264,7 +268,7 @@ class WorkDesk:
                 binding_digest=request.binding_digest,
                 received_at=timestamp(now),
             )
-            row = artifacts.record_commitment(
+            artifacts.record_commitment(
                 session,
                 NewCommitment(
                     commitment_id=commitment_id,
@@ -277,14 +281,12 @@ class WorkDesk:
                     sampling_seed=task.seed,
                     claimed_work=prefill + decode,
                     request_id=request.request_id,
-                    signature=self.ctx.identity.sign(
-                        receipt_message(commitment_id, request.binding_digest, now)
-                    ),
+                    signature=signature,
                     record=record.SerializeToString(deterministic=True),
                 ),
                 now=now,
             )
-            node = nodes.get_node(session, caller.node_id)
+            node = nodes.get_standing(session, caller.node_id)
             assert node is not None
             probability = spot_check_probability(
                 node.accepted_streak, config.trusted_streak, config.min_validation_rate
@@ -298,7 +300,14 @@ class WorkDesk:
                 self._credit_unchecked(
                     session, task, commitment_id, caller.node_id, prefill, decode, now
                 )
-            return self._response(session, row, request), check
+            # A fresh commitment's state is known without reading it back: PENDING while its
+            # validation is queued, ACCEPTED when the spot check skipped it.
+            record.state = (
+                commitment_pb2.Commitment.STATE_PENDING
+                if check
+                else commitment_pb2.Commitment.STATE_ACCEPTED
+            )
+            return self._receipted(record, request.binding_digest, signature, now), check
 
         response, queued = await self.ctx.run_in_transaction(work)
         signals = self.ctx.signals
@@ -306,18 +315,24 @@ class WorkDesk:
         return response
 
     def _response(
-        self,
-        session: Session,
-        row: Commitment,
-        request: commitment_service_pb2.SubmitCommitmentRequest,
+        self, session: Session, row: Commitment, binding_digest: bytes
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         commitment = commitment_to_proto(session, row)
+        return self._receipted(commitment, binding_digest, row.signature, row.received_at)
+
+    def _receipted(
+        self,
+        commitment: commitment_pb2.Commitment,
+        binding_digest: bytes,
+        signature: bytes,
+        received_at: datetime,
+    ) -> commitment_service_pb2.SubmitCommitmentResponse:
         receipt = commitment_pb2.Receipt(
-            commitment_id=row.id,
-            binding_digest=request.binding_digest,
-            received_at=timestamp(row.received_at),
+            commitment_id=commitment.commitment_id,
+            binding_digest=binding_digest,
+            received_at=timestamp(received_at),
             coordinator_public_key=self.ctx.identity.public_key,
-            signature=row.signature,
+            signature=signature,
         )
         return commitment_service_pb2.SubmitCommitmentResponse(
             commitment=commitment, receipt=receipt
@@ -326,7 +341,7 @@ class WorkDesk:
     def _credit_unchecked(
         self,
         session: Session,
-        task: Task,
+        task: TaskTerms,
         commitment_id: str,
         node_id: str,
         prefill: int,
@@ -337,8 +352,6 @@ class WorkDesk:
         tasks.transition_task(
             session, task.id, from_state=TaskState.SUBMITTED, to_state=TaskState.ACCEPTED, now=now
         )
-        # The UPDATE bypasses the session: reload the row so the reply says ACCEPTED.
-        session.expire(task)
         chain.append_entries(
             session,
             [
