@@ -79,6 +79,13 @@ async def serve_echo() -> None:
 
 # ---------------------------------------------------------------------------- helpers
 COORDINATOR_PID = 0
+ECHO_PID = 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def profile(phase: str, seconds: float) -> None:
@@ -99,6 +106,8 @@ def profile(phase: str, seconds: float) -> None:
                 str(int(seconds)),
                 "-r",
                 "200",
+                "--gil",  # only the thread holding the GIL: where the Python CPU time goes
+                *os.environ.get("ROLLNET_BENCH_PYSPY_ARGS", "").split(),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -127,6 +136,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+class Run:
+    """One measured phase: calls completed, their latencies, and the server's CPU time."""
+
+    def __init__(self, count: int, latencies: list[float], cpu: float) -> None:
+        self.count, self.latencies, self.cpu = count, latencies, cpu
+
+    def cpu_per_call(self) -> float:
+        return self.cpu / max(1, self.count)
+
+
+async def measure(
+    pid: int, seconds: float, concurrency: int, call: Callable[[int], Awaitable[None]]
+) -> Run:
+    """:func:`drive`, also counting the CPU time the server process ``pid`` spent meanwhile."""
+    before = cpu_seconds(pid)
+    count, latencies = await drive(seconds, concurrency, call)
+    return Run(count, latencies, cpu_seconds(pid) - before)
+
+
 async def drive(
     seconds: float, concurrency: int, call: Callable[[int], Awaitable[None]]
 ) -> tuple[int, list[float]]:
@@ -146,13 +174,22 @@ async def drive(
     return len(latencies), latencies
 
 
-def report(name: str, count: int, seconds: float, latencies: list[float]) -> float:
-    rate = count / seconds
+def report(name: str, run: Run, seconds: float) -> Run:
+    rate = run.count / seconds
     print(
-        f"  {name:<34} {rate:>9,.0f}/s   p50 {percentile(latencies, 0.5) * 1000:7.2f} ms"
-        f"   p99 {percentile(latencies, 0.99) * 1000:7.2f} ms"
+        f"  {name:<34} {rate:>9,.0f}/s   p50 {percentile(run.latencies, 0.5) * 1000:7.2f} ms"
+        f"   p99 {percentile(run.latencies, 0.99) * 1000:7.2f} ms"
+        f"   server CPU {run.cpu_per_call() * 1e6:6.0f} us/call"
     )
-    return rate
+    return run
+
+
+def ratios(name: str, run: Run, echo: Run, target: float) -> None:
+    """Throughput ratio, and the same ratio counted in server CPU per call."""
+    print(
+        f"  ratio {name} / echo: {run.count / max(1, echo.count):.2f}x   (target >= {target}x);"
+        f" by server CPU per call: {echo.cpu_per_call() / run.cpu_per_call():.2f}x"
+    )
 
 
 async def register_all(channel: grpc.aio.Channel, nodes: list[Node], role: int) -> None:
@@ -176,7 +213,7 @@ async def register_all(channel: grpc.aio.Channel, nodes: list[Node], role: int) 
 # ---------------------------------------------------------------------------- phases
 async def bench_heartbeats(
     coordinator: str, echo: str, nodes: list[Node], seconds: float, concurrency: int
-) -> tuple[float, float]:
+) -> tuple[Run, Run]:
     async with (
         grpc.aio.insecure_channel(coordinator) as channel,
         grpc.aio.insecure_channel(echo) as echo_channel,
@@ -196,13 +233,17 @@ async def bench_heartbeats(
             await echo_call(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
 
         await drive(1.0, concurrency, echo_once)  # warm-up
-        count, lat = await drive(seconds, concurrency, echo_once)
-        echo_rate = report("echo (signed, same bytes)", count, seconds, lat)
+        echo_run = report(
+            "echo (signed, same bytes)",
+            await measure(ECHO_PID, seconds, concurrency, echo_once),
+            seconds,
+        )
         await drive(1.0, concurrency, beat)
         profile("heartbeat", seconds)
-        count, lat = await drive(seconds, concurrency, beat)
-        beat_rate = report("heartbeat", count, seconds, lat)
-    return echo_rate, beat_rate
+        beat_run = report(
+            "heartbeat", await measure(COORDINATOR_PID, seconds, concurrency, beat), seconds
+        )
+    return echo_run, beat_run
 
 
 async def keep_alive(channel: grpc.aio.Channel, nodes: list[Node], interval: float) -> None:
@@ -229,7 +270,7 @@ async def bench_lease_cycles(
     seconds: float,
     concurrency: int,
     interval: float,
-) -> tuple[float, float]:
+) -> tuple[Run, Run]:
     async with (
         grpc.aio.insecure_channel(coordinator) as channel,
         grpc.aio.insecure_channel(echo) as echo_channel,
@@ -359,18 +400,21 @@ async def bench_lease_cycles(
             for _ in range(3):
                 await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
 
-        count, lat = await drive(seconds, concurrency, echo_cycle)
-        echo_rate = report("echo (3 signed round trips)", count, seconds, lat)
+        echo_run = report(
+            "echo (3 signed round trips)",
+            await measure(ECHO_PID, seconds, concurrency, echo_cycle),
+            seconds,
+        )
         profile("lease-cycle", seconds)
         # The workers stay alive as real ones do: heartbeats at the configured interval, so
         # none goes OFFLINE (which would revoke its leases) while it is busy.
         keepalive = asyncio.create_task(keep_alive(channel, workers, interval))
         try:
-            count, lat = await drive(seconds, concurrency, cycle)
+            cycle_run = await measure(COORDINATOR_PID, seconds, concurrency, cycle)
         finally:
             keepalive.cancel()
-        cycle_rate = report("lease cycle (pull+upload+commit)", count, seconds, lat)
-    return echo_rate, cycle_rate
+        report("lease cycle (pull+upload+commit)", cycle_run, seconds)
+    return echo_run, cycle_run
 
 
 async def _upload(upload: Any, node: Node, data: bytes, kind: int) -> bytes:
@@ -404,7 +448,8 @@ async def bench_swarm(
         latencies: list[float] = []
         errors = 0
         error_codes: Counter[str] = Counter()
-        worst_suspect = 0
+        worst_suspect = at_end = 0
+        granted_intervals: Counter[float] = Counter()
 
         async def node_loop(node: Node) -> None:
             nonlocal errors
@@ -425,13 +470,19 @@ async def bench_swarm(
                     errors += 1
                     error_codes[error.code().name] += 1
                 latencies.append(time.perf_counter() - started)
-                await asyncio.sleep(granted * random.uniform(0.9, 1.0))
+                granted_intervals[round(granted, 1)] += 1
+                pause = granted * random.uniform(0.9, 1.0)
+                if time.perf_counter() + pause >= stop_at:
+                    break  # the run ends before the next beat is due
+                await asyncio.sleep(pause)
 
         async def watch() -> None:
-            nonlocal worst_suspect
-            while time.perf_counter() < stop_at:
-                await asyncio.sleep(2.0)
+            nonlocal worst_suspect, at_end
+            while (left := stop_at - time.perf_counter()) > 0:
+                await asyncio.sleep(min(2.0, left))
                 worst_suspect = max(worst_suspect, count_stale(db, ids))
+            # Taken when the run ends, while every node is still within its interval.
+            at_end = count_stale(db, ids)
 
         started = time.perf_counter()
         await asyncio.gather(watch(), *(node_loop(n) for n in nodes))
@@ -440,8 +491,10 @@ async def bench_swarm(
             f"  {len(nodes):,} nodes @ {interval:g} s: {len(latencies) / elapsed:,.0f} heartbeats/s"
             f", p50 {percentile(latencies, 0.5) * 1000:.2f} ms, p99 "
             f"{percentile(latencies, 0.99) * 1000:.2f} ms, errors {errors}, "
-            f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {count_stale(db, ids)}"
+            f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {at_end}"
         )
+        granted = ", ".join(f"{k:g} s: {v:,}" for k, v in sorted(granted_intervals.items()))
+        print(f"  intervals granted (the coordinator's back-off hint): {granted}")
         if error_codes:
             print(f"  errors by code: {dict(error_codes)}")
 
@@ -484,16 +537,16 @@ async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: 
     async with grpc.aio.insecure_channel(coordinator) as channel:
         await register_all(channel, nodes, common_pb2.ROLE_WORKER)
     print(f"heartbeat path ({args.nodes} nodes, {args.concurrency} in flight, {args.seconds} s):")
-    echo_rate, beat_rate = await bench_heartbeats(
+    echo_run, beat_run = await bench_heartbeats(
         coordinator, echo, nodes, args.seconds, args.concurrency
     )
-    print(f"  ratio heartbeat / echo: {beat_rate / echo_rate:.2f}x   (target >= 0.5x)")
+    ratios("heartbeat", beat_run, echo_run, 0.5)
     print(f"lease cycle ({args.concurrency} in flight, {args.seconds} s):")
     trainer = args.trainer
-    echo_rate, cycle_rate = await bench_lease_cycles(
+    echo_run, cycle_run = await bench_lease_cycles(
         coordinator, echo, nodes, trainer, args.seconds, args.concurrency, args.interval
     )
-    print(f"  ratio lease cycle / echo: {cycle_rate / echo_rate:.2f}x   (target >= 0.2x)")
+    ratios("lease cycle", cycle_run, echo_run, 0.2)
     if args.swarm:
         swarm = [Node(Identity.generate()) for _ in range(args.swarm)]
         started = time.perf_counter()
@@ -558,8 +611,8 @@ def main() -> int:
             r"listening on [^:]+:(\d+)",
             env | {"PYTHONUNBUFFERED": "1"},
         )
-        global COORDINATOR_PID
-        COORDINATOR_PID = coordinator_process.pid
+        global COORDINATOR_PID, ECHO_PID
+        COORDINATOR_PID, ECHO_PID = coordinator_process.pid, echo_process.pid
         try:
             args.trainer = trainer
             print(

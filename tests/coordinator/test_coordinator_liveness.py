@@ -4,6 +4,7 @@ clamped and replies carry lease extensions and checkpoint commands."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -20,6 +21,7 @@ from coordinator_testing import (
 from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.heartbeats import LAG_LIMIT, LoopLag
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
@@ -224,3 +226,56 @@ async def test_silence_is_judged_against_the_interval_granted_to_each_node(
     finally:
         await slow_client.close()
         await quick_client.close()
+
+
+async def test_a_coordinator_that_is_behind_grants_longer_intervals(fast: Coordinator) -> None:
+    """The back-off hint: while the event loop lags, heartbeats are granted twice the interval,
+    and the node is then judged by the interval it was granted (no false SUSPECT)."""
+    identity = Identity.generate()
+    client = connect(fast.address, identity)
+    try:
+        await register(client, identity, common_pb2.ROLE_WORKER)
+        reply = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        assert _seconds(reply.heartbeat_interval) == pytest.approx(0.2)
+        lag = fast.registry.heartbeats.lag
+        lag.samples.extend([10 * LAG_LIMIT] * (lag.samples.maxlen or 1))  # as if far behind
+        reply = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        assert _seconds(reply.heartbeat_interval) == pytest.approx(0.4)
+        started = fast.ctx.clock()
+
+        async def a_while() -> bool:  # 0.6 s: past 2 x 0.2 s, within 2 x the granted 0.4 s
+            return (fast.ctx.clock() - started).total_seconds() > 0.6
+
+        await wait_until(a_while, within=15, what="0.6 s of silence")
+        assert await _state(client) == State.STATE_ACTIVE
+        await _reach(client, State.STATE_SUSPECT)  # and silence past 0.8 s does count
+    finally:
+        await client.close()
+
+
+async def test_loop_lag_records_a_blocked_loop() -> None:
+    lag = LoopLag()
+    lag.start()
+    try:
+
+        async def probing() -> bool:
+            return len(lag.samples) > 0
+
+        await wait_until(probing, within=5, what="a first probe")
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the loop is the point
+
+        async def recorded() -> bool:
+            return max(lag.samples) >= 0.2
+
+        await wait_until(recorded, within=5, what="the stall recorded")
+    finally:
+        await lag.stop()
+
+
+def test_loop_lag_counts_a_saturated_loop_not_one_stall() -> None:
+    lag = LoopLag(window=3)
+    lag.samples.extend([0.0, 0.0, 0.3])
+    assert lag.seconds == 0.0  # one late probe in three: a stall
+    lag.samples.append(0.3)
+    assert lag.seconds == 0.3  # two in three: the loop lags
+    assert lag.seconds > LAG_LIMIT

@@ -61,6 +61,10 @@ class CoordinatorConfig:
     min_validation_rate: float = 0.1
     signature_skew: timedelta = timedelta(seconds=60)
     max_message_bytes: int = 16 * 1024 * 1024
+    #: Calls gRPC may hold before the server code takes them; beyond it gRPC starts refusing new
+    #: calls (CANCELLED), refusing all at twice this. gRPC's own default (1,000) refuses
+    #: heartbeats of a 10,000-node swarm in ordinary bursts.
+    max_pending_calls: int = 20_000
     max_blob_bytes: int = 512 * 1024 * 1024
     rate_limit_per_key: float = 200.0
     rate_burst_per_key: int = 400
@@ -170,6 +174,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("min_validation_rate", _fraction, "least share of a trusted node's work validated"),
     Option("signature_skew", _seconds, "accepted clock skew of signed calls, seconds"),
     Option("max_message_bytes", _positive_int, "largest gRPC message, bytes"),
+    Option(
+        "max_pending_calls",
+        _positive_int,
+        "calls gRPC may queue before the server takes them (refused beyond 2x)",
+    ),
     Option("max_blob_bytes", _positive_int, "largest blob upload, bytes"),
     Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
     Option("rate_burst_per_key", _positive_int, "burst of calls per key"),

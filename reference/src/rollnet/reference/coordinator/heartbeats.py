@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -42,6 +44,53 @@ class _Pending:
     future: asyncio.Future[HeartbeatResult]
 
 
+#: Heartbeats queued for the next group commit beyond which the coordinator is behind.
+BACKLOG_LIMIT = 2048
+#: Event-loop lag (smoothed) beyond which the coordinator is behind: calls wait this long for the
+#: loop before any of their code runs, and more of them queue inside gRPC meanwhile.
+LAG_LIMIT = 0.100
+_LAG_PERIOD = 0.050
+
+
+class LoopLag:
+    """How late the event loop runs what is due: the coordinator's own overload signal.
+
+    A probe sleeps ``_LAG_PERIOD`` again and again and records how much later than asked it
+    wakes; :attr:`seconds` is the median of the last ``window`` records, so a single stall (a
+    collection, a large reply) does not count, a saturated loop does. It measures every cost of
+    the loop at once (signature checks, gRPC, handlers), which a queue inside one component
+    cannot.
+    """
+
+    def __init__(self, window: int = 20) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The median lateness of the recent probes."""
+        return statistics.median(self.samples) if self.samples else 0.0
+
+    def start(self) -> None:
+        """Start probing on the running loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._probe())
+
+    async def stop(self) -> None:
+        """Stop probing."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(_LAG_PERIOD)
+            self.samples.append(max(0.0, loop.time() - started - _LAG_PERIOD))
+
+
 class HeartbeatBatcher:
     """Collects heartbeats and commits them in groups."""
 
@@ -53,6 +102,7 @@ class HeartbeatBatcher:
         self.max_delay = max_delay
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
+        self.lag = LoopLag()
 
     async def submit(
         self, node_id: str, lease_ids: tuple[str, ...], interval: timedelta
@@ -64,17 +114,29 @@ class HeartbeatBatcher:
         """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
+            self.lag.start()
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(node_id, lease_ids, interval, future))
         return await future
 
     @property
     def backlog(self) -> int:
-        """Heartbeats waiting for a batch (the load signal behind the interval back-off)."""
+        """Heartbeats waiting for a batch."""
         return self._queue.qsize()
+
+    @property
+    def behind(self) -> bool:
+        """Whether the coordinator is behind: its event loop lags, or heartbeats queue up.
+
+        The signal behind the interval back-off: granting longer intervals while behind sheds
+        load before calls start timing out, and since each node's deadlines follow the interval
+        it was granted, no node is judged by an interval it was not told.
+        """
+        return self.lag.seconds > LAG_LIMIT or self.backlog > BACKLOG_LIMIT
 
     async def close(self) -> None:
         """Stop the flushing task (pending heartbeats fail with CancelledError)."""
+        await self.lag.stop()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):

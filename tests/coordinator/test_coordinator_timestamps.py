@@ -1,0 +1,27 @@
+"""Reply timestamps are built in integer arithmetic: exactly what protobuf's conversion gives."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.protobuf import timestamp_pb2
+
+from rollnet.reference.coordinator.nodes import timestamp
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(2026, 11, 29, 12, 0, 0, 1, tzinfo=UTC),
+        datetime(2099, 2, 28, 23, 59, 59, 500_000, tzinfo=UTC),
+        datetime(2026, 6, 1, 8, 0, tzinfo=UTC) + timedelta(microseconds=123_457),
+    ],
+)
+def test_timestamp_matches_protobuf(moment: datetime) -> None:
+    expected = timestamp_pb2.Timestamp()
+    expected.FromDatetime(moment)
+    assert timestamp(moment) == expected
+    assert timestamp(moment).ToDatetime(tzinfo=UTC) == moment
