@@ -106,7 +106,8 @@ def profile(phase: str, seconds: float) -> None:
                 str(int(seconds)),
                 "-r",
                 "200",
-                "--gil",  # only the thread holding the GIL: where the Python CPU time goes
+                # Only the thread holding the GIL (where Python CPU time goes), unless told.
+                *([] if os.environ.get("ROLLNET_BENCH_PYSPY_ALL_THREADS") else ["--gil"]),
                 *os.environ.get("ROLLNET_BENCH_PYSPY_ARGS", "").split(),
             ],
             stdout=subprocess.DEVNULL,
@@ -146,12 +147,38 @@ class Run:
         return self.cpu / max(1, self.count)
 
 
+def thread_cpu(pid: int) -> Counter[str]:
+    """CPU seconds used so far by each thread of ``pid``, summed by thread name."""
+    used: Counter[str] = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, _, rest = task.joinpath("stat").read_text().partition(") ")
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        fields = rest.split()
+        name = name.partition("(")[2]
+        if name == "python":  # Python threads are not named for the OS: tell the loop's apart
+            name = "main" if task.name == str(pid) else "python threads"
+        used[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
+
+
 async def measure(
     pid: int, seconds: float, concurrency: int, call: Callable[[int], Awaitable[None]]
 ) -> Run:
-    """:func:`drive`, also counting the CPU time the server process ``pid`` spent meanwhile."""
-    before = cpu_seconds(pid)
+    """:func:`drive`, also counting the CPU time the server process ``pid`` spent meanwhile.
+
+    With ROLLNET_BENCH_THREADS=1 the server's CPU time per call is also printed by thread.
+    """
+    before, threads = cpu_seconds(pid), thread_cpu(pid)
     count, latencies = await drive(seconds, concurrency, call)
+    if os.environ.get("ROLLNET_BENCH_THREADS"):
+        used = thread_cpu(pid)
+        used.subtract(threads)
+        print(
+            "    server CPU by thread, us/call: "
+            + ", ".join(f"{k} {v / max(1, count) * 1e6:.0f}" for k, v in used.most_common(6))
+        )
     return Run(count, latencies, cpu_seconds(pid) - before)
 
 

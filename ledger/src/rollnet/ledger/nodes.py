@@ -106,6 +106,29 @@ def get_standing(session: Session, node_id: str) -> NodeStanding | None:
 
 
 _N = table_of(Node).c
+_REVIVE_VALUES: dict[str, Any] = {
+    "last_heartbeat_at": bindparam("now"),
+    "state": NodeState.ACTIVE,
+    "state_changed_at": case(
+        (_N.state == NodeState.ACTIVE, _N.state_changed_at), else_=bindparam("now")
+    ),
+}
+_REVIVE = (
+    update(table_of(Node))
+    .where(
+        _N.id == bindparam("node_id"),
+        # Equalities, not IN: an IN list would be an "expanding" parameter, which executemany
+        # does not take.
+        or_(*(_N.state == state for state in sorted(HEARTBEAT_REVIVABLE_STATES))),
+    )
+    .values(**_REVIVE_VALUES)
+)
+_REVIVE_WITH_DEADLINES = _REVIVE.values(
+    suspect_at=bindparam("suspect"), offline_at=bindparam("offline")
+)
+_STATES = select(_N.id, _N.state, _N.role, _N.state_reason).where(
+    _N.id.in_(bindparam("ids", expanding=True))
+)
 _STANDING = select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
     _N.id == bindparam("node_id")
 )
@@ -269,30 +292,19 @@ def record_heartbeats(
     ids = sorted(set(node_ids))
     if not ids:
         return {}
-    # One UPDATE per distinct (suspect_at, offline_at) pair: nodes granted the same interval in
-    # the same batch share it, so a batch costs a handful of statements, not one per node.
-    groups: dict[tuple[datetime, datetime] | None, list[str]] = {}
-    for node_id in ids:
-        groups.setdefault(deadlines.get(node_id) if deadlines else None, []).append(node_id)
-    for pair, members in groups.items():
-        values: dict[str, Any] = {
-            "last_heartbeat_at": now,
-            "state": NodeState.ACTIVE,
-            "state_changed_at": case(
-                (Node.state == NodeState.ACTIVE, Node.state_changed_at), else_=now
-            ),
-        }
-        if pair is not None:
-            values["suspect_at"], values["offline_at"] = pair
+    # Prebuilt statements: one executemany UPDATE (each node with its own deadlines), one SELECT.
+    if deadlines:
         session.execute(
-            update(Node)
-            .where(Node.id.in_(members), Node.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)))
-            .values(**values)
-            .execution_options(synchronize_session=False)
+            _REVIVE_WITH_DEADLINES,
+            [
+                {"node_id": node_id, "now": now, "suspect": pair[0], "offline": pair[1]}
+                for node_id in ids
+                for pair in [deadlines.get(node_id, (None, None))]
+            ],
         )
-    rows = session.execute(
-        select(Node.id, Node.state, Node.role, Node.state_reason).where(Node.id.in_(ids))
-    )
+    else:
+        session.execute(_REVIVE, [{"node_id": node_id, "now": now} for node_id in ids])
+    rows = session.execute(_STATES, {"ids": ids})
     return {
         row.id: (NodeState(row.state), NodeRole(row.role), row.state_reason or "") for row in rows
     }

@@ -95,7 +95,7 @@ class HeartbeatBatcher:
     """Collects heartbeats and commits them in groups."""
 
     def __init__(
-        self, ctx: CoordinatorContext, *, max_batch: int = 512, max_delay: float = 0.002
+        self, ctx: CoordinatorContext, *, max_batch: int = 1024, max_delay: float = 0.010
     ) -> None:
         self.ctx = ctx
         self.max_batch = max_batch

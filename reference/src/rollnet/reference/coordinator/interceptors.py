@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
 from rollnet.sdk.verifier import current_caller, current_request_id
 
 log = structlog.get_logger("rollnet.coordinator.rpc")
+# The stdlib logger behind it (servers route structlog through stdlib logging): its level says
+# whether the per-RPC line is wanted before any work is spent on building it.
+_level_gate = logging.getLogger("rollnet.coordinator.rpc")
 
 _CALL_FIELDS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("rollnet_call")
 
@@ -66,6 +70,9 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.metrics = metrics
         #: method -> (the handler inside, its observing wrapper): one wrapper per method.
         self._wrapped: dict[str, tuple[Any, Any]] = {}
+        # Metric children by label values (looking them up costs a lock and a hash per call).
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._timers: dict[str, Any] = {}
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = await continuation(details)
@@ -129,8 +136,16 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         elapsed = time.perf_counter() - started
         code = _code_of(context, error)
-        self.metrics.rpcs.labels(method, code).inc()
-        self.metrics.rpc_seconds.labels(method).observe(elapsed)
+        counter = self._counters.get((method, code))
+        if counter is None:
+            counter = self._counters[method, code] = self.metrics.rpcs.labels(method, code)
+        counter.inc()
+        timer = self._timers.get(method)
+        if timer is None:
+            timer = self._timers[method] = self.metrics.rpc_seconds.labels(method)
+        timer.observe(elapsed)
+        if not _level_gate.isEnabledFor(logging.INFO):
+            return  # below the configured level: build no record at all
         log.info(
             "rpc",
             method=method,
