@@ -116,7 +116,7 @@ class HeartbeatBatcher:
             self._runner = asyncio.create_task(self._run())
             self.lag.start()
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(node_id, lease_ids, interval, future))
+        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future))
         return await future
 
     @property
@@ -145,16 +145,9 @@ class HeartbeatBatcher:
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            loop = asyncio.get_running_loop()
-            flush_at = loop.time() + self.max_delay
-            while len(batch) < self.max_batch:
-                remaining = flush_at - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except TimeoutError:
-                    break
+            # Let the batch gather for max_delay, then take what came (one timer per batch, not
+            # a timed wait per heartbeat).
+            await asyncio.sleep(self.max_delay)
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
