@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli import torch_threads
+
 
 def register(subparsers: Any) -> None:
     """Add the ``validator`` command."""
@@ -43,6 +45,7 @@ def register(subparsers: Any) -> None:
         "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
     )
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    torch_threads.add_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.sdk.worker import run_until_signalled
 
     configure_logging(args.log_level)
+    torch_threads.apply(args)
     try:
         if args.key.exists():
             identity = Identity.load(args.key)

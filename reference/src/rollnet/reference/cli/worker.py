@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli import torch_threads
+
 
 def register(subparsers: Any) -> None:
     """Add the ``worker`` command."""
@@ -61,6 +63,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    torch_threads.add_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
 
     configure_logging(args.log_level)
+    torch_threads.apply(args)
     try:
         if args.key.exists():
             identity = Identity.load(args.key)
