@@ -88,6 +88,11 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+#: Every model process of the demo shares this machine's cores: one PyTorch thread each, or their
+#: threads wait on each other at every operation (see docs/worker.md).
+ONE_THREAD = ("--torch-threads", "1")
+
+
 def _rollnet() -> list[str]:
     return [sys.executable, "-m", "rollnet.reference.cli"]
 
@@ -189,6 +194,7 @@ async def run_demo(config: DemoConfig) -> int:
                         *common,
                         "--key",
                         str(root / "keys" / f"worker-{i}.key"),
+                        *ONE_THREAD,
                         "--data-dir",
                         str(root / f"worker-{i}"),
                     ],
@@ -203,6 +209,7 @@ async def run_demo(config: DemoConfig) -> int:
                         *common,
                         "--key",
                         str(root / "keys" / f"validator-{i}.key"),
+                        *ONE_THREAD,
                         "--data-dir",
                         str(root / f"validator-{i}"),
                     ],
@@ -220,6 +227,7 @@ async def run_demo(config: DemoConfig) -> int:
                         *common,
                         "--key",
                         str(root / "keys" / f"cheat-{cheat}.key"),
+                        *ONE_THREAD,
                         "--data-dir",
                         str(root / f"cheat-{cheat}"),
                     ],

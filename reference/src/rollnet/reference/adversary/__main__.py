@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rollnet.reference.cli import torch_threads
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The adversary's flags (a subset of ``rollnet worker``'s, plus ``--cheat``)."""
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
     parser.add_argument("--log-level", default="INFO")
+    torch_threads.add_argument(parser)
     return parser
 
 
@@ -37,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError, run_until_signalled
 
     configure_logging(args.log_level)
+    torch_threads.apply(args)
     if args.key.exists():
         identity = Identity.load(args.key)
     else:
