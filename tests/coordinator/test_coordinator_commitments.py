@@ -4,6 +4,7 @@ thinning out for trusted nodes; ejection after repeated rejects."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -17,7 +18,10 @@ from coordinator_testing import (
     pull_and_commit,
     register,
     request_tasks,
+    upload_and_commit,
+    wait_until,
 )
+from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
@@ -232,4 +236,76 @@ async def test_spot_checks_thin_out_and_rejects_eject(
     finally:
         for c in (trainer, validator, good, bad):
             await c.close()
+        await coordinator.stop(grace=0.1)
+
+
+async def test_a_job_no_validator_finishes_is_given_up_and_its_prompts_queued_again(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+) -> None:
+    """A validation job whose lease lapses max_validation_attempts times (a validator that cannot
+    get the inputs, or dies on the job) is given up: the commitment is UNVERIFIABLE, nobody is
+    credited or slashed, and the task's prompts are queued again as a new task."""
+    config = with_overrides(
+        coordinator_config,
+        heartbeat_interval=timedelta(seconds=0.5),
+        heartbeat_interval_min=timedelta(seconds=0.1),
+        suspect_after_missed=30.0,  # the nodes here do not heartbeat: keep them ACTIVE
+        offline_after_missed=60.0,
+        lease_duration=timedelta(seconds=1),
+        sweep_interval=timedelta(seconds=0.05),
+        max_validation_attempts=2,
+    )
+    coordinator = await start_coordinator(config)
+    worker_identity = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    worker = connect(coordinator.address, worker_identity)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await register(worker, worker_identity, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 1)
+        first = await pull(worker)
+        assert first.HasField("task")
+        submitted = await upload_and_commit(
+            worker, worker_identity, make_work(worker_identity, first.task, first.lease)
+        )
+        commitment_id = submitted.commitment.commitment_id
+        leases = []
+        for _ in range(2):  # leased, never answered, taken back at the deadline: twice
+            job = await validator.validation.pull_validation_job(
+                validation_service_pb2.PullValidationJobRequest(
+                    wait=duration_pb2.Duration(seconds=10)
+                )
+            )
+            assert job.HasField("job")
+            leases.append(job.lease.fencing_token)
+        assert leases == [1, 2]
+
+        async def given_up() -> bool:
+            read = await worker.commitments.get_commitment(
+                commitment_service_pb2.GetCommitmentRequest(commitment_id=commitment_id)
+            )
+            return read.commitment.state == commitment_pb2.Commitment.STATE_UNVERIFIABLE
+
+        await wait_until(given_up, within=20, what="the validation given up")
+        again = await pull(worker)
+        assert again.HasField("task")
+        assert again.task.task_id != first.task.task_id
+        assert list(again.task.prompt_ids) == list(first.task.prompt_ids)
+        none_left = await validator.validation.pull_validation_job(
+            validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration())
+        )
+        assert not none_left.HasField("job")
+        balance = await worker.ledger.get_balance(
+            ledger_service_pb2.GetBalanceRequest(node_id=worker_identity.node_id)
+        )
+        assert (balance.credited, balance.slashed) == (0, 0)
+        assert coordinator.ctx.metrics.validation_failed._value.get() == 1
+    finally:
+        for client in (trainer, validator, worker):
+            await client.close()
         await coordinator.stop(grace=0.1)

@@ -33,12 +33,15 @@ from rollnet.ledger.artifacts import (
     record_checkpoint,
     record_commitment,
 )
+from rollnet.ledger.enums import TaskState
 from rollnet.ledger.models import IdempotencyRecord, LedgerEntry
-from rollnet.ledger.tasks import enqueue_tasks
+from rollnet.ledger.tasks import enqueue_tasks, get_task, transition_task
 from rollnet.ledger.validation import (
     enqueue_validation_job,
     get_verdict_for_commitment,
     requeue_expired_validation_jobs,
+    requeue_validation_jobs_of_node,
+    settle_failed_jobs,
     submit_verdict,
 )
 
@@ -168,7 +171,8 @@ def test_validation_job_lease_verdict_and_credit(
         )
     late = T0 + LEASE
     with sessions.begin() as session:
-        assert requeue_expired_validation_jobs(session, now=late) == ["j1"]
+        taken = requeue_expired_validation_jobs(session, now=late, max_attempts=5)
+        assert (taken.requeued, taken.failed) == (["j1"], [])
         retry = lease_next_validation_job(
             session, node_id=second_validator, now=late, lease_duration=LEASE
         )
@@ -301,3 +305,54 @@ def test_concurrent_duplicates_mutate_once(
     with sessions.begin() as session:
         assert _count(session, LedgerEntry) == 1
         assert _count(session, IdempotencyRecord) == 1
+
+
+def test_a_validation_job_no_validator_finishes_is_given_up_and_its_work_requeued(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """After max_attempts leases (expired, or taken back from a validator that left) the job is
+    FAILED; settling it fails the task and queues a fresh copy, with no credit and no slash."""
+    (worker,) = add_nodes(1)
+    (validator,) = add_nodes(1, NodeRole.VALIDATOR)
+    commitment_id = _commit_one_task(sessions, worker)
+    with sessions.begin() as session:
+        transition_task(
+            session, "t1", from_state=TaskState.LEASED, to_state=TaskState.SUBMITTED, now=T0
+        )
+        enqueue_validation_job(session, job_id="j1", commitment_id=commitment_id, now=T0)
+    now = T0
+    for attempt in range(1, 4):
+        with sessions.begin() as session:
+            assert lease_next_validation_job(
+                session, node_id=validator, now=now, lease_duration=LEASE
+            )
+            now += LEASE
+            if attempt == 2:  # the validator left: its leases are taken back (and counted)
+                taken = requeue_validation_jobs_of_node(session, validator, now=now, max_attempts=3)
+            else:
+                taken = requeue_expired_validation_jobs(session, now=now, max_attempts=3)
+            if attempt < 3:
+                assert (taken.requeued, taken.failed) == (["j1"], [])
+            else:
+                assert (taken.requeued, taken.failed) == ([], ["j1"])
+                fresh = settle_failed_jobs(session, taken.failed, now=now)
+    with sessions.begin() as session:
+        assert (
+            lease_next_validation_job(session, node_id=validator, now=now, lease_duration=LEASE)
+            is None
+        )
+        task = get_task(session, "t1")
+        assert task is not None
+        assert task.state is TaskState.FAILED
+        (copy_id,) = fresh
+        copy = get_task(session, copy_id)
+        assert copy is not None
+        assert (copy.state, copy.prompt_ids, copy.seed) == (
+            TaskState.QUEUED,
+            task.prompt_ids,
+            task.seed,
+        )
+        assert get_verdict_for_commitment(session, commitment_id) is None
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+        # Settling twice changes nothing.
+        assert settle_failed_jobs(session, ["j1"], now=now) == []

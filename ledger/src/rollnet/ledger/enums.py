@@ -55,6 +55,9 @@ class ValidationJobState(StrEnum):
     QUEUED = "queued"
     LEASED = "leased"
     DONE = "done"
+    #: Given up after its lease was taken back ``max_validation_attempts`` times (no validator
+    #: could finish it: inputs unobtainable, or a job that takes validators down with it).
+    FAILED = "failed"
 
 
 class EntryKind(StrEnum):

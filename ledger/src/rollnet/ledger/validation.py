@@ -8,17 +8,19 @@ the job's current, unexpired lease.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
 from rollnet.ledger.models import ValidationJob, Verdict, table_of
+from rollnet.ledger.tasks import RequeueResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,23 +163,48 @@ def _refusal(
     return LeaseOutcome.LEASE_EXPIRED
 
 
-def requeue_expired_validation_jobs(session: Session, *, now: datetime) -> list[str]:
-    """Requeue validation jobs whose lease deadline has passed; returns their ids.
+def requeue_expired_validation_jobs(
+    session: Session, *, now: datetime, max_attempts: int
+) -> RequeueResult:
+    """Take back every job lease whose deadline has passed: requeue, or fail after the cap.
 
-    Validators are allow-listed, so there is no attempt cap: a job is retried until some
-    validator finishes it.
+    Validators are allow-listed, so a job that keeps coming back is not a validator cheating but
+    a job none can finish (its inputs cannot be had, or it takes validators down with it): after
+    ``max_attempts`` leases it is FAILED rather than retried forever.
     """
-    ids = session.scalars(
-        update(ValidationJob)
-        .where(
-            ValidationJob.state == ValidationJobState.LEASED,
-            ValidationJob.lease_deadline <= now,
+    return _take_back(session, ValidationJob.lease_deadline <= now, now, max_attempts)
+
+
+def settle_failed_jobs(session: Session, job_ids: Sequence[str], *, now: datetime) -> list[str]:
+    """Settle FAILED validation jobs: each one's task is FAILED and its work queued again.
+
+    Nobody could check the work, so there is neither credit nor slash; the prompts still need
+    rollouts, so a fresh copy of the task is queued. Returns the new tasks' ids.
+    """
+    from rollnet.ledger import tasks
+    from rollnet.ledger.enums import TaskState
+    from rollnet.ledger.models import Commitment, Task
+
+    fresh: list[str] = []
+    for job_id in job_ids:
+        task_id = session.scalar(
+            select(Commitment.task_id)
+            .join(ValidationJob, ValidationJob.commitment_id == Commitment.id)
+            .where(ValidationJob.id == job_id, ValidationJob.state == ValidationJobState.FAILED)
         )
-        .values(state=ValidationJobState.QUEUED, updated_at=now)
-        .returning(ValidationJob.id)
-        .execution_options(synchronize_session=False)
-    ).all()
-    return sorted(ids)
+        if task_id is None:
+            continue
+        moved = session.execute(
+            update(Task)
+            .where(Task.id == task_id, Task.state.in_([TaskState.SUBMITTED, TaskState.VALIDATING]))
+            .values(state=TaskState.FAILED, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount == 1:  # type: ignore[attr-defined]
+            new_task_id = secrets.token_hex(12)
+            tasks.requeue_copy(session, task_id, new_task_id=new_task_id, now=now)
+            fresh.append(new_task_id)
+    return fresh
 
 
 def get_verdict_for_commitment(session: Session, commitment_id: str) -> Verdict | None:
@@ -216,19 +243,30 @@ def extend_validation_lease_by_id(
     return deadline if result.rowcount == 1 else None  # type: ignore[attr-defined]
 
 
-def requeue_validation_jobs_of_node(session: Session, node_id: str, *, now: datetime) -> list[str]:
-    """Take back every job lease ``node_id`` holds (it left or went offline)."""
-    return list(
-        session.scalars(
-            update(ValidationJob)
-            .where(
-                ValidationJob.state == ValidationJobState.LEASED,
-                ValidationJob.lease_holder == node_id,
-            )
-            .values(state=ValidationJobState.QUEUED, updated_at=now)
-            .returning(ValidationJob.id)
-            .execution_options(synchronize_session=False)
-        ).all()
+def requeue_validation_jobs_of_node(
+    session: Session, node_id: str, *, now: datetime, max_attempts: int
+) -> RequeueResult:
+    """Take back every job lease ``node_id`` holds (it left or went offline); fail after the cap."""
+    return _take_back(session, ValidationJob.lease_holder == node_id, now, max_attempts)
+
+
+def _take_back(session: Session, condition: Any, now: datetime, max_attempts: int) -> RequeueResult:
+    rows = session.execute(
+        update(ValidationJob)
+        .where(ValidationJob.state == ValidationJobState.LEASED, condition)
+        .values(
+            state=case(
+                (ValidationJob.attempt >= max_attempts, ValidationJobState.FAILED),
+                else_=ValidationJobState.QUEUED,
+            ),
+            updated_at=now,
+        )
+        .returning(ValidationJob.id, ValidationJob.state)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return RequeueResult(
+        requeued=sorted(r.id for r in rows if r.state == ValidationJobState.QUEUED),
+        failed=sorted(r.id for r in rows if r.state == ValidationJobState.FAILED),
     )
 
 

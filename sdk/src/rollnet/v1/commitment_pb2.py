@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rollnet.v1 import common_pb2 as rollnet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/commitment.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\x9e\x05\n\nCommitment\x12#\n\rcommitment_id\x18\x01 \x01(\tR\x0c\x63ommitmentId\x12\x17\n\x07task_id\x18\x02 \x01(\tR\x06taskId\x12\x19\n\x08lease_id\x18\x03 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x04 \x01(\x04R\x0c\x66\x65ncingToken\x12\x17\n\x07node_id\x18\x05 \x01(\tR\x06nodeId\x12\x38\n\rrollout_batch\x18\x06 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x0crolloutBatch\x12\'\n\x0f\x63heckpoint_step\x18\x07 \x01(\x04R\x0e\x63heckpointStep\x12\x35\n\x08rollouts\x18\x08 \x03(\x0b\x32\x19.rollnet.v1.RolloutDigestR\x08rollouts\x12\x38\n\x0c\x63laimed_work\x18\t \x01(\x0b\x32\x15.rollnet.v1.WorkClaimR\x0b\x63laimedWork\x12%\n\x0e\x62inding_digest\x18\n \x01(\x0cR\rbindingDigest\x12\x32\n\x05state\x18\x0b \x01(\x0e\x32\x1c.rollnet.v1.Commitment.StateR\x05state\x12\x1c\n\tvalidated\x18\x0c \x01(\x08R\tvalidated\x12;\n\x0breceived_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nreceivedAt\"o\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_PENDING\x10\x01\x12\x14\n\x10STATE_VALIDATING\x10\x02\x12\x12\n\x0eSTATE_ACCEPTED\x10\x03\x12\x12\n\x0eSTATE_REJECTED\x10\x04\"\xb1\x01\n\rRolloutDigest\x12#\n\rsampling_seed\x18\x01 \x01(\x04R\x0csamplingSeed\x12!\n\x0cproof_blake3\x18\x02 \x01(\x0cR\x0bproofBlake3\x12+\n\x11\x63ompletion_tokens\x18\x03 \x01(\rR\x10\x63ompletionTokens\x12+\n\x11\x63ommitment_digest\x18\x04 \x01(\x0cR\x10\x63ommitmentDigest\"W\n\tWorkClaim\x12%\n\x0eprefill_tokens\x18\x01 \x01(\x04R\rprefillTokens\x12#\n\rdecode_tokens\x18\x02 \x01(\x04R\x0c\x64\x65\x63odeTokens\"\xe6\x01\n\x07Receipt\x12#\n\rcommitment_id\x18\x01 \x01(\tR\x0c\x63ommitmentId\x12%\n\x0e\x62inding_digest\x18\x02 \x01(\x0cR\rbindingDigest\x12;\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nreceivedAt\x12\x34\n\x16\x63oordinator_public_key\x18\x04 \x01(\x0cR\x14\x63oordinatorPublicKey\x12\x1c\n\tsignature\x18\x05 \x01(\x0cR\tsignatureb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/commitment.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\xb7\x05\n\nCommitment\x12#\n\rcommitment_id\x18\x01 \x01(\tR\x0c\x63ommitmentId\x12\x17\n\x07task_id\x18\x02 \x01(\tR\x06taskId\x12\x19\n\x08lease_id\x18\x03 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x04 \x01(\x04R\x0c\x66\x65ncingToken\x12\x17\n\x07node_id\x18\x05 \x01(\tR\x06nodeId\x12\x38\n\rrollout_batch\x18\x06 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x0crolloutBatch\x12\'\n\x0f\x63heckpoint_step\x18\x07 \x01(\x04R\x0e\x63heckpointStep\x12\x35\n\x08rollouts\x18\x08 \x03(\x0b\x32\x19.rollnet.v1.RolloutDigestR\x08rollouts\x12\x38\n\x0c\x63laimed_work\x18\t \x01(\x0b\x32\x15.rollnet.v1.WorkClaimR\x0b\x63laimedWork\x12%\n\x0e\x62inding_digest\x18\n \x01(\x0cR\rbindingDigest\x12\x32\n\x05state\x18\x0b \x01(\x0e\x32\x1c.rollnet.v1.Commitment.StateR\x05state\x12\x1c\n\tvalidated\x18\x0c \x01(\x08R\tvalidated\x12;\n\x0breceived_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nreceivedAt\"\x87\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_PENDING\x10\x01\x12\x14\n\x10STATE_VALIDATING\x10\x02\x12\x12\n\x0eSTATE_ACCEPTED\x10\x03\x12\x12\n\x0eSTATE_REJECTED\x10\x04\x12\x16\n\x12STATE_UNVERIFIABLE\x10\x05\"\xb1\x01\n\rRolloutDigest\x12#\n\rsampling_seed\x18\x01 \x01(\x04R\x0csamplingSeed\x12!\n\x0cproof_blake3\x18\x02 \x01(\x0cR\x0bproofBlake3\x12+\n\x11\x63ompletion_tokens\x18\x03 \x01(\rR\x10\x63ompletionTokens\x12+\n\x11\x63ommitment_digest\x18\x04 \x01(\x0cR\x10\x63ommitmentDigest\"W\n\tWorkClaim\x12%\n\x0eprefill_tokens\x18\x01 \x01(\x04R\rprefillTokens\x12#\n\rdecode_tokens\x18\x02 \x01(\x04R\x0c\x64\x65\x63odeTokens\"\xe6\x01\n\x07Receipt\x12#\n\rcommitment_id\x18\x01 \x01(\tR\x0c\x63ommitmentId\x12%\n\x0e\x62inding_digest\x18\x02 \x01(\x0cR\rbindingDigest\x12;\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nreceivedAt\x12\x34\n\x16\x63oordinator_public_key\x18\x04 \x01(\x0cR\x14\x63oordinatorPublicKey\x12\x1c\n\tsignature\x18\x05 \x01(\x0cR\tsignatureb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollnet.v1.commitment_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COMMITMENT']._serialized_start=102
-  _globals['_COMMITMENT']._serialized_end=772
-  _globals['_COMMITMENT_STATE']._serialized_start=661
-  _globals['_COMMITMENT_STATE']._serialized_end=772
-  _globals['_ROLLOUTDIGEST']._serialized_start=775
-  _globals['_ROLLOUTDIGEST']._serialized_end=952
-  _globals['_WORKCLAIM']._serialized_start=954
-  _globals['_WORKCLAIM']._serialized_end=1041
-  _globals['_RECEIPT']._serialized_start=1044
-  _globals['_RECEIPT']._serialized_end=1274
+  _globals['_COMMITMENT']._serialized_end=797
+  _globals['_COMMITMENT_STATE']._serialized_start=662
+  _globals['_COMMITMENT_STATE']._serialized_end=797
+  _globals['_ROLLOUTDIGEST']._serialized_start=800
+  _globals['_ROLLOUTDIGEST']._serialized_end=977
+  _globals['_WORKCLAIM']._serialized_start=979
+  _globals['_WORKCLAIM']._serialized_end=1066
+  _globals['_RECEIPT']._serialized_start=1069
+  _globals['_RECEIPT']._serialized_end=1299
 # @@protoc_insertion_point(module_scope)

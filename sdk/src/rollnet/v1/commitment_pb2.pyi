@@ -43,6 +43,11 @@ class Commitment(_message.Message):
         """Accepted and credited."""
         STATE_REJECTED: Commitment._State.ValueType  # 4
         """Rejected and slashed."""
+        STATE_UNVERIFIABLE: Commitment._State.ValueType  # 5
+        """Validation was given up: no validator could finish it in `max_validation_attempts`
+        leases (its checkpoint or blob could not be had). Neither credited nor slashed; the
+        task's prompts were queued again as a new task.
+        """
 
     class State(_State, metaclass=_StateEnumTypeWrapper):
         """The commitment lifecycle."""
@@ -57,6 +62,11 @@ class Commitment(_message.Message):
     """Accepted and credited."""
     STATE_REJECTED: Commitment.State.ValueType  # 4
     """Rejected and slashed."""
+    STATE_UNVERIFIABLE: Commitment.State.ValueType  # 5
+    """Validation was given up: no validator could finish it in `max_validation_attempts`
+    leases (its checkpoint or blob could not be had). Neither credited nor slashed; the
+    task's prompts were queued again as a new task.
+    """
 
     COMMITMENT_ID_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int

@@ -51,6 +51,8 @@ class CoordinatorConfig:
     offline_after_missed: float = 4.0
     lease_duration: timedelta = timedelta(seconds=120)
     max_attempts: int = 3
+    #: Leases of one validation job before it is given up (FAILED; the task queued again).
+    max_validation_attempts: int = 5
     max_leases_per_node: int = 4
     pull_wait_max: timedelta = timedelta(seconds=20)
     retry_after: timedelta = timedelta(seconds=2)
@@ -164,6 +166,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("offline_after_missed", _positive_float, "intervals without heartbeat -> OFFLINE"),
     Option("lease_duration", _seconds, "task and validation-job lease duration, seconds"),
     Option("max_attempts", _positive_int, "leases per task before it is FAILED"),
+    Option(
+        "max_validation_attempts",
+        _positive_int,
+        "leases per validation job before it is given up (its task queued again)",
+    ),
     Option("max_leases_per_node", _positive_int, "concurrent leases a node may hold"),
     Option("pull_wait_max", _seconds, "longest PullTask long-poll, seconds"),
     Option("retry_after", _seconds, "retry hint when there is no work, seconds"),

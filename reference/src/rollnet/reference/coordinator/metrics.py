@@ -38,6 +38,11 @@ class CoordinatorMetrics:
             "Expired or revoked leases whose task went back to the queue",
             registry=self.registry,
         )
+        self.validation_failed = Counter(
+            "rollnet_validation_jobs_failed_total",
+            "Validation jobs given up after max_validation_attempts leases (tasks queued again)",
+            registry=self.registry,
+        )
         self.verdicts = Counter(
             "rollnet_verdicts_total",
             "Verdicts recorded, by decision and reason",

@@ -423,10 +423,16 @@ class NodeRegistry:
             released = tasks.requeue_leases_of_node(
                 session, caller.node_id, now=now, max_attempts=config.max_attempts
             )
-            jobs = validation.requeue_validation_jobs_of_node(session, caller.node_id, now=now)
+            jobs = validation.requeue_validation_jobs_of_node(
+                session, caller.node_id, now=now, max_attempts=config.max_validation_attempts
+            )
+            validation.settle_failed_jobs(session, jobs.failed, now=now)
             nodes.set_node_state(session, caller.node_id, NodeState.DEREGISTERED, now=now)
             return node_service_pb2.DeregisterNodeResponse(
-                released_leases=len(released.requeued) + len(released.failed) + len(jobs)
+                released_leases=len(released.requeued)
+                + len(released.failed)
+                + len(jobs.requeued)
+                + len(jobs.failed)
             )
 
         response = await self.ctx.run_in_transaction(work)
@@ -484,7 +490,15 @@ class NodeRegistry:
             row = nodes.get_node(session, node_id)
             if row is None:
                 raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {node_id}")
-            eject_node(session, node_id, state, reason, now=now, max_attempts=config.max_attempts)
+            eject_node(
+                session,
+                node_id,
+                state,
+                reason,
+                now=now,
+                max_attempts=config.max_attempts,
+                max_validation_attempts=config.max_validation_attempts,
+            )
             session.refresh(row)
             return node_to_proto(row, reject_count(session, node_id))
 
@@ -507,6 +521,7 @@ def eject_node(
     *,
     now: datetime,
     max_attempts: int,
+    max_validation_attempts: int,
 ) -> None:
     """Move a node to EJECTED or BANNED (never back from BANNED) and take back its leases."""
     from_states = [s for s in NodeState if s is not NodeState.BANNED]
@@ -515,4 +530,7 @@ def eject_node(
     nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)
     nodes.set_state_reason(session, node_id, reason)
     tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)
-    validation.requeue_validation_jobs_of_node(session, node_id, now=now)
+    jobs = validation.requeue_validation_jobs_of_node(
+        session, node_id, now=now, max_attempts=max_validation_attempts
+    )
+    validation.settle_failed_jobs(session, jobs.failed, now=now)

@@ -153,33 +153,49 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
     now = ctx.clock()
     interval = config.heartbeat_interval
 
-    def work(session: Session) -> tuple[int, int]:
+    def work(session: Session) -> tuple[int, int, list[str]]:
         stale = node_repo.mark_stale_nodes(
             session,
             suspect_before=now - interval * config.suspect_after_missed,
             offline_before=now - interval * config.offline_after_missed,
             now=now,
         )
-        requeued = 0
+        requeued = jobs = 0
+        failed_jobs: list[str] = []
         for node_id in stale.offline:
             result = task_repo.requeue_leases_of_node(
                 session, node_id, now=now, max_attempts=config.max_attempts
             )
             requeued += len(result.requeued)
-            requeued += len(job_repo.requeue_validation_jobs_of_node(session, node_id, now=now))
+            taken = job_repo.requeue_validation_jobs_of_node(
+                session, node_id, now=now, max_attempts=config.max_validation_attempts
+            )
+            jobs += len(taken.requeued)
+            failed_jobs += taken.failed
         expired = task_repo.requeue_expired_leases(
             session, now=now, max_attempts=config.max_attempts
         )
         requeued += len(expired.requeued)
-        jobs = job_repo.requeue_expired_validation_jobs(session, now=now)
-        return requeued, len(jobs)
+        taken = job_repo.requeue_expired_validation_jobs(
+            session, now=now, max_attempts=config.max_validation_attempts
+        )
+        jobs += len(taken.requeued)
+        failed_jobs += taken.failed
+        requeued += len(job_repo.settle_failed_jobs(session, failed_jobs, now=now))
+        return requeued, jobs, failed_jobs
 
-    requeued, jobs = await ctx.run_in_transaction(work)
+    requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
     if requeued:
         ctx.metrics.leases_requeued.inc(requeued)
         ctx.signals.fire(ctx.signals.work_available)
     if jobs:
         ctx.signals.fire(ctx.signals.jobs_available)
+    if failed_jobs:
+        ctx.metrics.validation_failed.inc(len(failed_jobs))
+        log.warning(
+            "validation given up after max_validation_attempts leases; tasks queued again",
+            extra={"jobs": failed_jobs},
+        )
 
 
 async def _every(seconds: float, action: Any) -> None:

@@ -571,6 +571,7 @@ class WorkDesk:
                         f"{rejects} rejected commitments (last: {request.reject_reason})",
                         now=now,
                         max_attempts=config.max_attempts,
+                        max_validation_attempts=config.max_validation_attempts,
                     )
             entries.append(
                 NewEntry(
@@ -637,6 +638,8 @@ COMMITMENT_STATE = {
     TaskState.VALIDATING: commitment_pb2.Commitment.STATE_VALIDATING,
     TaskState.ACCEPTED: commitment_pb2.Commitment.STATE_ACCEPTED,
     TaskState.REJECTED: commitment_pb2.Commitment.STATE_REJECTED,
+    # A task FAILED after a commitment was made: its validation was given up.
+    TaskState.FAILED: commitment_pb2.Commitment.STATE_UNVERIFIABLE,
 }
 
 
