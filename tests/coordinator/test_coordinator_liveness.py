@@ -238,7 +238,8 @@ async def test_a_coordinator_that_is_behind_grants_longer_intervals(fast: Coordi
         reply = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
         assert _seconds(reply.heartbeat_interval) == pytest.approx(0.2)
         lag = fast.registry.heartbeats.lag
-        lag.samples.extend([10 * LAG_LIMIT] * (lag.samples.maxlen or 1))  # as if far behind
+        for _ in range(lag.samples.maxlen or 1):
+            lag.record(10 * LAG_LIMIT)  # as if far behind
         reply = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
         assert _seconds(reply.heartbeat_interval) == pytest.approx(0.4)
         started = fast.ctx.clock()
@@ -274,8 +275,9 @@ async def test_loop_lag_records_a_blocked_loop() -> None:
 
 def test_loop_lag_counts_a_saturated_loop_not_one_stall() -> None:
     lag = LoopLag(window=3)
-    lag.samples.extend([0.0, 0.0, 0.3])
+    for late in (0.0, 0.0, 0.3):
+        lag.record(late)
     assert lag.seconds == 0.0  # one late probe in three: a stall
-    lag.samples.append(0.3)
+    lag.record(0.3)
     assert lag.seconds == 0.3  # two in three: the loop lags
     assert lag.seconds > LAG_LIMIT

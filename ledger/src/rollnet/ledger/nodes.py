@@ -116,10 +116,8 @@ _REVIVE_VALUES: dict[str, Any] = {
 _REVIVE = (
     update(table_of(Node))
     .where(
-        _N.id == bindparam("node_id"),
-        # Equalities, not IN: an IN list would be an "expanding" parameter, which executemany
-        # does not take.
-        or_(*(_N.state == state for state in sorted(HEARTBEAT_REVIVABLE_STATES))),
+        _N.id.in_(bindparam("ids", expanding=True)),
+        _N.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)),
     )
     .values(**_REVIVE_VALUES)
 )
@@ -292,18 +290,20 @@ def record_heartbeats(
     ids = sorted(set(node_ids))
     if not ids:
         return {}
-    # Prebuilt statements: one executemany UPDATE (each node with its own deadlines), one SELECT.
-    if deadlines:
-        session.execute(
-            _REVIVE_WITH_DEADLINES,
-            [
-                {"node_id": node_id, "now": now, "suspect": pair[0], "offline": pair[1]}
-                for node_id in ids
-                for pair in [deadlines.get(node_id, (None, None))]
-            ],
-        )
-    else:
-        session.execute(_REVIVE, [{"node_id": node_id, "now": now} for node_id in ids])
+    # Prebuilt statements: one UPDATE per distinct (suspect_at, offline_at) pair (nodes granted
+    # the same interval in the same batch share it), then one SELECT. Not executemany: that would
+    # convert the same timestamps once per node, which costs more than the updates themselves.
+    groups: dict[tuple[datetime, datetime] | None, list[str]] = {}
+    for node_id in ids:
+        groups.setdefault(deadlines.get(node_id) if deadlines else None, []).append(node_id)
+    for pair, members in groups.items():
+        if pair is None:
+            session.execute(_REVIVE, {"ids": members, "now": now})
+        else:
+            session.execute(
+                _REVIVE_WITH_DEADLINES,
+                {"ids": members, "now": now, "suspect": pair[0], "offline": pair[1]},
+            )
     rows = session.execute(_STATES, {"ids": ids})
     return {
         row.id: (NodeState(row.state), NodeRole(row.role), row.state_reason or "") for row in rows

@@ -65,11 +65,13 @@ class LoopLag:
     def __init__(self, window: int = 20) -> None:
         self.samples: deque[float] = deque(maxlen=window)
         self._task: asyncio.Task[None] | None = None
+        #: The median lateness of the recent probes, updated with each probe (read per call).
+        self.seconds = 0.0
 
-    @property
-    def seconds(self) -> float:
-        """The median lateness of the recent probes."""
-        return statistics.median(self.samples) if self.samples else 0.0
+    def record(self, late: float) -> None:
+        """Add one probe's lateness."""
+        self.samples.append(late)
+        self.seconds = statistics.median(self.samples)
 
     def start(self) -> None:
         """Start probing on the running loop (idempotent)."""
@@ -88,7 +90,7 @@ class LoopLag:
         while True:
             started = loop.time()
             await asyncio.sleep(_LAG_PERIOD)
-            self.samples.append(max(0.0, loop.time() - started - _LAG_PERIOD))
+            self.record(max(0.0, loop.time() - started - _LAG_PERIOD))
 
 
 class HeartbeatBatcher:
