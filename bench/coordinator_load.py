@@ -55,6 +55,7 @@ from rollnet.v1 import (
 
 NETWORK = "rollnet-bench"
 ECHO_METHOD = "/bench.Echo/Echo"
+ECHO_STREAM_METHOD = "/bench.Echo/EchoStream"
 HEARTBEAT = "/rollnet.v1.NodeService/Heartbeat"
 REGISTER = "/rollnet.v1.NodeService/RegisterNode"
 
@@ -66,8 +67,18 @@ async def serve_echo() -> None:
     async def echo(request: bytes, context: Any) -> bytes:
         return request
 
+    async def echo_stream(requests: Any, context: Any) -> bytes:
+        last = b""
+        async for request in requests:
+            last = request
+        return last
+
     handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        "bench.Echo",
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "EchoStream": grpc.stream_unary_rpc_method_handler(echo_stream),
+        },
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([handler])
@@ -148,7 +159,7 @@ class Run:
 
 
 def thread_cpu(pid: int) -> Counter[str]:
-    """CPU seconds used so far by each thread of ``pid``, summed by thread name."""
+    """CPU clock ticks used so far by each thread of ``pid``, summed by thread name."""
     used: Counter[str] = Counter()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -159,7 +170,7 @@ def thread_cpu(pid: int) -> Counter[str]:
         name = name.partition("(")[2]
         if name == "python":  # Python threads are not named for the OS: tell the loop's apart
             name = "main" if task.name == str(pid) else "python threads"
-        used[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        used[name] += int(fields[11]) + int(fields[12])
     return used
 
 
@@ -177,7 +188,10 @@ async def measure(
         used.subtract(threads)
         print(
             "    server CPU by thread, us/call: "
-            + ", ".join(f"{k} {v / max(1, count) * 1e6:.0f}" for k, v in used.most_common(6))
+            + ", ".join(
+                f"{k} {v / os.sysconf('SC_CLK_TCK') / max(1, count) * 1e6:.0f}"
+                for k, v in used.most_common(6)
+            )
         )
     return Run(count, latencies, cpu_seconds(pid) - before)
 
@@ -297,7 +311,7 @@ async def bench_lease_cycles(
     seconds: float,
     concurrency: int,
     interval: float,
-) -> tuple[Run, Run]:
+) -> tuple[Run, Run, Run]:
     async with (
         grpc.aio.insecure_channel(coordinator) as channel,
         grpc.aio.insecure_channel(echo) as echo_channel,
@@ -421,14 +435,32 @@ async def bench_lease_cycles(
                 timeout=30,
             )
 
-        async def echo_cycle(i: int) -> None:
-            # The same three signed round trips with comparable payloads.
+        async def echo_unary_cycle(i: int) -> None:
+            # Three signed unary round trips of a pull's size (the baseline of earlier runs).
             node = workers[i % len(workers)]
             for _ in range(3):
                 await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
 
+        header, chunk, commit = _cycle_sized_messages(workers[0])
+        echo_stream = echo_channel.stream_unary(ECHO_STREAM_METHOD)
+
+        async def echo_cycle(i: int) -> None:
+            # The cycle's own calls, signed, with its messages' sizes: a unary pull, a
+            # two-message client stream (upload header, then the batch), a unary commit.
+            node = workers[i % len(workers)]
+            await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
+            await echo_stream(
+                iter([header, chunk]), metadata=node.metadata(ECHO_STREAM_METHOD, header)
+            )
+            await echo_call(commit, metadata=node.metadata(ECHO_METHOD, commit))
+
+        unary_run = report(
+            "echo (3 signed unary round trips)",
+            await measure(ECHO_PID, seconds, concurrency, echo_unary_cycle),
+            seconds,
+        )
         echo_run = report(
-            "echo (3 signed round trips)",
+            "echo (the cycle's calls and sizes)",
             await measure(ECHO_PID, seconds, concurrency, echo_cycle),
             seconds,
         )
@@ -441,7 +473,54 @@ async def bench_lease_cycles(
         finally:
             keepalive.cancel()
         report("lease cycle (pull+upload+commit)", cycle_run, seconds)
-    return echo_run, cycle_run
+    return echo_run, unary_run, cycle_run
+
+
+def _cycle_sized_messages(node: Node) -> tuple[bytes, bytes, bytes]:
+    """An upload header, an upload chunk and a commit request the size of a lease cycle's."""
+    from blake3 import blake3
+
+    task_id, lease_id = "0" * 24, "0" * 32
+    batch = rollout_pb2.RolloutBatch(
+        task_id=task_id,
+        lease_id=lease_id,
+        fencing_token=1,
+        node_id=node.identity.node_id,
+        checkpoint_step=1,
+        rollouts=[
+            rollout_pb2.Rollout(
+                prompt_index=0,
+                prompt_id=123456789,
+                prompt_token_ids=[1, 2, 3],
+                completion_token_ids=[4, 5],
+                behaviour_logprobs=[-0.5, -0.5],
+                sampling_seed=1,
+                finish_reason=rollout_pb2.FINISH_REASON_EOS,
+            )
+        ],
+    ).SerializeToString()
+    digest = blake3(batch).digest()
+    header = blob_service_pb2.UploadBlobRequest(
+        header=blob_service_pb2.BlobHeader(
+            blob=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+            kind=blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH,
+        )
+    ).SerializeToString()
+    chunk = blob_service_pb2.UploadBlobRequest(chunk=batch).SerializeToString()
+    commit = commitment_service_pb2.SubmitCommitmentRequest(
+        request_id="c0000000",
+        lease_id=lease_id,
+        fencing_token=1,
+        task_id=task_id,
+        rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+        rollouts=[
+            commitment_pb2.RolloutDigest(
+                sampling_seed=1, proof_blake3=proof_digest(b""), completion_tokens=2
+            )
+        ],
+        binding_digest=digest,
+    ).SerializeToString()
+    return header, chunk, commit
 
 
 async def _upload(upload: Any, node: Node, data: bytes, kind: int) -> bytes:
@@ -570,10 +649,14 @@ async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: 
     ratios("heartbeat", beat_run, echo_run, 0.5)
     print(f"lease cycle ({args.concurrency} in flight, {args.seconds} s):")
     trainer = args.trainer
-    echo_run, cycle_run = await bench_lease_cycles(
+    echo_run, unary_run, cycle_run = await bench_lease_cycles(
         coordinator, echo, nodes, trainer, args.seconds, args.concurrency, args.interval
     )
     ratios("lease cycle", cycle_run, echo_run, 0.2)
+    print(
+        f"  (to 3 unary echo round trips, the baseline of earlier runs: "
+        f"{cycle_run.count / max(1, unary_run.count):.2f}x)"
+    )
     if args.swarm:
         swarm = [Node(Identity.generate()) for _ in range(args.swarm)]
         started = time.perf_counter()
