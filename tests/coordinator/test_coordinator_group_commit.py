@@ -121,3 +121,29 @@ async def test_shutdown_finishes_queued_work(engine: Engine) -> None:
     await asyncio.to_thread(writer.shutdown)
     assert await asyncio.gather(*futures) == list(range(20))
     assert stored(engine) == list(range(20))
+
+
+def test_a_caller_whose_loop_closed_does_not_stop_the_writer(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    release = threading.Event()
+
+    def slow(session: Session) -> int:
+        release.wait(timeout=30)
+        return 0
+
+    async def queue_slow() -> None:
+        writer.submit(slow)  # its caller will be gone when it finishes
+
+    gone = asyncio.new_event_loop()
+    gone.run_until_complete(queue_slow())
+    gone.close()
+    release.set()
+
+    async def next_call() -> int:
+        return await asyncio.wait_for(writer.submit(insert(7)), timeout=30)
+
+    try:
+        assert asyncio.run(next_call()) == 7
+    finally:
+        writer.shutdown()
+    assert stored(engine) == [7]

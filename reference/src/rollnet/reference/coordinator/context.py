@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
@@ -198,7 +199,9 @@ class GroupCommitWriter:
                     break
                 batch.append(queued)
             for item, (ok, value) in zip(batch, self._commit(batch), strict=True):
-                item.loop.call_soon_threadsafe(_settle, item.future, ok, value)
+                # A closed event loop (its caller gone) must not take the writer down with it.
+                with contextlib.suppress(RuntimeError):
+                    item.loop.call_soon_threadsafe(_settle, item.future, ok, value)
 
     def _commit(self, batch: list[_WriteJob]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
