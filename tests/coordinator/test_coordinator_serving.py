@@ -133,6 +133,17 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
             for line in samples
         ), samples
         assert "rollnet_rpc_duration_seconds_bucket" in text
+        # Load figures, read at scrape time: the registration's write went through the group
+        # commit (at least one commit carrying at least one call), and the loop lag is measured.
+        figures = {
+            name: float(value)
+            for name, _, value in (line.partition(" ") for line in text.splitlines())
+            if name
+            in ("rollnet_db_commits", "rollnet_db_write_calls", "rollnet_event_loop_lag_seconds")
+        }
+        assert figures["rollnet_db_commits"] >= 1
+        assert figures["rollnet_db_write_calls"] >= figures["rollnet_db_commits"]
+        assert 0 <= figures["rollnet_event_loop_lag_seconds"] < 60
     finally:
         await client.close()
         await coordinator.stop(grace=0.1)

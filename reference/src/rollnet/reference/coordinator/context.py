@@ -79,6 +79,11 @@ class CoordinatorContext:
         else:
             self._writer = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rollnet-write")
 
+    @property
+    def group_commit(self) -> GroupCommitWriter | None:
+        """The SQLite group-commit writer (``None`` on PostgreSQL)."""
+        return self._writer if isinstance(self._writer, GroupCommitWriter) else None
+
     async def run_in_transaction(self, work: Callable[[Session], T]) -> T:
         """Run ``work`` in one write transaction on a writer thread (SQL never blocks the loop).
 
@@ -162,7 +167,7 @@ class GroupCommitWriter:
         self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="rollnet-write", daemon=True)
         self._thread.start()
-        #: Sizes of the batches committed so far (count, total), for tests and metrics.
+        #: Transactions committed so far, and the calls they carried (for tests and metrics).
         self.batches = 0
         self.jobs = 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -55,6 +56,34 @@ class CoordinatorMetrics:
         self.accepted_rollouts = Counter(
             "rollnet_accepted_rollouts_total", "Rollouts accepted", registry=self.registry
         )
+        self.loop_lag = Gauge(
+            "rollnet_event_loop_lag_seconds",
+            "How late the event loop runs due work (median of recent probes); above 0.1 s the "
+            "coordinator is behind and grants longer heartbeat intervals",
+            registry=self.registry,
+        )
+        self.db_commits = Gauge(
+            "rollnet_db_commits",
+            "Write transactions committed since start (SQLite group commit; 0 on PostgreSQL)",
+            registry=self.registry,
+        )
+        self.db_write_calls = Gauge(
+            "rollnet_db_write_calls",
+            "Calls whose writes those commits carried (calls per commit = this / commits)",
+            registry=self.registry,
+        )
+
+    def watch_load(
+        self,
+        lag: Callable[[], float],
+        commits: Callable[[], float] | None = None,
+        write_calls: Callable[[], float] | None = None,
+    ) -> None:
+        """Read the load figures when scraped (nothing is spent on them per call)."""
+        self.loop_lag.set_function(lag)
+        if commits is not None and write_calls is not None:
+            self.db_commits.set_function(commits)
+            self.db_write_calls.set_function(write_calls)
 
     def serve(self, host: str, port: int) -> int:
         """Expose the metrics over HTTP; returns the bound port."""

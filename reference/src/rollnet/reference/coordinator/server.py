@@ -284,6 +284,13 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     )
     idem = Idempotency(ctx)
     registry = NodeRegistry(ctx)
+    registry.heartbeats.lag.start()  # measured from the start, not from the first heartbeat
+    writer = ctx.group_commit
+    metrics.watch_load(
+        lambda: registry.heartbeats.lag.seconds,
+        None if writer is None else (lambda: writer.batches),
+        None if writer is None else (lambda: writer.jobs),
+    )
     dispatcher = Dispatcher(ctx)
     desk = WorkDesk(ctx)
     checkpoints = CheckpointDesk(ctx)
