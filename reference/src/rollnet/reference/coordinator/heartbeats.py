@@ -73,6 +73,15 @@ class LoopLag:
         self.samples.append(late)
         self.seconds = statistics.median(self.samples)
 
+    @property
+    def lagging(self) -> bool:
+        """Whether the loop lags: a full window of probes, most of them over :data:`LAG_LIMIT`.
+
+        A window not yet full (the first second after start, when start-up work may hold the
+        loop once or twice) never counts as lagging.
+        """
+        return len(self.samples) == self.samples.maxlen and self.seconds > LAG_LIMIT
+
     def start(self) -> None:
         """Start probing on the running loop (idempotent)."""
         if self._task is None or self._task.done():
@@ -134,7 +143,7 @@ class HeartbeatBatcher:
         load before calls start timing out, and since each node's deadlines follow the interval
         it was granted, no node is judged by an interval it was not told.
         """
-        return self.lag.seconds > LAG_LIMIT or self.backlog > BACKLOG_LIMIT
+        return self.lag.lagging or self.backlog > BACKLOG_LIMIT
 
     async def close(self) -> None:
         """Stop the flushing task (pending heartbeats fail with CancelledError)."""
