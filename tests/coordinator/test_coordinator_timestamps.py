@@ -1,13 +1,13 @@
-"""Reply timestamps are built in integer arithmetic: exactly what protobuf's conversion gives."""
+"""Reply timestamps and durations are built in integer arithmetic: what protobuf's gives."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
-from rollnet.reference.coordinator.nodes import timestamp
+from rollnet.reference.coordinator.nodes import duration, timestamp
 
 
 @pytest.mark.parametrize(
@@ -25,3 +25,22 @@ def test_timestamp_matches_protobuf(moment: datetime) -> None:
     expected.FromDatetime(moment)
     assert timestamp(moment) == expected
     assert timestamp(moment).ToDatetime(tzinfo=UTC) == moment
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        timedelta(0),
+        timedelta(seconds=10),
+        timedelta(seconds=0.05),
+        timedelta(days=3, seconds=7, microseconds=123_456),
+        timedelta(microseconds=-1),
+        timedelta(seconds=-1.5),
+        timedelta(days=-2, microseconds=999_999),
+    ],
+)
+def test_duration_matches_protobuf(delta: timedelta) -> None:
+    expected = duration_pb2.Duration()
+    expected.FromTimedelta(delta)
+    assert duration(delta) == expected
+    assert duration(delta).ToTimedelta() == delta

@@ -77,10 +77,12 @@ def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
 
 
 def duration(delta: timedelta) -> duration_pb2.Duration:
-    """A protobuf Duration of a timedelta."""
-    value = duration_pb2.Duration()
-    value.FromTimedelta(delta)
-    return value
+    """A protobuf Duration of a timedelta (exact, in integer arithmetic, like :func:`timestamp`)."""
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    # Protobuf's sign rule: seconds and nanos never have opposite signs.
+    seconds, rest = divmod(abs(micros), 1_000_000)
+    sign = -1 if micros < 0 else 1
+    return duration_pb2.Duration(seconds=sign * seconds, nanos=sign * rest * 1_000)
 
 
 def capabilities_to_db(caps: node_pb2.Capabilities) -> list[str]:
