@@ -391,44 +391,20 @@ async def bench_lease_cycles(
             if not pulled.HasField("task"):
                 return
             task, lease = pulled.task, pulled.lease
-            rollout = rollout_pb2.Rollout(
-                prompt_index=0,
-                prompt_id=task.prompt_ids[0],
-                prompt_token_ids=[1, 2, 3],
-                completion_token_ids=[4, 5],
-                behaviour_logprobs=[-0.5, -0.5],
-                sampling_seed=1,
-                finish_reason=rollout_pb2.FINISH_REASON_EOS,
-            )
-            batch = rollout_pb2.RolloutBatch(
+            header, chunk, body = _cycle_messages(
+                node,
                 task_id=task.task_id,
                 lease_id=lease.lease_id,
                 fencing_token=lease.fencing_token,
-                node_id=node.identity.node_id,
                 checkpoint_step=task.checkpoint_step,
-                rollouts=[rollout],
-            ).SerializeToString()
-            digest = await _upload(upload, node, batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
-            body = commitment_service_pb2.SubmitCommitmentRequest(
+                prompt_id=task.prompt_ids[0],
                 request_id=f"c{i}",
-                lease_id=lease.lease_id,
-                fencing_token=lease.fencing_token,
-                task_id=task.task_id,
-                rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
-                rollouts=[
-                    commitment_pb2.RolloutDigest(
-                        sampling_seed=1, proof_blake3=proof_digest(b""), completion_tokens=2
-                    )
-                ],
-                binding_digest=batch_binding_digest(
-                    NETWORK,
-                    node.identity.node_id,
-                    task.task_id,
-                    lease.lease_id,
-                    lease.fencing_token,
-                    digest,
-                ),
-            ).SerializeToString()
+            )
+            await upload(
+                iter([header, chunk]),
+                metadata=node.metadata("/rollnet.v1.BlobService/UploadBlob", header),
+                timeout=30,
+            )
             await submit(
                 body,
                 metadata=node.metadata("/rollnet.v1.CommitmentService/SubmitCommitment", body),
@@ -441,7 +417,16 @@ async def bench_lease_cycles(
             for _ in range(3):
                 await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
 
-        header, chunk, commit = _cycle_sized_messages(workers[0])
+        # The echo cycle's messages: a real cycle's, with ids of the real lengths.
+        header, chunk, commit = _cycle_messages(
+            workers[0],
+            task_id="0" * 24,
+            lease_id="0" * 32,
+            fencing_token=1,
+            checkpoint_step=1,
+            prompt_id=123456789,
+            request_id="c0000000",
+        )
         echo_stream = echo_channel.stream_unary(ECHO_STREAM_METHOD)
 
         async def echo_cycle(i: int) -> None:
@@ -476,21 +461,27 @@ async def bench_lease_cycles(
     return echo_run, unary_run, cycle_run
 
 
-def _cycle_sized_messages(node: Node) -> tuple[bytes, bytes, bytes]:
-    """An upload header, an upload chunk and a commit request the size of a lease cycle's."""
-    from blake3 import blake3
-
-    task_id, lease_id = "0" * 24, "0" * 32
+def _cycle_messages(
+    node: Node,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    checkpoint_step: int,
+    prompt_id: int,
+    request_id: str,
+) -> tuple[bytes, bytes, bytes]:
+    """A lease cycle's upload header and chunk (a one-rollout batch) and its commit request."""
     batch = rollout_pb2.RolloutBatch(
         task_id=task_id,
         lease_id=lease_id,
-        fencing_token=1,
+        fencing_token=fencing_token,
         node_id=node.identity.node_id,
-        checkpoint_step=1,
+        checkpoint_step=checkpoint_step,
         rollouts=[
             rollout_pb2.Rollout(
                 prompt_index=0,
-                prompt_id=123456789,
+                prompt_id=prompt_id,
                 prompt_token_ids=[1, 2, 3],
                 completion_token_ids=[4, 5],
                 behaviour_logprobs=[-0.5, -0.5],
@@ -499,18 +490,11 @@ def _cycle_sized_messages(node: Node) -> tuple[bytes, bytes, bytes]:
             )
         ],
     ).SerializeToString()
-    digest = blake3(batch).digest()
-    header = blob_service_pb2.UploadBlobRequest(
-        header=blob_service_pb2.BlobHeader(
-            blob=common_pb2.BlobRef(blake3=digest, size=len(batch)),
-            kind=blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH,
-        )
-    ).SerializeToString()
-    chunk = blob_service_pb2.UploadBlobRequest(chunk=batch).SerializeToString()
+    digest, header, chunk = _upload_messages(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
     commit = commitment_service_pb2.SubmitCommitmentRequest(
-        request_id="c0000000",
+        request_id=request_id,
         lease_id=lease_id,
-        fencing_token=1,
+        fencing_token=fencing_token,
         task_id=task_id,
         rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
         rollouts=[
@@ -518,12 +502,15 @@ def _cycle_sized_messages(node: Node) -> tuple[bytes, bytes, bytes]:
                 sampling_seed=1, proof_blake3=proof_digest(b""), completion_tokens=2
             )
         ],
-        binding_digest=digest,
+        binding_digest=batch_binding_digest(
+            NETWORK, node.identity.node_id, task_id, lease_id, fencing_token, digest
+        ),
     ).SerializeToString()
     return header, chunk, commit
 
 
-async def _upload(upload: Any, node: Node, data: bytes, kind: int) -> bytes:
+def _upload_messages(data: bytes, kind: Any) -> tuple[bytes, bytes, bytes]:
+    """``data``'s BLAKE3 digest, and the two UploadBlob messages that carry it."""
     from blake3 import blake3
 
     digest = blake3(data).digest()
@@ -533,6 +520,11 @@ async def _upload(upload: Any, node: Node, data: bytes, kind: int) -> bytes:
         )
     ).SerializeToString()
     chunk = blob_service_pb2.UploadBlobRequest(chunk=data).SerializeToString()
+    return digest, header, chunk
+
+
+async def _upload(upload: Any, node: Node, data: bytes, kind: Any) -> bytes:
+    digest, header, chunk = _upload_messages(data, kind)
     await upload(
         iter([header, chunk]),
         metadata=node.metadata("/rollnet.v1.BlobService/UploadBlob", header),

@@ -106,20 +106,19 @@ def get_standing(session: Session, node_id: str) -> NodeStanding | None:
 
 
 _N = table_of(Node).c
-_REVIVE_VALUES: dict[str, Any] = {
-    "last_heartbeat_at": bindparam("now"),
-    "state": NodeState.ACTIVE,
-    "state_changed_at": case(
-        (_N.state == NodeState.ACTIVE, _N.state_changed_at), else_=bindparam("now")
-    ),
-}
 _REVIVE = (
     update(table_of(Node))
     .where(
         _N.id.in_(bindparam("ids", expanding=True)),
         _N.state.in_(sorted(HEARTBEAT_REVIVABLE_STATES)),
     )
-    .values(**_REVIVE_VALUES)
+    .values(
+        last_heartbeat_at=bindparam("now"),
+        state=NodeState.ACTIVE,
+        state_changed_at=case(
+            (_N.state == NodeState.ACTIVE, _N.state_changed_at), else_=bindparam("now")
+        ),
+    )
 )
 _REVIVE_WITH_DEADLINES = _REVIVE.values(
     suspect_at=bindparam("suspect"), offline_at=bindparam("offline")

@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
-from rollnet.ledger.enums import ValidationJobState
+from rollnet.ledger import tasks
+from rollnet.ledger.enums import TaskState, ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
-from rollnet.ledger.models import ValidationJob, Verdict, table_of
-from rollnet.ledger.tasks import RequeueResult
+from rollnet.ledger.models import Commitment, ValidationJob, Verdict, table_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +165,13 @@ def _refusal(
 
 def requeue_expired_validation_jobs(
     session: Session, *, now: datetime, max_attempts: int
-) -> RequeueResult:
+) -> tasks.RequeueResult:
     """Take back every job lease whose deadline has passed: requeue, or fail after the cap.
 
     Validators are allow-listed, so a job that keeps coming back is not a validator cheating but
     a job none can finish (its inputs cannot be had, or it takes validators down with it): after
-    ``max_attempts`` leases it is FAILED rather than retried forever.
+    ``max_attempts`` leases it is FAILED rather than retried forever, and settled (see
+    :func:`settle_failed_jobs`).
     """
     return _take_back(session, ValidationJob.lease_deadline <= now, now, max_attempts)
 
@@ -179,12 +180,10 @@ def settle_failed_jobs(session: Session, job_ids: Sequence[str], *, now: datetim
     """Settle FAILED validation jobs: each one's task is FAILED and its work queued again.
 
     Nobody could check the work, so there is neither credit nor slash; the prompts still need
-    rollouts, so a fresh copy of the task is queued. Returns the new tasks' ids.
+    rollouts, so a fresh copy of the task is queued. Returns the new tasks' ids. Jobs taken back
+    by :func:`requeue_expired_validation_jobs` and :func:`requeue_validation_jobs_of_node` are
+    settled there; settling again changes nothing.
     """
-    from rollnet.ledger import tasks
-    from rollnet.ledger.enums import TaskState
-    from rollnet.ledger.models import Commitment, Task
-
     fresh: list[str] = []
     for job_id in job_ids:
         task_id = session.scalar(
@@ -194,13 +193,12 @@ def settle_failed_jobs(session: Session, job_ids: Sequence[str], *, now: datetim
         )
         if task_id is None:
             continue
-        moved = session.execute(
-            update(Task)
-            .where(Task.id == task_id, Task.state.in_([TaskState.SUBMITTED, TaskState.VALIDATING]))
-            .values(state=TaskState.FAILED, updated_at=now)
-            .execution_options(synchronize_session=False)
-        )
-        if moved.rowcount == 1:  # type: ignore[attr-defined]
+        if any(
+            tasks.transition_task(
+                session, task_id, from_state=state, to_state=TaskState.FAILED, now=now
+            )
+            for state in (TaskState.SUBMITTED, TaskState.VALIDATING)
+        ):
             new_task_id = secrets.token_hex(12)
             tasks.requeue_copy(session, task_id, new_task_id=new_task_id, now=now)
             fresh.append(new_task_id)
@@ -245,12 +243,15 @@ def extend_validation_lease_by_id(
 
 def requeue_validation_jobs_of_node(
     session: Session, node_id: str, *, now: datetime, max_attempts: int
-) -> RequeueResult:
-    """Take back every job lease ``node_id`` holds (it left or went offline); fail after the cap."""
+) -> tasks.RequeueResult:
+    """Take back every job lease ``node_id`` holds (it left or went offline); fail and settle
+    after the cap, as :func:`requeue_expired_validation_jobs` does."""
     return _take_back(session, ValidationJob.lease_holder == node_id, now, max_attempts)
 
 
-def _take_back(session: Session, condition: Any, now: datetime, max_attempts: int) -> RequeueResult:
+def _take_back(
+    session: Session, condition: Any, now: datetime, max_attempts: int
+) -> tasks.RequeueResult:
     rows = session.execute(
         update(ValidationJob)
         .where(ValidationJob.state == ValidationJobState.LEASED, condition)
@@ -264,17 +265,16 @@ def _take_back(session: Session, condition: Any, now: datetime, max_attempts: in
         .returning(ValidationJob.id, ValidationJob.state)
         .execution_options(synchronize_session=False)
     ).all()
-    return RequeueResult(
-        requeued=sorted(r.id for r in rows if r.state == ValidationJobState.QUEUED),
-        failed=sorted(r.id for r in rows if r.state == ValidationJobState.FAILED),
+    failed = sorted(r.id for r in rows if r.state == ValidationJobState.FAILED)
+    settle_failed_jobs(session, failed, now=now)
+    return tasks.RequeueResult(
+        requeued=sorted(r.id for r in rows if r.state == ValidationJobState.QUEUED), failed=failed
     )
 
 
 def count_rejected_commitments(session: Session, node_id: str) -> int:
     """How many of ``node_id``'s commitments a validator rejected."""
     from sqlalchemy import func
-
-    from rollnet.ledger.models import Commitment
 
     count = session.scalar(
         select(func.count())

@@ -221,6 +221,28 @@ class VerifierConfig:
     """Unix time in seconds (tests inject a fixed one)."""
 
 
+class WrapperCache:
+    """One wrapper per method, for ``grpc.aio`` interceptors that wrap method handlers.
+
+    A wrapper that reads each call's details from its context (not from the handler call
+    details) serves every call of its method, as long as the handler inside stays the same
+    object; building one per call costs more than the rest of the interceptor's work.
+    """
+
+    def __init__(self, wrap: Callable[[Any, str], Any]) -> None:
+        self._wrap = wrap
+        self._by_method: dict[str, tuple[Any, Any]] = {}
+
+    def get(self, handler: Any, method: str) -> Any:
+        """The wrapper of ``handler`` for ``method``, built on first use."""
+        cached = self._by_method.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._by_method[method] = (handler, wrapped)
+        return wrapped
+
+
 class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Verifies the signature of every call of a ``grpc.aio`` server (see module docs).
 
@@ -239,8 +261,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             capacity=config.nonce_capacity,
             per_key_capacity=config.nonce_capacity_per_key,
         )
-        #: method -> (the handler inside, its verifying wrapper), built on a method's first call.
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+        self._wrappers = WrapperCache(self._wrap)
 
     async def verify(self, method: str, metadata: Any, body: bytes) -> Caller:
         """Check one call's signing headers against the bytes of its (first) request message.
@@ -313,17 +334,13 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = handler_call_details.method
         if handler is None or any(method.startswith(p) for p in self.config.exempt_prefixes):
             return handler
-        # The wrapper reads each call's metadata from its context, so one wrapper per method
-        # serves every call (as long as the handler inside is the same object).
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
+        return self._wrappers.get(handler, method)
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        # The wrapper reads each call's metadata from its context: one serves every call.
         if handler.request_streaming:
-            wrapped = self._wrap_stream_request(handler, method)
-        else:
-            wrapped = self._wrap_unary_request(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+            return self._wrap_stream_request(handler, method)
+        return self._wrap_unary_request(handler, method)
 
     async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> Caller:
         try:

@@ -125,7 +125,6 @@ class HeartbeatBatcher:
         """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
-            self.lag.start()
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future))
         return await future

@@ -20,7 +20,7 @@ import structlog
 
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
-from rollnet.sdk.verifier import current_caller, current_request_id
+from rollnet.sdk.verifier import WrapperCache, current_caller, current_request_id
 
 log = structlog.get_logger("rollnet.coordinator.rpc")
 # The stdlib logger behind it (servers route structlog through stdlib logging): its level says
@@ -68,8 +68,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, metrics: CoordinatorMetrics) -> None:
         self.metrics = metrics
-        #: method -> (the handler inside, its observing wrapper): one wrapper per method.
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+        self._wrappers = WrapperCache(self._wrap)
         # Metric children by label values (looking them up costs a lock and a hash per call).
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
@@ -78,13 +77,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return None
-        method: str = details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrappers.get(handler, details.method)
 
     def _wrap(self, handler: Any, method: str) -> Any:
 
@@ -259,21 +252,15 @@ class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, buckets: TokenBuckets, exempt_prefixes: frozenset[str]) -> None:
         self.buckets = buckets
         self.exempt_prefixes = exempt_prefixes
-        # Inside the verifier the handlers are the servicers' own, fixed per method: wrap once.
-        self._wrapped: dict[str, Any] = {}
+        self._wrappers = WrapperCache(self._wrap)
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        cached = self._wrapped.get(details.method)
-        if cached is not None:
-            return cached
         handler = await continuation(details)
         if handler is None or any(details.method.startswith(p) for p in self.exempt_prefixes):
             return handler
-        wrapped = self._wrap(handler)
-        self._wrapped[details.method] = wrapped
-        return wrapped
+        return self._wrappers.get(handler, details.method)
 
-    def _wrap(self, handler: Any) -> Any:
+    def _wrap(self, handler: Any, _method: str) -> Any:
 
         def admit(context: Any) -> float | None:
             caller = current_caller()

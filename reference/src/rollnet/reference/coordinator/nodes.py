@@ -428,7 +428,6 @@ class NodeRegistry:
             jobs = validation.requeue_validation_jobs_of_node(
                 session, caller.node_id, now=now, max_attempts=config.max_validation_attempts
             )
-            validation.settle_failed_jobs(session, jobs.failed, now=now)
             nodes.set_node_state(session, caller.node_id, NodeState.DEREGISTERED, now=now)
             return node_service_pb2.DeregisterNodeResponse(
                 released_leases=len(released.requeued)
@@ -532,7 +531,6 @@ def eject_node(
     nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)
     nodes.set_state_reason(session, node_id, reason)
     tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)
-    jobs = validation.requeue_validation_jobs_of_node(
+    validation.requeue_validation_jobs_of_node(
         session, node_id, now=now, max_attempts=max_validation_attempts
     )
-    validation.settle_failed_jobs(session, jobs.failed, now=now)

@@ -181,12 +181,12 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
         )
         jobs += len(taken.requeued)
         failed_jobs += taken.failed
-        requeued += len(job_repo.settle_failed_jobs(session, failed_jobs, now=now))
         return requeued, jobs, failed_jobs
 
     requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
     if requeued:
         ctx.metrics.leases_requeued.inc(requeued)
+    if requeued or failed_jobs:  # a given-up job's task was queued again
         ctx.signals.fire(ctx.signals.work_available)
     if jobs:
         ctx.signals.fire(ctx.signals.jobs_available)

@@ -830,12 +830,15 @@ class Stoppable(Protocol):
 async def run_until_signalled(worker: Stoppable) -> None:
     """Run ``worker``; SIGTERM and SIGINT request a clean stop (the only signal handling here).
 
-    Works for anything with ``run()`` and ``request_stop()`` (workers, validators). Must be
-    called from the main thread's event loop.
+    Works for anything with ``run()`` and ``request_stop()`` (workers, validators). Signals can
+    be handled only by the main thread's event loop on a platform with loop signal handlers;
+    anywhere else ``worker`` runs without them, and ``request_stop()`` is the way to stop it.
     """
     loop = asyncio.get_running_loop()
     installed = []
     for signum in (signal.SIGTERM, signal.SIGINT):
+        # NotImplementedError: no loop signal handlers here (Windows); RuntimeError: not the
+        # main thread. Either way the worker still runs, stoppable through request_stop().
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, worker.request_stop)
             installed.append(signum)
