@@ -80,3 +80,34 @@ def test_each_signature_uses_a_fresh_nonce() -> None:
 def test_clock_offset_shifts_the_timestamp() -> None:
     signer = RequestSigner(Identity.generate(), AUDIENCE, clock=lambda: 1000.0, clock_offset=2.5)
     assert signer.sign(METHOD, b"").timestamp == "1002500"
+
+
+# The order of the Ed25519 base point; S must be below it.
+GROUP_ORDER = 2**252 + 27742317777372353535851937790883648493
+
+
+def test_a_small_order_key_universal_signature_is_refused() -> None:
+    # The identity point as the key, R = identity and S = 0 satisfy the verification equation
+    # for every message; a lenient verifier (OpenSSL's) accepts it. Ours must not.
+    identity_point = bytes([1]) + bytes(31)
+    universal = identity_point + bytes(32)
+    for message in (SIGNED, b"", b"any other message"):
+        assert not verify_signature(identity_point, universal, message)
+
+
+def test_a_non_canonical_s_is_refused() -> None:
+    identity = Identity.from_seed(SEED)
+    signature = b64url_decode(SIGNATURE)
+    s = int.from_bytes(signature[32:], "little")
+    # S + L is the same scalar mod L: a malleated copy of a valid signature.
+    malleated = signature[:32] + (s + GROUP_ORDER).to_bytes(32, "little")
+    assert verify_signature(identity.public_key, signature, SIGNED)
+    assert not verify_signature(identity.public_key, malleated, SIGNED)
+
+
+def test_wrong_sizes_are_refused_not_raised() -> None:
+    identity = Identity.from_seed(SEED)
+    signature = b64url_decode(SIGNATURE)
+    assert not verify_signature(identity.public_key[:31], signature, SIGNED)
+    assert not verify_signature(identity.public_key, signature[:63], SIGNED)
+    assert not verify_signature(bytes(32), signature, SIGNED)

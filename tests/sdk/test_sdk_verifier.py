@@ -32,6 +32,7 @@ from rollnet.sdk import (
     method_path,
     signing_interceptors,
 )
+from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.verifier import NonceCacheFull
 from rollnet.v1 import common_pb2, node_service_pb2
 
@@ -154,6 +155,21 @@ async def test_signature_by_another_key_is_refused(swarm: Swarm) -> None:
     forged = signed(Identity.generate(), GET_NODE, body)
     genuine_key = dict(signed(swarm.worker, GET_NODE, body))[KEY_HEADER]
     error = await expect_refusal(swarm, GET_NODE, body, replace(forged, KEY_HEADER, genuine_key))
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == ErrorReason.SIGNATURE_INVALID
+
+
+async def test_universal_signature_of_a_small_order_key_is_refused(swarm: Swarm) -> None:
+    # The identity point as a key, with R = identity and S = 0, satisfies Ed25519's equation for
+    # any message: were it admitted, anyone could register and call as that key.
+    identity_point = bytes([1]) + bytes(31)
+    body = node_service_pb2.RegisterNodeRequest(
+        public_key=identity_point, role=common_pb2.ROLE_WORKER
+    ).SerializeToString(deterministic=True)
+    headers = signed(Identity.generate(), REGISTER, body)
+    headers = replace(headers, KEY_HEADER, b64url_encode(identity_point))
+    headers = replace(headers, SIGNATURE_HEADER, b64url_encode(identity_point + bytes(32)))
+    error = await expect_refusal(swarm, REGISTER, body, headers)
     assert error.code == grpc.StatusCode.UNAUTHENTICATED
     assert error.reason == ErrorReason.SIGNATURE_INVALID
 

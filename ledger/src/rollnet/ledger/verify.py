@@ -4,8 +4,8 @@ Recomputes every entry hash from the entry's own fields (never trusting the stor
 that each entry links to its predecessor and that sequence numbers run 1, 2, 3, … without gaps,
 and checks every signed chain head: its Ed25519 signature, and that the chain still has the
 signed hash at the signed sequence. Verification of an export needs only this module,
-:mod:`rollnet.ledger.canonical`, ``blake3`` and ``cryptography`` — no database and no
-coordinator code.
+:mod:`rollnet.ledger.canonical`, ``blake3`` and the SDK's signature check (libsodium) — no
+database and no coordinator code.
 
 The first bad sequence number is reported: the first entry that fails its checks, or the sequence
 of the first signed head the chain contradicts (or that is forged), whichever is lower.
@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blake3 import blake3
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from rollnet.ledger.canonical import (
     GENESIS_HASH,
@@ -33,6 +31,7 @@ from rollnet.ledger.canonical import (
     encode_entry,
 )
 from rollnet.ledger.export_format import EXPORT_FORMAT, EXPORT_VERSION
+from rollnet.sdk.identity import verify_signature
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,12 +310,11 @@ class ChainVerifier:
                 f"signed head at sequence {sequence} is signed by {head.signer_public_key.hex()},"
                 " not the pinned coordinator key (forged head)",
             )
-        try:
-            key = Ed25519PublicKey.from_public_bytes(head.signer_public_key)
-            key.verify(
-                head.signature, chain_head_message(head.network_id, sequence, head.head_hash)
-            )
-        except (InvalidSignature, ValueError):
+        if not verify_signature(
+            head.signer_public_key,
+            head.signature,
+            chain_head_message(head.network_id, sequence, head.head_hash),
+        ):
             return (
                 sequence,
                 f"signed head at sequence {sequence} has an invalid signature (forged head)",

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import os
 import stat
 from pathlib import Path
 
 import blake3
-from cryptography.exceptions import InvalidSignature
+import nacl.bindings
+import nacl.exceptions
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 NODE_ID_DOMAIN = b"rollnet-node-id-v1"
 """Domain separator hashed in front of the public key to derive a node id."""
@@ -41,19 +41,20 @@ def node_id_from_public_key(public_key: bytes) -> str:
     return digest[:16].hex()
 
 
-@functools.lru_cache(maxsize=65536)
-def _public_key(raw: bytes) -> Ed25519PublicKey:
-    # Parsing a key costs about as much as a fifth of a verification; nodes sign many calls.
-    return Ed25519PublicKey.from_public_bytes(raw)
-
-
 def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
-    """Whether ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``."""
+    """Whether ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``.
+
+    Verification follows libsodium's rules, stricter than RFC 8032's minimum: besides a canonical
+    ``S``, the public key must be canonical and not of small order, and so must ``R``. Without
+    that, the identity point as a public key with ``R`` = identity and ``S`` = 0 "verifies" any
+    message (OpenSSL accepts it), so anyone could sign as such a key. libsodium is also about
+    twice as fast as OpenSSL's Ed25519 here, which matters on a server verifying every call.
+    """
     if len(public_key) != PUBLIC_KEY_SIZE or len(signature) != SIGNATURE_SIZE:
         return False
     try:
-        _public_key(public_key).verify(signature, message)
-    except (InvalidSignature, ValueError):
+        nacl.bindings.crypto_sign_open(signature + message, public_key)
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError):
         return False
     return True
 
