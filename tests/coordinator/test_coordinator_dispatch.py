@@ -19,10 +19,12 @@ from coordinator_testing import (
     upload_and_commit,
     wait_until,
 )
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import TaskState
+from rollnet.ledger.models import Task
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
@@ -194,3 +196,45 @@ async def test_fail_task_requeues_at_once_and_long_poll_wakes_on_new_work(
     finally:
         await trainer.close()
         await client.close()
+
+
+async def test_a_repeated_pull_request_id_returns_the_same_lease(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    trainer = await _trainer(coordinator, trainer_identity)
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await request_tasks(trainer, 2)
+        request = task_service_pb2.PullTaskRequest(request_id="pull-1")
+        first = await client.tasks.pull_task(request)
+        assert first.HasField("lease")
+        # The answer was lost, say: the retry gets the same lease, and leases nothing more.
+        repeat = await client.tasks.pull_task(request)
+        assert repeat == first
+        leased = [
+            task_id
+            for task_id in await _all_task_ids(coordinator)
+            if await _task_state(coordinator, task_id) == TaskState.LEASED
+        ]
+        assert leased == [first.task.task_id]
+        # The id reused for a different request is refused, and leases nothing either.
+        with pytest.raises(RollnetError) as refused:
+            await client.tasks.pull_task(
+                task_service_pb2.PullTaskRequest(request_id="pull-1", environments=["arithmetic"])
+            )
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.reason == ErrorReason.REQUEST_ID_REUSED
+        second = await pull(client, wait=0)
+        assert second.task.task_id not in ("", first.task.task_id)
+    finally:
+        await trainer.close()
+        await client.close()
+
+
+async def _all_task_ids(coordinator: Coordinator) -> list[str]:
+    def read(session: Session) -> list[str]:
+        return list(session.scalars(select(Task.id)))
+
+    return await coordinator.ctx.run_read(read)

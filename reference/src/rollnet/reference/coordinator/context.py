@@ -96,6 +96,15 @@ class CoordinatorContext:
         now = self.clock()
 
         def _work(session: Session) -> T:
+            if scope is not None and not scope.checked:
+                # A repeated request id is answered from its record, looked up here, in the
+                # transaction that would otherwise write, rather than in a read of its own.
+                stored = idempotency.lookup(
+                    session, scope.caller_id, scope.method, scope.request_id
+                )
+                scope.checked = True
+                if stored is not None:
+                    raise StoredResponse(stored)
             result = work(session)
             # Work may return the response alone or first in a tuple with side results.
             response = result[0] if isinstance(result, tuple) and result else result
@@ -233,9 +242,11 @@ class GroupCommitWriter:
 class IdempotencyScope:
     """A mutating call's request id: its response is stored in the mutation's own transaction.
 
-    Set by the servicer layer around a call; :meth:`CoordinatorContext.run_in_transaction` stores
-    the first result of type ``response_type`` under the key in that same transaction, so the
-    mutation and the record of its answer commit or roll back together.
+    Set by the servicer layer around a call. :meth:`CoordinatorContext.run_in_transaction` looks
+    the key up at the start of the call's first transaction (raising :class:`StoredResponse` when
+    it was answered before), and stores the first result of type ``response_type`` under the key
+    in that same transaction, so the mutation and the record of its answer commit or roll back
+    together.
     """
 
     caller_id: str
@@ -243,7 +254,17 @@ class IdempotencyScope:
     request_id: str
     request_digest: bytes
     response_type: type[Message]
+    #: Whether a transaction of this call has looked for a stored response yet.
+    checked: bool = False
     stored: bool = False
+
+
+class StoredResponse(Exception):
+    """Raised out of a transaction whose request id already has a stored response."""
+
+    def __init__(self, payload: bytes) -> None:
+        super().__init__("request id already answered")
+        self.payload = payload
 
 
 IDEMPOTENCY_SCOPE: contextvars.ContextVar[IdempotencyScope | None] = contextvars.ContextVar(

@@ -23,6 +23,7 @@ from rollnet.reference.coordinator.context import (
     IDEMPOTENCY_SCOPE,
     CoordinatorContext,
     IdempotencyScope,
+    StoredResponse,
 )
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
@@ -124,13 +125,15 @@ class Idempotency:
             raise Refusal(ErrorReason.INVALID_FIELDS, "request_id: at most 128 characters")
         who = current_caller().node_id
         digest = blake3.blake3(request.SerializeToString(deterministic=True)).digest()
-        stored = await self._lookup(who, method, request_id, digest, response_type)
-        if stored is not None:
-            return stored
+        # The stored response, if any, is looked up by the call's first transaction (saving a
+        # read per call). Checks made before it depend only on the request's bytes or on
+        # content-addressed blobs, so a repeat passes them exactly as the original did.
         scope = IdempotencyScope(who, method, request_id, digest, response_type)
         token = IDEMPOTENCY_SCOPE.set(scope)
         try:
             response = await produce()
+        except StoredResponse as replay:
+            return self._replayed(replay.payload, method, request_id, digest, response_type)
         except IntegrityError:
             # A concurrent call with the same request id won the race and rolled us back.
             raced = await self._lookup(who, method, request_id, digest, response_type)
@@ -161,6 +164,12 @@ class Idempotency:
         stored = await self.ctx.run_read(lookup)
         if stored is None:
             return None
+        return self._replayed(stored, method, request_id, digest, response_type)
+
+    @staticmethod
+    def _replayed(
+        stored: bytes, method: str, request_id: str, digest: bytes, response_type: type[Resp]
+    ) -> Resp:
         if stored[:32] != digest:
             raise Refusal(
                 ErrorReason.REQUEST_ID_REUSED,
