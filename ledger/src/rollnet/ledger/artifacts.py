@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.models import Blob, Checkpoint, Commitment, table_of
+from rollnet.ledger.prepared import Prepared, prepared_insert
 
 
 class ConflictError(ValueError):
@@ -32,13 +33,13 @@ def record_blob(
     now: datetime,
 ) -> None:
     """Record a stored blob; recording the same hash and size again is a no-op."""
-    existing = session.execute(_BLOB_SIZE, {"hash": blake3_hex}).scalar()
+    existing = _BLOB_SIZE.scalar(session, {"hash": blake3_hex})
     if existing is not None:
         if existing != size:
             raise ConflictError(f"blob {blake3_hex} already recorded with size {existing}")
         return
-    session.execute(
-        _BLOBS.insert(),
+    _INSERT_BLOB.run(
+        session,
         {
             "hash": blake3_hex,
             "size": size,
@@ -75,8 +76,8 @@ class NewCommitment:
 
 def record_commitment(session: Session, commitment: NewCommitment, *, now: datetime) -> None:
     """Store a commitment. The (task, fencing token) pair is unique: one commitment per lease."""
-    session.execute(
-        _COMMITMENTS.insert(),
+    _INSERT_COMMITMENT.run(
+        session,
         {
             "id": commitment.commitment_id,
             "task_id": commitment.task_id,
@@ -143,23 +144,44 @@ def latest_checkpoint(session: Session) -> Checkpoint | None:
 
 def find_commitment(session: Session, task_id: str, fencing_token: int) -> Commitment | None:
     """The commitment made under one lease attempt of a task, if any (at most one exists)."""
-    found = session.execute(
-        _COMMITMENT_OF_LEASE, {"task_id": task_id, "fencing_token": fencing_token}
-    ).scalar()
+    found = _COMMITMENT_OF_LEASE.scalar(
+        session, {"task_id": task_id, "fencing_token": fencing_token}
+    )
     return None if found is None else session.get(Commitment, found)
 
 
 def latest_checkpoint_step(session: Session) -> int | None:
     """The highest published step, without loading its manifest."""
-    step = session.execute(_LATEST_STEP).scalar()
+    step = _LATEST_STEP.scalar(session, {})
     return None if step is None else int(step)
 
 
 _BLOBS = table_of(Blob)
 _COMMITMENTS = table_of(Commitment)
-_BLOB_SIZE = select(_BLOBS.c.size).where(_BLOBS.c.hash == bindparam("hash"))
-_COMMITMENT_OF_LEASE = select(_COMMITMENTS.c.id).where(
-    _COMMITMENTS.c.task_id == bindparam("task_id"),
-    _COMMITMENTS.c.fencing_token == bindparam("fencing_token"),
+_BLOB_SIZE = Prepared(select(_BLOBS.c.size).where(_BLOBS.c.hash == bindparam("hash")))
+_INSERT_BLOB = prepared_insert(_BLOBS, ["hash", "size", "location", "uploader_id", "created_at"])
+_INSERT_COMMITMENT = prepared_insert(
+    _COMMITMENTS,
+    [
+        "id",
+        "task_id",
+        "node_id",
+        "lease_id",
+        "fencing_token",
+        "rollout_blob_hash",
+        "proof_blob_hash",
+        "sampling_seed",
+        "claimed_work",
+        "request_id",
+        "signature",
+        "received_at",
+        "record",
+    ],
 )
-_LATEST_STEP = select(func.max(table_of(Checkpoint).c.step))
+_COMMITMENT_OF_LEASE = Prepared(
+    select(_COMMITMENTS.c.id).where(
+        _COMMITMENTS.c.task_id == bindparam("task_id"),
+        _COMMITMENTS.c.fencing_token == bindparam("fencing_token"),
+    )
+)
+_LATEST_STEP = Prepared(select(func.max(table_of(Checkpoint).c.step)))

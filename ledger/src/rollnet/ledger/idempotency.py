@@ -21,22 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger._columns import utc_now
 from rollnet.ledger.models import IdempotencyRecord, table_of
+from rollnet.ledger.prepared import Prepared, prepared_insert
 
 
 def lookup(session: Session, caller_id: str, method: str, request_id: str) -> bytes | None:
     """The stored response of (caller, method, request id), or ``None`` if not seen."""
-    response = session.scalar(
-        select(IdempotencyRecord.response).where(
-            IdempotencyRecord.caller_id == caller_id,
-            IdempotencyRecord.method == method,
-            IdempotencyRecord.request_id == request_id,
-        )
+    response = _LOOKUP.scalar(
+        session, {"caller_id": caller_id, "method": method, "request_id": request_id}
     )
     return None if response is None else bytes(response)
 
@@ -51,8 +48,8 @@ def store(
     now: datetime,
 ) -> None:
     """Record the response; a duplicate fails here (IntegrityError), inside the transaction."""
-    session.execute(
-        table_of(IdempotencyRecord).insert(),
+    _STORE.run(
+        session,
         {
             "caller_id": caller_id,
             "method": method,
@@ -114,3 +111,14 @@ def prune(session: Session, *, older_than: datetime) -> int:
         delete(IdempotencyRecord).where(IdempotencyRecord.created_at < older_than)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+_RECORDS = table_of(IdempotencyRecord)
+_LOOKUP = Prepared(
+    select(_RECORDS.c.response).where(
+        _RECORDS.c.caller_id == bindparam("caller_id"),
+        _RECORDS.c.method == bindparam("method"),
+        _RECORDS.c.request_id == bindparam("request_id"),
+    )
+)
+_STORE = prepared_insert(_RECORDS, ["caller_id", "method", "request_id", "response", "created_at"])

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
 from rollnet.ledger.models import HASH_LENGTH, NODE_ID_LENGTH, Node, table_of
+from rollnet.ledger.prepared import Prepared
 
 _LOWER_HEX = "0123456789abcdef"
 
@@ -93,15 +94,16 @@ class NodeStanding:
 
 def get_standing(session: Session, node_id: str) -> NodeStanding | None:
     """The standing of the node with ``node_id``, if registered (one prebuilt SELECT)."""
-    row = session.execute(_STANDING, {"node_id": node_id}).one_or_none()
+    row = _STANDING.one_or_none(session, {"node_id": node_id})
     if row is None:
         return None
+    found_id, role, state, capabilities, accepted_streak = row
     return NodeStanding(
-        id=row.id,
-        role=NodeRole(row.role),
-        state=NodeState(row.state),
-        capabilities=list(row.capabilities),
-        accepted_streak=row.accepted_streak,
+        id=found_id,
+        role=NodeRole(role),
+        state=NodeState(state),
+        capabilities=list(capabilities),
+        accepted_streak=accepted_streak,
     )
 
 
@@ -126,8 +128,10 @@ _REVIVE_WITH_DEADLINES = _REVIVE.values(
 _STATES = select(_N.id, _N.state, _N.role, _N.state_reason).where(
     _N.id.in_(bindparam("ids", expanding=True))
 )
-_STANDING = select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
-    _N.id == bindparam("node_id")
+_STANDING = Prepared(
+    select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
+        _N.id == bindparam("node_id")
+    )
 )
 
 

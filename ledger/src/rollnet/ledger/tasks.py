@@ -24,6 +24,7 @@ from rollnet.ledger.engine import is_postgresql
 from rollnet.ledger.enums import TaskState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Node, Task, table_of
+from rollnet.ledger.prepared import Prepared
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +107,18 @@ class TaskTerms:
 
 def get_terms(session: Session, task_id: str) -> TaskTerms | None:
     """The terms of the task with ``task_id``, if any (no ORM object is built)."""
-    row = session.execute(_TERMS, {"task_id": task_id}).one_or_none()
+    row = _TERMS.one_or_none(session, {"task_id": task_id})
     if row is None:
         return None
+    found_id, environment, checkpoint_step, prompt_ids, seed, sampling, state = row
     return TaskTerms(
-        id=row.id,
-        environment=row.environment,
-        checkpoint_step=row.checkpoint_step,
-        prompt_ids=list(row.prompt_ids),
-        seed=row.seed,
-        sampling=dict(row.sampling),
-        state=TaskState(row.state),
+        id=found_id,
+        environment=environment,
+        checkpoint_step=checkpoint_step,
+        prompt_ids=list(prompt_ids),
+        seed=seed,
+        sampling=dict(sampling),
+        state=TaskState(state),
     )
 
 
@@ -138,7 +140,7 @@ def lease_next_task(
     if max_leases_per_node is not None:
         if is_postgresql(session):
             session.execute(_LOCK_NODE, {"node_id": node_id})
-        held = session.execute(_HELD_LEASES, {"node_id": node_id}).scalar()
+        held = _HELD_LEASES.scalar(session, {"node_id": node_id})
         if (held or 0) >= max_leases_per_node:
             return None
     params: dict[str, Any] = {}
@@ -152,8 +154,8 @@ def lease_next_task(
         return None
     lease_id = new_lease_id()
     deadline = now + lease_duration
-    row = session.execute(
-        _LEASE,
+    row = _LEASE.one_or_none(
+        session,
         {
             "task_id": task_id,
             "new_lease_id": lease_id,
@@ -161,18 +163,19 @@ def lease_next_task(
             "deadline": deadline,
             "now": now,
         },
-    ).one_or_none()
+    )
     if row is None:  # pragma: no cover - the row is locked (PostgreSQL) or we are the writer
         return None
+    leased_id, environment, checkpoint_step, prompt_ids, seed, sampling, fencing_token = row
     return LeasedTask(
-        task_id=row.id,
-        environment=row.environment,
-        checkpoint_step=row.checkpoint_step,
-        prompt_ids=list(row.prompt_ids),
-        seed=row.seed,
-        sampling=dict(row.sampling),
+        task_id=leased_id,
+        environment=environment,
+        checkpoint_step=checkpoint_step,
+        prompt_ids=list(prompt_ids),
+        seed=seed,
+        sampling=dict(sampling),
         lease_id=lease_id,
-        fencing_token=row.fencing_token,
+        fencing_token=fencing_token,
         lease_deadline=deadline,
     )
 
@@ -198,8 +201,8 @@ def submit_task(
 
     One conditional UPDATE decides; on refusal the task is read to say why.
     """
-    result = session.execute(
-        _SUBMIT,
+    changed = _SUBMIT.rowcount(
+        session,
         {
             "task_id": task_id,
             "lease": lease_id,
@@ -208,7 +211,7 @@ def submit_task(
             "now": now,
         },
     )
-    if result.rowcount == 1:  # type: ignore[attr-defined]
+    if changed == 1:
         return LeaseOutcome.OK
     return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
 
@@ -366,7 +369,7 @@ _T = _TASKS.c
 _LOCK_NODE = (
     select(table_of(Node).c.id).where(table_of(Node).c.id == bindparam("node_id")).with_for_update()
 )
-_HELD_LEASES = (
+_HELD_LEASES = Prepared(
     select(func.count())
     .select_from(_TASKS)
     .where(_T.lease_holder == bindparam("node_id"), _T.state == TaskState.LEASED)
@@ -383,7 +386,7 @@ def _candidate(by_environment: bool, by_step: bool) -> Any:
 
 
 _CANDIDATES = {(e, m): _candidate(e, m) for e in (False, True) for m in (False, True)}
-_LEASE = (
+_LEASE = Prepared(
     update(_TASKS)
     .where(_T.id == bindparam("task_id"), _T.state == TaskState.QUEUED)
     .values(
@@ -405,7 +408,7 @@ _LEASE = (
         _T.fencing_token,
     )
 )
-_SUBMIT = (
+_SUBMIT = Prepared(
     update(_TASKS)
     .where(
         _T.id == bindparam("task_id"),
@@ -417,9 +420,11 @@ _SUBMIT = (
     )
     .values(state=TaskState.SUBMITTED, updated_at=bindparam("now"))
 )
-_TERMS = select(
-    _T.id, _T.environment, _T.checkpoint_step, _T.prompt_ids, _T.seed, _T.sampling, _T.state
-).where(_T.id == bindparam("task_id"))
+_TERMS = Prepared(
+    select(
+        _T.id, _T.environment, _T.checkpoint_step, _T.prompt_ids, _T.seed, _T.sampling, _T.state
+    ).where(_T.id == bindparam("task_id"))
+)
 
 
 def find_by_lease(session: Session, lease_id: str) -> Task | None:

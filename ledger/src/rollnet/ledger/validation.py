@@ -21,6 +21,7 @@ from rollnet.ledger import tasks
 from rollnet.ledger.enums import TaskState, ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Commitment, ValidationJob, Verdict, table_of
+from rollnet.ledger.prepared import prepared_insert
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +39,8 @@ def enqueue_validation_job(
     session: Session, *, job_id: str, commitment_id: str, now: datetime
 ) -> None:
     """Queue the validation of ``commitment_id`` (one job per commitment)."""
-    session.execute(
-        table_of(ValidationJob).insert(),
+    _INSERT_JOB.run(
+        session,
         {
             "id": job_id,
             "commitment_id": commitment_id,
@@ -322,3 +323,9 @@ def has_queued_validation_job(session: Session) -> bool:
         )
         is not None
     )
+
+
+_INSERT_JOB = prepared_insert(
+    table_of(ValidationJob),
+    ["id", "commitment_id", "state", "attempt", "fencing_token", "created_at", "updated_at"],
+)

@@ -1,0 +1,162 @@
+"""Prepared statements: the raw SQLite path returns and stores exactly what SQLAlchemy would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from rollnet.ledger import idempotency
+from rollnet.ledger.enums import TaskState
+from rollnet.ledger.models import IdempotencyRecord, Node, Task, table_of
+from rollnet.ledger.prepared import Prepared, prepared_insert
+from rollnet.ledger.tasks import NewTask, enqueue_tasks
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AddNodes = Callable[..., list[str]]
+
+_T = table_of(Task).c
+_N = table_of(Node).c
+
+# Every kind of value the work path binds and reads: strings, integers, enums, JSON, datetimes.
+_TASK_COLUMNS = select(
+    _T.id,
+    _T.state,
+    _T.prompt_ids,
+    _T.sampling,
+    _T.seed,
+    _T.lease_deadline,
+    _T.updated_at,
+).where(_T.id == bindparam("task_id"))
+_LEASE = (
+    update(table_of(Task))
+    .where(_T.id == bindparam("task_id"), _T.state == TaskState.QUEUED)
+    .values(
+        state=TaskState.LEASED,
+        attempt=_T.attempt + 1,
+        fencing_token=_T.attempt + 1,
+        lease_id=bindparam("holder"),
+        lease_holder=bindparam("holder"),
+        lease_deadline=bindparam("deadline"),
+        updated_at=bindparam("now"),
+    )
+    .returning(_T.id, _T.state, _T.lease_deadline, _T.sampling)
+)
+_LEASED_BEFORE = (
+    select(func.count())
+    .select_from(table_of(Task))
+    .where(_T.state == TaskState.LEASED, _T.lease_deadline < bindparam("when"))
+)
+
+
+def _enqueue(session: Session, count: int) -> list[str]:
+    ids = [f"task-{i}" for i in range(count)]
+    enqueue_tasks(
+        session,
+        [
+            NewTask(
+                task_id=task_id,
+                environment="arithmetic",
+                checkpoint_step=1,
+                prompt_ids=[f"p{i}", "p-ünïcode"],
+                seed=2**62 + i,
+                sampling={"temperature": 0.7, "samples_per_prompt": 2},
+            )
+            for i, task_id in enumerate(ids)
+        ],
+        now=T0,
+    )
+    return ids
+
+
+def test_reads_match_sqlalchemy(sessions: sessionmaker[Session]) -> None:
+    prepared = Prepared(_TASK_COLUMNS)
+    with sessions.begin() as session:
+        (task_id,) = _enqueue(session, 1)
+        core = tuple(session.execute(_TASK_COLUMNS, {"task_id": task_id}).one())
+        assert prepared.one_or_none(session, {"task_id": task_id}) == core
+        assert prepared.one_or_none(session, {"task_id": "missing"}) is None
+        assert prepared.scalar(session, {"task_id": task_id}) == task_id
+        assert core[1] == TaskState.QUEUED
+        assert core[2] == ["p0", "p-ünïcode"]
+        assert core[6] == T0
+        assert core[6].tzinfo is not None
+
+
+def test_writes_are_seen_by_sqlalchemy_and_comparisons_hold(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (holder,) = add_nodes(1)
+    lease, leased_before = Prepared(_LEASE), Prepared(_LEASED_BEFORE)
+    deadline = T0 + timedelta(seconds=90, microseconds=7)
+    with sessions.begin() as session:
+        first, second = _enqueue(session, 2)
+        row = lease.one_or_none(
+            session, {"task_id": first, "holder": holder, "deadline": deadline, "now": T0}
+        )
+        assert row == (
+            first,
+            TaskState.LEASED,
+            deadline,
+            {"temperature": 0.7, "samples_per_prompt": 2},
+        )
+        # Leasing it again matches nothing: the literal state bind is applied.
+        again = {"task_id": first, "holder": holder, "deadline": deadline, "now": T0}
+        assert lease.one_or_none(session, again) is None
+        # A datetime bound on the raw path compares with one stored by it, as SQLAlchemy's do.
+        assert leased_before.scalar(session, {"when": deadline}) == 0
+        assert leased_before.scalar(session, {"when": deadline + timedelta(microseconds=1)}) == 1
+        stored = session.get(Task, first)
+        assert stored is not None
+        assert stored.lease_deadline == deadline
+        assert stored.lease_holder == holder
+        assert session.get(Task, second).state is TaskState.QUEUED  # type: ignore[union-attr]
+
+
+def test_rowcount_and_integrity_errors_are_sqlalchemys(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (node_id,) = add_nodes(1)
+    rename = Prepared(
+        update(table_of(Node)).where(_N.id == bindparam("node_id")).values(state_reason="x")
+    )
+    store = prepared_insert(
+        table_of(IdempotencyRecord),
+        ["caller_id", "method", "request_id", "response", "created_at"],
+    )
+    record = {
+        "caller_id": node_id,
+        "method": "M",
+        "request_id": "r1",
+        "response": b"\x00answer",
+        "created_at": T0,
+    }
+    with sessions.begin() as session:
+        assert rename.rowcount(session, {"node_id": node_id}) == 1
+        assert rename.rowcount(session, {"node_id": "nobody"}) == 0
+        store.run(session, record)
+        with pytest.raises(IntegrityError), session.begin_nested():
+            store.run(session, record)
+        assert idempotency.lookup(session, node_id, "M", "r1") == b"\x00answer"
+        assert idempotency.lookup(session, node_id, "M", "r2") is None
+
+
+def test_pending_orm_changes_are_flushed_first(sessions: sessionmaker[Session]) -> None:
+    prepared = Prepared(_TASK_COLUMNS)
+    with sessions.begin() as session:
+        (task_id,) = _enqueue(session, 1)
+        task = session.get(Task, task_id)
+        assert task is not None
+        task.seed = 7  # pending in the session, not yet in the database
+        row = prepared.one_or_none(session, {"task_id": task_id})
+        assert row is not None
+        assert row[4] == 7
+
+
+def test_a_missing_parameter_is_an_error(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session, pytest.raises(SQLAlchemyError, match="'task_id'"):
+        Prepared(_TASK_COLUMNS).rows(session, {})
