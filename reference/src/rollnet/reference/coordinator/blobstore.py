@@ -11,12 +11,14 @@ harmlessly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import blake3
 
@@ -37,26 +39,50 @@ class BlobTooLarge(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class StoredBlob:
-    """Where a verified blob lives."""
+    """A verified blob that is now stored."""
 
     digest: bytes
     size: int
-    path: Path
     already_present: bool
 
 
 class BlobStore:
-    """Verified, content-addressed blobs under one directory."""
+    """Verified, content-addressed blobs under one directory.
 
-    def __init__(self, root: Path, *, max_bytes: int) -> None:
+    The most recently stored or read small blobs (up to ``cache_blob_bytes`` each,
+    ``cache_bytes`` in all) are also kept in memory: a rollout batch is read back by the
+    commitment that follows its upload, and again by the validator's download and the trainer's
+    stream. A blob enters the cache only once it is durable on disk, and content addressing
+    makes a cached copy the same bytes as the file.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int,
+        cache_bytes: int = 64 << 20,
+        cache_blob_bytes: int = 1 << 20,
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         root.mkdir(parents=True, exist_ok=True)
+        self._root = str(root)
+        self._made_dirs: set[str] = set()
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache_limit = cache_bytes
+        self._cache_blob_limit = cache_blob_bytes
+        self._cached_bytes = 0
+        self._lock = threading.Lock()  # reads also run on worker threads
+
+    def location_of(self, digest: bytes) -> str:
+        """Where a blob is stored, relative to the store's root (``<hex[:2]>/<hex>``)."""
+        name = digest.hex()
+        return f"{name[:2]}/{name}"
 
     def path_of(self, digest: bytes) -> Path:
         """The path a blob with ``digest`` is (or would be) stored at."""
-        name = digest.hex()
-        return self.root / name[:2] / name
+        return self.root / self.location_of(digest)
 
     def remove_partials(self) -> int:
         """Delete temporary files left by interrupted uploads; returns how many."""
@@ -68,7 +94,7 @@ class BlobStore:
 
     def exists(self, digest: bytes) -> bool:
         """Whether the blob is stored."""
-        return self.path_of(digest).is_file()
+        return digest in self._cache or os.path.isfile(self._path(digest))
 
     async def write(self, digest: bytes, size: int, chunks: AsyncIterator[bytes]) -> StoredBlob:
         """Store the streamed bytes if they hash to ``digest`` and total ``size``.
@@ -78,44 +104,89 @@ class BlobStore:
         """
         if size > self.max_bytes:
             raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
-        final = self.path_of(digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temporary = final.with_name(f"{final.name}.{secrets.token_hex(8)}{_TMP_SUFFIX}")
+        final = self._path(digest)
+        temporary = f"{final}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
         hasher = blake3.blake3()
         received = 0
+        keep = size <= self._cache_blob_limit
+        kept: list[bytes] = []
+        fd = self._create(temporary)
+        renamed = False
         try:
-            with open(temporary, "wb") as out:  # noqa: ASYNC230 - bounded local-disk writes
-                async for chunk in chunks:
-                    received += len(chunk)
-                    if received > size:
-                        raise BlobSizeMismatch(f"received more than the declared {size} bytes")
-                    hasher.update(chunk)
-                    out.write(chunk)
-                if received != size:
-                    raise BlobSizeMismatch(f"received {received} bytes, declared {size}")
-                if hasher.digest() != digest:
-                    raise BlobDigestMismatch(
-                        f"content hashes to {hasher.hexdigest()}, declared {digest.hex()}"
-                    )
-                if final.is_file():
-                    return StoredBlob(digest, size, final, already_present=True)
-                # The fsync waits on the disk for milliseconds: not on the event loop.
-                await asyncio.to_thread(_flush_to_disk, out)
+            async for chunk in chunks:
+                received += len(chunk)
+                if received > size:
+                    raise BlobSizeMismatch(f"received more than the declared {size} bytes")
+                hasher.update(chunk)
+                _write_all(fd, chunk)
+                if keep:
+                    kept.append(chunk)
+            if received != size:
+                raise BlobSizeMismatch(f"received {received} bytes, declared {size}")
+            if hasher.digest() != digest:
+                raise BlobDigestMismatch(
+                    f"content hashes to {hasher.hexdigest()}, declared {digest.hex()}"
+                )
+            if self.exists(digest):
+                return StoredBlob(digest, size, already_present=True)
+            # The fsync waits on the disk for milliseconds: not on the event loop.
+            await asyncio.to_thread(os.fsync, fd)
             os.replace(temporary, final)
-            return StoredBlob(digest, size, final, already_present=False)
+            renamed = True
         finally:
-            temporary.unlink(missing_ok=True)
+            os.close(fd)
+            if not renamed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
+        if keep:
+            self._remember(digest, b"".join(kept))
+        return StoredBlob(digest, size, already_present=False)
 
     def read_range(self, digest: bytes, offset: int, length: int) -> tuple[int, bytes]:
         """Return ``(total size, bytes[offset:offset+length])``; length 0 means to the end."""
-        path = self.path_of(digest)
-        with open(path, "rb") as blob:
-            total = os.fstat(blob.fileno()).st_size
-            blob.seek(min(offset, total))
-            data = blob.read(length if length else -1)
-        return total, data
+        with self._lock:
+            data = self._cache.get(digest)
+            if data is not None:
+                self._cache.move_to_end(digest)
+        if data is None:
+            with open(self._path(digest), "rb") as blob:
+                total = os.fstat(blob.fileno()).st_size
+                if total > self._cache_blob_limit:
+                    blob.seek(min(offset, total))
+                    return total, blob.read(length if length else -1)
+                data = blob.read()
+            self._remember(digest, data)
+        total = len(data)
+        start = min(offset, total)
+        return total, data[start : start + length] if length else data[start:]
+
+    def _create(self, temporary: str) -> int:
+        directory = os.path.dirname(temporary)
+        if directory not in self._made_dirs:
+            os.makedirs(directory, exist_ok=True)
+            self._made_dirs.add(directory)
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the directory was removed under us: make it again
+            os.makedirs(directory, exist_ok=True)
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def _path(self, digest: bytes) -> str:
+        return os.path.join(self._root, self.location_of(digest))
+
+    def _remember(self, digest: bytes, data: bytes) -> None:
+        with self._lock:
+            if digest in self._cache:
+                return
+            self._cache[digest] = data
+            self._cached_bytes += len(data)
+            while self._cached_bytes > self._cache_limit:
+                _, evicted = self._cache.popitem(last=False)
+                self._cached_bytes -= len(evicted)
 
 
-def _flush_to_disk(out: BinaryIO) -> None:
-    out.flush()
-    os.fsync(out.fileno())
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

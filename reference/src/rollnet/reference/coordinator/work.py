@@ -214,9 +214,7 @@ class WorkDesk:
         signature = self.ctx.identity.sign(
             receipt_message(commitment_id, request.binding_digest, now)
         )
-        blob_location = str(
-            self.ctx.blobs.path_of(request.rollout_batch.blake3).relative_to(self.ctx.blobs.root)
-        )
+        blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
 
         def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
             task = tasks.get_terms(session, request.task_id)
