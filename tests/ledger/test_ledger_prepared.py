@@ -160,3 +160,21 @@ def test_pending_orm_changes_are_flushed_first(sessions: sessionmaker[Session]) 
 def test_a_missing_parameter_is_an_error(sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session, pytest.raises(SQLAlchemyError, match="'task_id'"):
         Prepared(_TASK_COLUMNS).rows(session, {})
+
+
+def test_in_lists_of_any_length_and_an_empty_one(sessions: sessionmaker[Session]) -> None:
+    # A bound list and a literal one (states), as the heartbeat and leasing statements use.
+    prepared = Prepared(
+        select(_T.id)
+        .where(
+            _T.id.in_(bindparam("ids", expanding=True)),
+            _T.state.in_([TaskState.QUEUED, TaskState.LEASED]),
+        )
+        .order_by(_T.id)
+    )
+    with sessions.begin() as session:
+        ids = _enqueue(session, 5)
+        for wanted in ([ids[0]], ids[1:4], ids, [*ids, "missing"], []):
+            core = [row[0] for row in session.execute(prepared.statement, {"ids": wanted})]
+            assert [row[0] for row in prepared.rows(session, {"ids": wanted})] == core
+            assert core == sorted(set(wanted) & set(ids))

@@ -108,7 +108,7 @@ def get_standing(session: Session, node_id: str) -> NodeStanding | None:
 
 
 _N = table_of(Node).c
-_REVIVE = (
+_REVIVE_STATEMENT = (
     update(table_of(Node))
     .where(
         _N.id.in_(bindparam("ids", expanding=True)),
@@ -122,11 +122,14 @@ _REVIVE = (
         ),
     )
 )
-_REVIVE_WITH_DEADLINES = _REVIVE.values(
-    suspect_at=bindparam("suspect"), offline_at=bindparam("offline")
+_REVIVE_WITH_DEADLINES = Prepared(
+    _REVIVE_STATEMENT.values(suspect_at=bindparam("suspect"), offline_at=bindparam("offline"))
 )
-_STATES = select(_N.id, _N.state, _N.role, _N.state_reason).where(
-    _N.id.in_(bindparam("ids", expanding=True))
+_REVIVE = Prepared(_REVIVE_STATEMENT)
+_STATES = Prepared(
+    select(_N.id, _N.state, _N.role, _N.state_reason).where(
+        _N.id.in_(bindparam("ids", expanding=True))
+    )
 )
 _STANDING = Prepared(
     select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
@@ -301,13 +304,12 @@ def record_heartbeats(
         groups.setdefault(deadlines.get(node_id) if deadlines else None, []).append(node_id)
     for pair, members in groups.items():
         if pair is None:
-            session.execute(_REVIVE, {"ids": members, "now": now})
+            _REVIVE.run(session, {"ids": members, "now": now})
         else:
-            session.execute(
-                _REVIVE_WITH_DEADLINES,
-                {"ids": members, "now": now, "suspect": pair[0], "offline": pair[1]},
+            _REVIVE_WITH_DEADLINES.run(
+                session, {"ids": members, "now": now, "suspect": pair[0], "offline": pair[1]}
             )
-    rows = session.execute(_STATES, {"ids": ids})
     return {
-        row.id: (NodeState(row.state), NodeRole(row.role), row.state_reason or "") for row in rows
+        node_id: (NodeState(state), NodeRole(role), reason or "")
+        for node_id, state, role, reason in _STATES.rows(session, {"ids": ids})
     }

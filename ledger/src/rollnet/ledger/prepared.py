@@ -8,8 +8,8 @@ result object, events), which costs about ten times what SQLite itself does for 
 statements of the work path. On any other database the statement runs through
 ``session.execute`` as usual, so both paths share one definition and one test suite.
 
-Only what the hot path needs is supported: positional (``qmark``) binds without expanding
-(``IN``) lists. Pending ORM changes are flushed first, as ``session.execute`` would.
+Expanding (``IN``) parameters are rendered per tuple of list lengths (an empty list is left to
+SQLAlchemy). Pending ORM changes are flushed first, as ``session.execute`` would.
 """
 
 from __future__ import annotations
@@ -28,15 +28,41 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
 
 _REQUIRED = object()
+_MAX_RENDERED = 256
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Compiled:
     sql: str
     #: Per position: the parameter's name, its literal value (or _REQUIRED) and its processor.
     binds: tuple[tuple[str, Any, Callable[[Any], Any] | None], ...]
     #: Per result column: its processor, or None.
     results: tuple[Callable[[Any], Any] | None, ...]
+    #: The expanding (``IN``) parameters with their literal lists (or _REQUIRED), and the SQL
+    #: rendered per tuple of their lengths.
+    expanding: dict[str, Any]
+    rendered: dict[tuple[int, ...], str]
+
+    def render(self, params: Mapping[str, Any]) -> str | None:
+        """The SQL for these parameters; ``None`` for an empty ``IN`` list (left to SQLAlchemy,
+        which renders an always-false expression for it)."""
+        if not self.expanding:
+            return self.sql
+        lengths = tuple(
+            len(params[name] if literal is _REQUIRED else params.get(name, literal))
+            for name, literal in self.expanding.items()
+        )
+        if 0 in lengths:
+            return None
+        sql = self.rendered.get(lengths)
+        if sql is None:
+            sql = self.sql
+            for name, length in zip(self.expanding, lengths, strict=True):
+                sql = sql.replace(f"__[POSTCOMPILE_{name}]", ", ".join("?" * length))
+            if len(self.rendered) >= _MAX_RENDERED:
+                self.rendered.clear()  # many list lengths (heartbeat batches): start over
+            self.rendered[lengths] = sql
+        return sql
 
 
 class Prepared:
@@ -49,11 +75,12 @@ class Prepared:
     def rows(self, session: Session, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """All result rows, converted to Python values (empty for a statement without any)."""
         connection = session.connection()
-        if connection.dialect.name != "sqlite":
+        compiled = self._compiled(connection)
+        sql = None if compiled is None else compiled.render(params)
+        if compiled is None or sql is None:
             return [tuple(row) for row in session.execute(self.statement, dict(params))]
-        compiled = self._sqlite or self._compile(connection.dialect)
         fetched: list[tuple[Any, ...]] = self._cursor(
-            session, connection, compiled, params
+            session, connection, compiled, sql, params
         ).fetchall()
         processors = compiled.results
         if not fetched or not any(processors):
@@ -69,28 +96,34 @@ class Prepared:
     def rowcount(self, session: Session, params: Mapping[str, Any]) -> int:
         """Run a statement without results; how many rows it changed."""
         connection = session.connection()
-        if connection.dialect.name != "sqlite":
+        compiled = self._compiled(connection)
+        sql = None if compiled is None else compiled.render(params)
+        if compiled is None or sql is None:
             result: Any = session.execute(self.statement, dict(params))
             return int(result.rowcount)
-        compiled = self._sqlite or self._compile(connection.dialect)
-        changed: int = self._cursor(session, connection, compiled, params).rowcount
+        changed: int = self._cursor(session, connection, compiled, sql, params).rowcount
         return changed
 
     def run(self, session: Session, params: Mapping[str, Any]) -> None:
         """Run a statement for its effect alone (an INSERT)."""
-        connection = session.connection()
+        self.rowcount(session, params)
+
+    def _compiled(self, connection: Connection) -> _Compiled | None:
         if connection.dialect.name != "sqlite":
-            session.execute(self.statement, dict(params))
-            return
-        self._cursor(session, connection, self._sqlite or self._compile(connection.dialect), params)
+            return None
+        return self._sqlite or self._compile(connection.dialect)
 
     @staticmethod
     def _cursor(
-        session: Session, connection: Connection, compiled: _Compiled, params: Mapping[str, Any]
+        session: Session,
+        connection: Connection,
+        compiled: _Compiled,
+        sql: str,
+        params: Mapping[str, Any],
     ) -> Any:
         if session.new or session.dirty or session.deleted:
             session.flush()
-        values = []
+        values: list[Any] = []
         for name, literal, process in compiled.binds:
             if literal is not _REQUIRED:
                 value = params.get(name, literal)
@@ -98,14 +131,17 @@ class Prepared:
                 value = params[name]
             else:
                 raise InvalidRequestError(f"A value is required for bind parameter {name!r}")
-            values.append(value if process is None or value is None else process(value))
+            if name in compiled.expanding:
+                values.extend(item if process is None else process(item) for item in value)
+            else:
+                values.append(value if process is None or value is None else process(value))
         raw = connection.connection.driver_connection
         assert raw is not None
         try:
-            return raw.execute(compiled.sql, values)
+            return raw.execute(sql, values)
         except sqlite3.DatabaseError as error:
             # The same exception types as session.execute raises (IntegrityError and so on).
-            raise DBAPIError.instance(compiled.sql, values, error, sqlite3.DatabaseError) from error
+            raise DBAPIError.instance(sql, values, error, sqlite3.DatabaseError) from error
 
     def one_or_none(self, session: Session, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The single result row, or ``None``; more than one row is a bug in the caller."""
@@ -125,11 +161,12 @@ class Prepared:
         assert compiled.positional
         names: Sequence[str] = compiled.positiontup or ()
         binds = []
+        expanding: dict[str, Any] = {}
         for name in names:
             bind: BindParameter[Any] = compiled.binds[name]
-            if bind.expanding:
-                raise ValueError(f"{name}: expanding parameters are not supported here")
             literal = _REQUIRED if bind.required else bind.value
+            if bind.expanding:
+                expanding[name] = literal
             binds.append((name, literal, bind.type.dialect_impl(dialect).bind_processor(dialect)))
         columns = getattr(self.statement, "selected_columns", None)
         if columns is None:
@@ -140,7 +177,7 @@ class Prepared:
         results = tuple(
             kind.dialect_impl(dialect).result_processor(dialect, None) for kind in types
         )
-        self._sqlite = _Compiled(compiled.string, tuple(binds), results)
+        self._sqlite = _Compiled(compiled.string, tuple(binds), results, expanding, {})
         return self._sqlite
 
 

@@ -149,7 +149,7 @@ def lease_next_task(
     if min_checkpoint_step is not None:
         params["min_step"] = min_checkpoint_step
     candidate = _CANDIDATES[(environments is not None, min_checkpoint_step is not None)]
-    task_id = session.execute(candidate, params).scalar()
+    task_id = candidate.scalar(session, params)
     if task_id is None:
         return None
     lease_id = new_lease_id()
@@ -385,7 +385,7 @@ def _candidate(by_environment: bool, by_step: bool) -> Any:
     return query.order_by(_T.created_at, _T.id).limit(1).with_for_update(skip_locked=True)
 
 
-_CANDIDATES = {(e, m): _candidate(e, m) for e in (False, True) for m in (False, True)}
+_CANDIDATES = {(e, m): Prepared(_candidate(e, m)) for e in (False, True) for m in (False, True)}
 _LEASE = Prepared(
     update(_TASKS)
     .where(_T.id == bindparam("task_id"), _T.state == TaskState.QUEUED)
