@@ -151,13 +151,14 @@ class _WriteJob:
     future: asyncio.Future[Any]
 
 
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.cancelled():
-        return  # the caller went away; the work itself committed (or not) all the same
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in settled:
+        if future.cancelled():
+            continue  # the caller went away; the work itself committed (or not) all the same
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 class GroupCommitWriter:
@@ -212,10 +213,15 @@ class GroupCommitWriter:
                     stopping = True
                     break
                 batch.append(queued)
+            # One wake-up per event loop for the whole batch, not one per call.
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]]
+            by_loop = {}
             for item, (ok, value) in zip(batch, self._commit(batch), strict=True):
+                by_loop.setdefault(item.loop, []).append((item.future, ok, value))
+            for loop, settled in by_loop.items():
                 # A closed event loop (its caller gone) must not take the writer down with it.
                 with contextlib.suppress(RuntimeError):
-                    item.loop.call_soon_threadsafe(_settle, item.future, ok, value)
+                    loop.call_soon_threadsafe(_settle_all, settled)
 
     def _commit(self, batch: list[_WriteJob]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
