@@ -583,13 +583,22 @@ async def bench_swarm(
             at_end = count_stale(db, ids)
 
         started = time.perf_counter()
+        server_cpu, own_cpu = cpu_seconds(COORDINATOR_PID), cpu_seconds(os.getpid())
         await asyncio.gather(watch(), *(node_loop(n) for n in nodes))
         elapsed = time.perf_counter() - started
+        server_cpu = cpu_seconds(COORDINATOR_PID) - server_cpu
+        own_cpu = cpu_seconds(os.getpid()) - own_cpu
         print(
             f"  {len(nodes):,} nodes @ {interval:g} s: {len(latencies) / elapsed:,.0f} heartbeats/s"
             f", p50 {percentile(latencies, 0.5) * 1000:.2f} ms, p99 "
             f"{percentile(latencies, 0.99) * 1000:.2f} ms, errors {errors}, "
             f"most SUSPECT/OFFLINE at once {worst_suspect}, at the end {at_end}"
+        )
+        # Which side is the limit: a core is 100%; the two share two cores.
+        print(
+            f"  CPU: coordinator {100 * server_cpu / elapsed:.0f}% of a core "
+            f"({1e6 * server_cpu / max(1, len(latencies)):.0f} us per heartbeat), "
+            f"load generator {100 * own_cpu / elapsed:.0f}%"
         )
         granted = ", ".join(f"{k:g} s: {v:,}" for k, v in sorted(granted_intervals.items()))
         print(f"  intervals granted (the coordinator's back-off hint): {granted}")

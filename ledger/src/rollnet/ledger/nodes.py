@@ -5,7 +5,7 @@ Functions take a session and run inside the caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -81,6 +81,18 @@ def get_node(session: Session, node_id: str) -> Node | None:
     return session.get(Node, node_id)
 
 
+def get_keys(
+    session: Session, node_ids: Sequence[str]
+) -> dict[str, tuple[bytes, NodeRole, NodeState]]:
+    """Public key, role and state of each registered node among ``node_ids`` (one SELECT)."""
+    if not node_ids:
+        return {}
+    return {
+        node_id: (bytes(public_key), NodeRole(role), NodeState(state))
+        for node_id, public_key, role, state in _KEYS.rows(session, {"ids": list(node_ids)})
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class NodeStanding:
     """What a call on the work path needs to know of its node (no ORM object is built)."""
@@ -126,6 +138,11 @@ _REVIVE_WITH_DEADLINES = Prepared(
     _REVIVE_STATEMENT.values(suspect_at=bindparam("suspect"), offline_at=bindparam("offline"))
 )
 _REVIVE = Prepared(_REVIVE_STATEMENT)
+_KEYS = Prepared(
+    select(_N.id, _N.public_key, _N.role, _N.state).where(
+        _N.id.in_(bindparam("ids", expanding=True))
+    )
+)
 _STATES = Prepared(
     select(_N.id, _N.state, _N.role, _N.state_reason).where(
         _N.id.in_(bindparam("ids", expanding=True))

@@ -63,8 +63,10 @@ class CoordinatorContext:
     metrics: CoordinatorMetrics
     clock: Callable[[], datetime] = utc_now
     signals: Signals = field(default_factory=Signals)
-    #: public key -> (what the verifier needs, monotonic expiry); see server.resolve.
+    #: public key -> (what the verifier needs, monotonic expiry); see keys.KeyDirectory.
     key_cache: dict[bytes, tuple[KnownKey, float]] = field(default_factory=dict)
+    #: Bumped by :meth:`forget_keys`; a look-up begun before a bump does not refill the cache.
+    key_cache_generation: int = 0
     sessions: sessionmaker[Session] = field(init=False)
     _writer: GroupCommitWriter | ThreadPoolExecutor = field(init=False)
 
@@ -78,6 +80,11 @@ class CoordinatorContext:
             self._writer = GroupCommitWriter(self.sessions)
         else:
             self._writer = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rollnet-write")
+
+    def forget_keys(self) -> None:
+        """Drop every cached key (a node was banned or ejected)."""
+        self.key_cache.clear()
+        self.key_cache_generation += 1
 
     @property
     def group_commit(self) -> GroupCommitWriter | None:

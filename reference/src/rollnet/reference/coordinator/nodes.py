@@ -504,7 +504,7 @@ class NodeRegistry:
             return node_to_proto(row, reject_count(session, node_id))
 
         node = await self.ctx.run_in_transaction(work)
-        self.ctx.key_cache.clear()
+        self.ctx.forget_keys()
         self.ctx.signals.fire(self.ctx.signals.work_available)
         return node
 

@@ -8,7 +8,6 @@ import gc
 import logging
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +33,10 @@ from rollnet.reference.coordinator.interceptors import (
     RpcObserver,
     TokenBuckets,
 )
+from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
-from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, NodeRegistry
+from rollnet.reference.coordinator.nodes import NodeRegistry
 from rollnet.reference.coordinator.servicers import (
     BlobServicer,
     CheckpointServicer,
@@ -49,9 +49,9 @@ from rollnet.reference.coordinator.servicers import (
     ValidationServicer,
 )
 from rollnet.reference.coordinator.work import WorkDesk
-from rollnet.sdk.identity import Identity, node_id_from_public_key
+from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy
-from rollnet.sdk.verifier import KnownKey, RequestVerifier, VerifierConfig
+from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
 from rollnet.v1 import (
     blob_service_pb2,
     blob_service_pb2_grpc,
@@ -72,7 +72,6 @@ from rollnet.v1 import (
 )
 
 log = logging.getLogger("rollnet.coordinator")
-KEY_CACHE_SECONDS = 30.0
 
 _SERVICE_DESCRIPTORS = (
     node_service_pb2,
@@ -231,32 +230,11 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         config=config, engine=engine, identity=identity, blobs=blobs, metrics=metrics
     )
 
-    async def resolve(public_key: bytes) -> KnownKey | None:
-        # Every signed call resolves its key; a short-lived cache keeps that off the database.
-        # Bans clear it at once on this replica; handlers re-read the node state from the database
-        # (heartbeat, pull, submit), so another replica refuses a banned node at once as well.
-        cached = ctx.key_cache.get(public_key)
-        if cached is not None and cached[1] > time.monotonic():
-            return cached[0]
-        node_id = node_id_from_public_key(public_key)
-
-        def work(session: Session) -> KnownKey | None:
-            row = node_repo.get_node(session, node_id)
-            if row is None or row.public_key != public_key:
-                return None
-            return KnownKey(
-                node_id=row.id, role=ROLE_FROM_DB[row.role], banned=row.state == "banned"
-            )
-
-        known = await ctx.run_read(work)
-        if known is not None:
-            ctx.key_cache[public_key] = (known, time.monotonic() + KEY_CACHE_SECONDS)
-        return known
-
+    keys = KeyDirectory(ctx)
     verifier = RequestVerifier(
         VerifierConfig(
             audience=config.network_id,
-            key_resolver=resolve,
+            key_resolver=keys.resolve,
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
         )

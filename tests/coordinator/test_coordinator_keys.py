@@ -1,0 +1,72 @@
+"""Key look-ups for the request verifier: batched, cached, bounded, and cleared by a ban."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coordinator_testing import connect, register
+
+from rollnet.reference.coordinator.keys import KeyDirectory
+from rollnet.reference.coordinator.server import Coordinator
+from rollnet.sdk import Identity
+from rollnet.v1 import common_pb2
+
+
+async def _registered(coordinator: Coordinator, count: int) -> list[Identity]:
+    identities = [Identity.generate() for _ in range(count)]
+    for identity in identities:
+        client = connect(coordinator.address, identity)
+        try:
+            await register(client, identity, common_pb2.ROLE_WORKER)
+        finally:
+            await client.close()
+    return identities
+
+
+async def test_concurrent_misses_are_read_together(coordinator: Coordinator) -> None:
+    identities = await _registered(coordinator, 40)
+    strangers = [Identity.generate() for _ in range(5)]
+    coordinator.ctx.forget_keys()
+    keys = KeyDirectory(coordinator.ctx)
+    wanted = [i.public_key for i in identities + strangers]
+    # Each key asked for twice at once: one answer serves both.
+    answers = await asyncio.gather(*(keys.resolve(key) for key in wanted + wanted))
+    for identity, known in zip(identities + identities, answers[:40] + answers[45:85], strict=True):
+        assert known is not None
+        assert known.node_id == identity.node_id
+        assert known.role == common_pb2.ROLE_WORKER
+        assert not known.banned
+    assert answers[40:45] == [None] * 5
+    assert answers[85:] == [None] * 5
+    assert keys.keys_read == 45, "each missing key is read once"
+    assert keys.reads <= 2, "the misses of one burst share a read"
+    # Known keys are now cached; unknown ones are asked again (they may register meanwhile).
+    await asyncio.gather(*(keys.resolve(key) for key in wanted))
+    assert keys.keys_read == 50
+
+
+async def test_the_cache_is_bounded_and_a_ban_clears_it(coordinator: Coordinator) -> None:
+    identities = await _registered(coordinator, 6)
+    coordinator.ctx.forget_keys()
+    keys = KeyDirectory(coordinator.ctx, max_entries=4)
+    for identity in identities:
+        await keys.resolve(identity.public_key)
+    cache = coordinator.ctx.key_cache
+    assert list(cache) == [i.public_key for i in identities[2:]], "the oldest go first"
+    await coordinator.ctx.run_in_transaction(lambda session: None)
+    coordinator.ctx.forget_keys()
+    assert not cache
+
+
+async def test_a_read_in_flight_during_a_ban_does_not_refill_the_cache(
+    coordinator: Coordinator,
+) -> None:
+    (identity,) = await _registered(coordinator, 1)
+    coordinator.ctx.forget_keys()
+    keys = KeyDirectory(coordinator.ctx)
+    pending = asyncio.ensure_future(keys.resolve(identity.public_key))
+    while keys._waiting or keys._reading is None:  # until the read has begun
+        await asyncio.sleep(0)
+    coordinator.ctx.forget_keys()  # what a ban does
+    assert await pending is not None
+    assert identity.public_key not in coordinator.ctx.key_cache
