@@ -727,7 +727,8 @@ def main() -> int:
         try:
             args.trainer = trainer
             print(
-                f"coordinator 127.0.0.1:{port} (SQLite, pid {coordinator_process.pid}), "
+                f"coordinator 127.0.0.1:{port} "
+                f"({'PostgreSQL' if args.db else 'SQLite'}, pid {coordinator_process.pid}), "
                 f"echo 127.0.0.1:{echo_port}; load generator pid {os.getpid()}; "
                 f"{os.cpu_count()} cores"
             )
