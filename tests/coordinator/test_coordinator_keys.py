@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
+import pytest
 from coordinator_testing import connect, register
+from sqlalchemy.orm import Session
 
 from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity
 from rollnet.v1 import common_pb2
+
+T = TypeVar("T")
 
 
 async def _registered(coordinator: Coordinator, count: int) -> list[Identity]:
@@ -59,14 +65,23 @@ async def test_the_cache_is_bounded_and_a_ban_clears_it(coordinator: Coordinator
 
 
 async def test_a_read_in_flight_during_a_ban_does_not_refill_the_cache(
-    coordinator: Coordinator,
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (identity,) = await _registered(coordinator, 1)
     coordinator.ctx.forget_keys()
     keys = KeyDirectory(coordinator.ctx)
+    started, release = asyncio.Event(), asyncio.Event()
+    real_read = coordinator.ctx.run_read
+
+    async def held_read(work: Callable[[Session], T]) -> T:
+        started.set()
+        await release.wait()
+        return await real_read(work)
+
+    monkeypatch.setattr(coordinator.ctx, "run_read", held_read)
     pending = asyncio.ensure_future(keys.resolve(identity.public_key))
-    while keys._waiting or keys._reading is None:  # until the read has begun
-        await asyncio.sleep(0)
+    await started.wait()  # the read has begun
     coordinator.ctx.forget_keys()  # what a ban does
+    release.set()
     assert await pending is not None
     assert identity.public_key not in coordinator.ctx.key_cache
