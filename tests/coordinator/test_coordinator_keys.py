@@ -10,6 +10,7 @@ import pytest
 from coordinator_testing import connect, register
 from sqlalchemy.orm import Session
 
+from rollnet.reference.coordinator import keys as keys_module
 from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity
@@ -85,3 +86,21 @@ async def test_a_read_in_flight_during_a_ban_does_not_refill_the_cache(
     release.set()
     assert await pending is not None
     assert identity.public_key not in coordinator.ctx.key_cache
+
+
+async def test_a_flood_of_unknown_keys_is_read_in_bounded_batches(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (identity,) = await _registered(coordinator, 1)
+    coordinator.ctx.forget_keys()
+    monkeypatch.setattr(keys_module, "KEYS_PER_READ", 50)
+    keys = KeyDirectory(coordinator.ctx)
+    strangers = [Identity.generate().public_key for _ in range(120)]
+    answers = await asyncio.gather(
+        *(keys.resolve(key) for key in [*strangers, identity.public_key])
+    )
+    assert answers[:120] == [None] * 120
+    assert answers[120] is not None
+    assert keys.keys_read == 121
+    assert keys.largest_read == 50
+    assert keys.reads == 3

@@ -12,6 +12,7 @@ thousands. The cache is bounded; the oldest entries go first.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 from sqlalchemy.orm import Session
@@ -25,6 +26,7 @@ from rollnet.sdk.verifier import KnownKey
 
 KEY_CACHE_SECONDS = 30.0
 KEY_CACHE_ENTRIES = 200_000
+KEYS_PER_READ = 1_000
 
 
 class KeyDirectory:
@@ -45,6 +47,7 @@ class KeyDirectory:
         #: Database reads made so far, and the keys they carried (for tests and the bench).
         self.reads = 0
         self.keys_read = 0
+        self.largest_read = 0
 
     async def resolve(self, public_key: bytes) -> KnownKey | None:
         """What is known of ``public_key``; ``None`` when it is not registered."""
@@ -63,7 +66,10 @@ class KeyDirectory:
     async def _read_all(self) -> None:
         try:
             while self._waiting:
-                batch, self._waiting = self._waiting, {}
+                # At most KEYS_PER_READ per SELECT (a flood of unknown keys must not build a
+                # statement past SQLite's variable limit); the rest wait for the next read.
+                keys = list(itertools.islice(self._waiting, KEYS_PER_READ))
+                batch = {key: self._waiting.pop(key) for key in keys}
                 try:
                     found = await self._read(list(batch))
                 except Exception as error:  # every caller of this batch hears it
@@ -87,6 +93,7 @@ class KeyDirectory:
         rows = await self.ctx.run_read(work)
         self.reads += 1
         self.keys_read += len(keys)
+        self.largest_read = max(self.largest_read, len(keys))
         found: dict[bytes, KnownKey] = {}
         expiry = time.monotonic() + self.ttl
         cache = self.ctx.key_cache
