@@ -104,3 +104,27 @@ async def test_a_flood_of_unknown_keys_is_read_in_bounded_batches(
     assert keys.keys_read == 121
     assert keys.largest_read == 50
     assert keys.reads == 3
+
+
+async def test_callers_are_not_stranded_when_the_reader_is_cancelled(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = KeyDirectory(coordinator.ctx)
+    started = asyncio.Event()
+
+    async def stuck_read(work: Callable[[Session], T]) -> T:
+        started.set()
+        await asyncio.Event().wait()  # never answers
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(coordinator.ctx, "run_read", stuck_read)
+    first = asyncio.ensure_future(keys.resolve(Identity.generate().public_key))
+    await started.wait()
+    second = asyncio.ensure_future(keys.resolve(Identity.generate().public_key))
+    await asyncio.sleep(0)
+    assert keys._reading is not None
+    keys._reading.cancel()
+    for caller in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    assert keys._reading is None

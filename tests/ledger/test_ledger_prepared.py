@@ -6,11 +6,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import String, bindparam, cast, func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from rollnet.ledger import idempotency
+from rollnet.ledger import idempotency, nodes
 from rollnet.ledger.enums import TaskState
 from rollnet.ledger.models import IdempotencyRecord, Node, Task, table_of
 from rollnet.ledger.prepared import Prepared, prepared_insert
@@ -178,3 +178,45 @@ def test_in_lists_of_any_length_and_an_empty_one(sessions: sessionmaker[Session]
             core = [row[0] for row in session.execute(prepared.statement, {"ids": wanted})]
             assert [row[0] for row in prepared.rows(session, {"ids": wanted})] == core
             assert core == sorted(set(wanted) & set(ids))
+
+
+def _all_prepared() -> list[Prepared]:
+    from rollnet.ledger import artifacts, nodes, tasks, validation
+
+    found = []
+    for module in (artifacts, idempotency, nodes, tasks, validation):
+        for value in vars(module).values():
+            found.extend([value] if isinstance(value, Prepared) else [])
+            if isinstance(value, dict):
+                found.extend(item for item in value.values() if isinstance(item, Prepared))
+    return found
+
+
+def test_every_prepared_statement_converts_as_sqlalchemy_does() -> None:
+    from sqlalchemy.dialects import sqlite
+
+    dialect = sqlite.dialect()
+    statements = _all_prepared()
+    assert len(statements) >= 15
+    for prepared in statements:
+        ours = prepared._compile(dialect)
+        compiled = prepared.statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+        theirs = compiled._bind_processors
+        for name, _, process in ours.binds:
+            assert (process is None) == (theirs.get(name) is None), (prepared.statement, name)
+
+
+def test_heartbeats_store_times_as_sqlalchemy_does(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    # A parameter bound twice, once untyped inside a CASE, still gets the column's conversion.
+    first, second = add_nodes(2)
+    now = T0 + timedelta(seconds=5, microseconds=1)
+    with sessions.begin() as session:
+        nodes.record_heartbeats(session, [first], now=now)
+        session.execute(update(table_of(Node)).where(_N.id == second).values(last_heartbeat_at=now))
+    with sessions.begin() as session:
+        stored = dict(session.execute(select(_N.id, cast(_N.last_heartbeat_at, String))).all())
+    assert stored[first] == stored[second]
+    if sessions.kw["bind"].dialect.name == "sqlite":
+        assert stored[first] == "2026-01-01 00:00:05.000001"

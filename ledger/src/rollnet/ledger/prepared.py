@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.types import NullType
 
 _REQUIRED = object()
 _MAX_RENDERED = 256
@@ -79,9 +80,11 @@ class Prepared:
         sql = None if compiled is None else compiled.render(params)
         if compiled is None or sql is None:
             return [tuple(row) for row in session.execute(self.statement, dict(params))]
-        fetched: list[tuple[Any, ...]] = self._cursor(
-            session, connection, compiled, sql, params
-        ).fetchall()
+        cursor = self._cursor(session, connection, compiled, sql, params)
+        try:
+            fetched: list[tuple[Any, ...]] = cursor.fetchall()
+        except sqlite3.DatabaseError as error:
+            raise DBAPIError.instance(sql, None, error, sqlite3.DatabaseError) from error
         processors = compiled.results
         if not fetched or not any(processors):
             return fetched
@@ -160,6 +163,10 @@ class Prepared:
         assert isinstance(compiled, SQLCompiler)
         assert compiled.positional
         names: Sequence[str] = compiled.positiontup or ()
+        # The converters SQLAlchemy itself applies, by parameter name. A name bound in several
+        # places has one converter, from the place that gives it a type: the bind object kept in
+        # compiled.binds may be an untyped occurrence (say, inside a CASE).
+        chosen: Mapping[str, Any] | None = getattr(compiled, "_bind_processors", None)
         binds = []
         expanding: dict[str, Any] = {}
         for name in names:
@@ -167,7 +174,13 @@ class Prepared:
             literal = _REQUIRED if bind.required else bind.value
             if bind.expanding:
                 expanding[name] = literal
-            binds.append((name, literal, bind.type.dialect_impl(dialect).bind_processor(dialect)))
+            if chosen is not None:
+                process = chosen.get(name)
+            elif names.count(name) > 1 and isinstance(bind.type, NullType):
+                raise ValueError(f"{name}: bound more than once; give it a type")
+            else:
+                process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            binds.append((name, literal, process))
         columns = getattr(self.statement, "selected_columns", None)
         if columns is None:
             described = getattr(self.statement, "returning_column_descriptions", None) or []

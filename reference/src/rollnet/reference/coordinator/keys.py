@@ -64,6 +64,7 @@ class KeyDirectory:
         return await asyncio.shield(future)
 
     async def _read_all(self) -> None:
+        batch: dict[bytes, asyncio.Future[KnownKey | None]] = {}
         try:
             while self._waiting:
                 # At most KEYS_PER_READ per SELECT (a flood of unknown keys must not build a
@@ -82,6 +83,10 @@ class KeyDirectory:
                         future.set_result(found.get(key))
         finally:
             self._reading = None
+            # Cancelled (the server is stopping): nobody may be left waiting for an answer.
+            for future in [*batch.values(), *self._waiting.values()]:
+                future.cancel()
+            self._waiting.clear()
 
     async def _read(self, keys: list[bytes]) -> dict[bytes, KnownKey]:
         by_id = {node_id_from_public_key(key): key for key in keys}
