@@ -300,7 +300,7 @@ async def keep_alive(channel: grpc.aio.Channel, nodes: list[Node], interval: flo
     while True:
         started = time.perf_counter()
         await asyncio.gather(*(beat(node) for node in nodes))
-        await asyncio.sleep(max(0.0, interval / 2 - (time.perf_counter() - started)))
+        await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
 
 
 async def bench_lease_cycles(
