@@ -107,7 +107,47 @@ class TaskTerms:
 
 def get_terms(session: Session, task_id: str) -> TaskTerms | None:
     """The terms of the task with ``task_id``, if any (no ORM object is built)."""
-    row = _TERMS.one_or_none(session, {"task_id": task_id})
+    return _terms_of(_TERMS.one_or_none(session, {"task_id": task_id}))
+
+
+def submit_and_get_terms(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> TaskTerms | None:
+    """:func:`submit_task` that returns the task's terms, in one statement; ``None`` when the
+    lease does not allow it (nothing changed then: :func:`why_not_submitted` says why)."""
+    row = _SUBMIT_RETURNING.one_or_none(
+        session,
+        {
+            "task_id": task_id,
+            "lease": lease_id,
+            "token": fencing_token,
+            "holder": node_id,
+            "now": now,
+        },
+    )
+    return _terms_of(row)
+
+
+def why_not_submitted(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> LeaseOutcome:
+    """Why a submission under this lease is refused (read after the UPDATE matched nothing)."""
+    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+
+
+def _terms_of(row: tuple[Any, ...] | None) -> TaskTerms | None:
     if row is None:
         return None
     found_id, environment, checkpoint_step, prompt_ids, seed, sampling, state = row
@@ -201,17 +241,15 @@ def submit_task(
 
     One conditional UPDATE decides; on refusal the task is read to say why.
     """
-    changed = _SUBMIT.rowcount(
+    terms = submit_and_get_terms(
         session,
-        {
-            "task_id": task_id,
-            "lease": lease_id,
-            "token": fencing_token,
-            "holder": node_id,
-            "now": now,
-        },
+        task_id=task_id,
+        lease_id=lease_id,
+        fencing_token=fencing_token,
+        node_id=node_id,
+        now=now,
     )
-    if changed == 1:
+    if terms is not None:
         return LeaseOutcome.OK
     return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
 
@@ -408,7 +446,7 @@ _LEASE = Prepared(
         _T.fencing_token,
     )
 )
-_SUBMIT = Prepared(
+_SUBMIT_STATEMENT = (
     update(_TASKS)
     .where(
         _T.id == bindparam("task_id"),
@@ -420,11 +458,17 @@ _SUBMIT = Prepared(
     )
     .values(state=TaskState.SUBMITTED, updated_at=bindparam("now"))
 )
-_TERMS = Prepared(
-    select(
-        _T.id, _T.environment, _T.checkpoint_step, _T.prompt_ids, _T.seed, _T.sampling, _T.state
-    ).where(_T.id == bindparam("task_id"))
+_TERMS_COLUMNS = (
+    _T.id,
+    _T.environment,
+    _T.checkpoint_step,
+    _T.prompt_ids,
+    _T.seed,
+    _T.sampling,
+    _T.state,
 )
+_SUBMIT_RETURNING = Prepared(_SUBMIT_STATEMENT.returning(*_TERMS_COLUMNS))
+_TERMS = Prepared(select(*_TERMS_COLUMNS).where(_T.id == bindparam("task_id")))
 
 
 def find_by_lease(session: Session, lease_id: str) -> Task | None:

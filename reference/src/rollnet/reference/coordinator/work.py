@@ -216,7 +216,11 @@ class WorkDesk:
         )
         blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
 
-        def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+        def refused_or_repeated(
+            session: Session,
+        ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+            # Nothing changed. The same work submitted again (a retry whose first answer was
+            # lost) is answered with the original commitment and receipt; else say why not.
             task = tasks.get_terms(session, request.task_id)
             if task is None:
                 raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
@@ -227,11 +231,36 @@ class WorkDesk:
                 and existing.lease_id == request.lease_id
                 and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
             ):
-                # The same work submitted again (a retry whose first answer was lost): answer
-                # with the original commitment and receipt, write nothing.
                 return self._response(session, existing, request.binding_digest), False
             if batch_size != request.rollout_batch.size:
                 raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            self._check_batch(batch, request, caller, task)
+            outcome = tasks.why_not_submitted(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+            )
+            raise lease_outcome_refusal(outcome, f"task {request.task_id}")
+
+        def work(session: Session) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+            # The common case in one statement: the lease allows it, the task becomes SUBMITTED
+            # and its terms come back. Any refusal below rolls that back with the rest.
+            task = tasks.submit_and_get_terms(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+            )
+            if task is None:
+                return refused_or_repeated(session)
+            if batch_size != request.rollout_batch.size:
+                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            self._check_batch(batch, request, caller, task)
             artifacts.record_blob(
                 session,
                 blake3_hex=request.rollout_batch.blake3.hex(),
@@ -240,17 +269,6 @@ class WorkDesk:
                 uploader_id=caller.node_id,
                 now=now,
             )
-            self._check_batch(batch, request, caller, task)
-            outcome = tasks.submit_task(
-                session,
-                task_id=request.task_id,
-                lease_id=request.lease_id,
-                fencing_token=request.fencing_token,
-                node_id=caller.node_id,
-                now=now,
-            )
-            if outcome is not LeaseOutcome.OK:
-                raise lease_outcome_refusal(outcome, f"task {request.task_id}")
             prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
             decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
             record = commitment_pb2.Commitment(
