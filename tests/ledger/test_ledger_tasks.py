@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import LeaseOutcome, NewTask, TaskState, lease_next_task, submit_task
 from rollnet.ledger.tasks import (
+    _CANDIDATES,
     count_tasks_by_state,
     enqueue_tasks,
     extend_lease,
@@ -324,3 +326,19 @@ def test_skip_locked_lets_a_second_replica_lease_past_an_open_transaction(
             other = lease_next_task(replica_b, node_id=second_worker, now=T0, lease_duration=LEASE)
             assert other is not None
             assert other.task_id != held.task_id
+
+
+def test_a_large_demand_leaves_postgres_leasing_by_index(
+    migrated_engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """Stale statistics after a bulk enqueue made PostgreSQL sort every queued task per lease."""
+    if migrated_engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's planner statistics; SQLite plans this query by index anyway")
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(3000), now=T0)
+    candidate = _CANDIDATES[(True, True)].statement.params(environments=["arithmetic"], min_step=0)
+    sql = candidate.compile(migrated_engine, compile_kwargs={"literal_binds": True})
+    with sessions.begin() as session:
+        plan = "\n".join(row[0] for row in session.execute(text(f"EXPLAIN {sql}")))
+    assert "Index Scan using ix_tasks_state_created_at_id" in plan, plan
+    assert "Sort" not in plan, plan

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, select, update
+from sqlalchemy import bindparam, case, func, select, text, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.engine import is_postgresql
@@ -62,8 +62,19 @@ class RequeueResult:
     failed: list[str]
 
 
+#: On PostgreSQL, queueing at least this many tasks at once refreshes the table's statistics.
+ANALYZE_AFTER = 500
+
+
 def enqueue_tasks(session: Session, tasks: Sequence[NewTask], *, now: datetime) -> None:
-    """Queue ``tasks`` (one multi-row insert)."""
+    """Queue ``tasks`` (one multi-row insert).
+
+    On PostgreSQL a large demand also refreshes the planner's statistics of ``tasks`` (ANALYZE
+    counts the transaction's own new rows). Until autovacuum gets to it, stale statistics make
+    the planner expect a handful of queued tasks, so it sorts every queued row for each lease
+    instead of reading the first one off the (state, created_at, id) index: 18 ms instead of
+    0.4 ms per lease with 11,000 queued, measured.
+    """
     if not tasks:
         return
     session.execute(
@@ -85,6 +96,8 @@ def enqueue_tasks(session: Session, tasks: Sequence[NewTask], *, now: datetime) 
             for task in tasks
         ],
     )
+    if len(tasks) >= ANALYZE_AFTER and is_postgresql(session):
+        session.execute(text("ANALYZE tasks"))
 
 
 def get_task(session: Session, task_id: str) -> Task | None:
