@@ -14,6 +14,7 @@ from rollnet.reference.coordinator.config import (
     OPTIONS,
     ConfigError,
     load_config,
+    write_threads,
 )
 
 TOML = """
@@ -126,3 +127,16 @@ def test_environment_and_sampling_settings_come_from_toml(tmp_path: Path) -> Non
     config_file.write_text("environments = 3\n")
     with pytest.raises(ConfigError, match="environments must be a list"):
         load_config(tmp_path / "data", config_file=config_file)
+
+
+def test_postgres_write_threads_default_to_cores_plus_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert write_threads(load_config(tmp_path)) == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert write_threads(load_config(tmp_path)) == 8
+    chosen = load_config(tmp_path, environ={f"{ENV_PREFIX}DATABASE_WRITE_THREADS": "5"})
+    assert write_threads(chosen) == 5
+    with pytest.raises(ConfigError, match="database_write_threads"):
+        load_config(tmp_path, flags=_flags(database_write_threads="-1"))

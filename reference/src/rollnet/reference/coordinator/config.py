@@ -67,6 +67,10 @@ class CoordinatorConfig:
     #: calls (CANCELLED), refusing all at twice this. gRPC's own default (1,000) refuses
     #: heartbeats of a 10,000-node swarm in ordinary bursts.
     max_pending_calls: int = 20_000
+    #: PostgreSQL only (SQLite has one writer thread): threads running write transactions;
+    #: 0 picks CPU cores + 1, at most 8. More threads than that contend for the GIL: on 2 cores,
+    #: 8 threads leased 100 cycles/s where 3 leased 155.
+    database_write_threads: int = 0
     max_blob_bytes: int = 512 * 1024 * 1024
     rate_limit_per_key: float = 200.0
     rate_burst_per_key: int = 400
@@ -185,6 +189,11 @@ OPTIONS: tuple[Option, ...] = (
         "max_pending_calls",
         _positive_int,
         "calls gRPC may queue before the server takes them (refused beyond 2x)",
+    ),
+    Option(
+        "database_write_threads",
+        _non_negative_int,
+        "PostgreSQL write threads (0: CPU cores + 1, at most 8)",
     ),
     Option("max_blob_bytes", _positive_int, "largest blob upload, bytes"),
     Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
@@ -329,3 +338,10 @@ def with_overrides(config: CoordinatorConfig, **changes: Any) -> CoordinatorConf
 def environment() -> Mapping[str, str]:
     """The process environment, for the CLI to pass explicitly to :func:`load_config`."""
     return os.environ
+
+
+def write_threads(config: CoordinatorConfig) -> int:
+    """How many threads run PostgreSQL write transactions (see ``database_write_threads``)."""
+    if config.database_write_threads:
+        return config.database_write_threads
+    return min(8, (os.cpu_count() or 1) + 1)

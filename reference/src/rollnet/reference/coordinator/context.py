@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from rollnet.ledger import idempotency
 from rollnet.ledger.engine import read_only_session, session_factory
 from rollnet.reference.coordinator.blobstore import BlobStore
-from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.verifier import KnownKey
@@ -75,11 +75,14 @@ class CoordinatorContext:
         # SQLite has one writer: feeding it from one thread avoids its lock convoy (waiters in
         # SQLite's busy handler sleep in steps of up to 100 ms while the database sits idle), and
         # that thread commits whatever queued meanwhile together (one fsync for many calls).
-        # PostgreSQL takes row locks, so writes run in parallel there.
+        # PostgreSQL takes row locks, so writes run in parallel there (a few threads: see
+        # CoordinatorConfig.database_write_threads).
         if self.engine.dialect.name == "sqlite":
             self._writer = GroupCommitWriter(self.sessions)
         else:
-            self._writer = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rollnet-write")
+            self._writer = ThreadPoolExecutor(
+                max_workers=write_threads(self.config), thread_name_prefix="rollnet-write"
+            )
 
     def forget_keys(self) -> None:
         """Drop every cached key (a node was banned or ejected)."""
