@@ -6,7 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import String, bindparam, cast, func, select, update
+from sqlalchemy import String, bindparam, cast, create_engine, func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -192,10 +192,9 @@ def _all_prepared() -> list[Prepared]:
     return found
 
 
-def test_every_prepared_statement_converts_as_sqlalchemy_does() -> None:
-    from sqlalchemy.dialects import sqlite
-
-    dialect = sqlite.dialect()
+@pytest.mark.parametrize("url", ["sqlite://", "postgresql+psycopg://"])
+def test_every_prepared_statement_converts_as_sqlalchemy_does(url: str) -> None:
+    dialect = create_engine(url).dialect  # no connection is made
     statements = _all_prepared()
     assert len(statements) >= 15
     for prepared in statements:
