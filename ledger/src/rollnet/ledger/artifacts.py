@@ -159,25 +159,8 @@ def latest_checkpoint_step(session: Session) -> int | None:
 _BLOBS = table_of(Blob)
 _COMMITMENTS = table_of(Commitment)
 _BLOB_SIZE = Prepared(select(_BLOBS.c.size).where(_BLOBS.c.hash == bindparam("hash")))
-_INSERT_BLOB = prepared_insert(_BLOBS, ["hash", "size", "location", "uploader_id", "created_at"])
-_INSERT_COMMITMENT = prepared_insert(
-    _COMMITMENTS,
-    [
-        "id",
-        "task_id",
-        "node_id",
-        "lease_id",
-        "fencing_token",
-        "rollout_blob_hash",
-        "proof_blob_hash",
-        "sampling_seed",
-        "claimed_work",
-        "request_id",
-        "signature",
-        "received_at",
-        "record",
-    ],
-)
+_INSERT_BLOB = prepared_insert(_BLOBS)
+_INSERT_COMMITMENT = prepared_insert(_COMMITMENTS)
 _COMMITMENT_OF_LEASE = Prepared(
     select(_COMMITMENTS.c.id).where(
         _COMMITMENTS.c.task_id == bindparam("task_id"),

@@ -121,4 +121,4 @@ _LOOKUP = Prepared(
         _RECORDS.c.request_id == bindparam("request_id"),
     )
 )
-_STORE = prepared_insert(_RECORDS, ["caller_id", "method", "request_id", "response", "created_at"])
+_STORE = prepared_insert(_RECORDS)

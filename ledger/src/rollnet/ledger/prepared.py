@@ -224,9 +224,11 @@ class Prepared:
         )
 
 
-def prepared_insert(table: Table, columns: Sequence[str]) -> Prepared:
-    """An INSERT of exactly ``columns`` (bound by their names) into ``table``.
+def prepared_insert(table: Table, columns: Sequence[str] | None = None) -> Prepared:
+    """An INSERT of ``columns`` (default: every column of ``table``), bound by their names.
 
     Python-side column defaults are not applied on the raw path: name every column that has one.
+    A column named here but missing from a call's parameters is an error, not a NULL.
     """
-    return Prepared(insert(table).values({name: bindparam(name) for name in columns}))
+    names = [column.name for column in table.columns] if columns is None else columns
+    return Prepared(insert(table).values({name: bindparam(name) for name in names}))

@@ -216,6 +216,11 @@ class WorkDesk:
         )
         blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
 
+        def check_batch(task: TaskTerms) -> None:
+            if batch_size != request.rollout_batch.size:
+                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            self._check_batch(batch, request, caller, task)
+
         def refused_or_repeated(
             session: Session,
         ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
@@ -232,9 +237,7 @@ class WorkDesk:
                 and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
             ):
                 return self._response(session, existing, request.binding_digest), False
-            if batch_size != request.rollout_batch.size:
-                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
-            self._check_batch(batch, request, caller, task)
+            check_batch(task)
             outcome = tasks.why_not_submitted(
                 session,
                 task_id=request.task_id,
@@ -258,9 +261,7 @@ class WorkDesk:
             )
             if task is None:
                 return refused_or_repeated(session)
-            if batch_size != request.rollout_batch.size:
-                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
-            self._check_batch(batch, request, caller, task)
+            check_batch(task)
             artifacts.record_blob(
                 session,
                 blake3_hex=request.rollout_batch.blake3.hex(),
