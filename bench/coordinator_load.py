@@ -151,8 +151,11 @@ def percentile(values: list[float], q: float) -> float:
 class Run:
     """One measured phase: calls completed, their latencies, and the server's CPU time."""
 
-    def __init__(self, count: int, latencies: list[float], cpu: float) -> None:
+    def __init__(
+        self, count: int, latencies: list[float], cpu: float, client_cpu: float, seconds: float
+    ) -> None:
         self.count, self.latencies, self.cpu = count, latencies, cpu
+        self.client_cpu, self.seconds = client_cpu, seconds
 
     def cpu_per_call(self) -> float:
         return self.cpu / max(1, self.count)
@@ -182,7 +185,9 @@ async def measure(
     With ROLLNET_BENCH_THREADS=1 the server's CPU time per call is also printed by thread.
     """
     before, threads = cpu_seconds(pid), thread_cpu(pid)
+    own_before, started = cpu_seconds(os.getpid()), time.perf_counter()
     count, latencies = await drive(seconds, concurrency, call)
+    own, elapsed = cpu_seconds(os.getpid()) - own_before, time.perf_counter() - started
     if os.environ.get("ROLLNET_BENCH_THREADS"):
         used = thread_cpu(pid)
         used.subtract(threads)
@@ -193,7 +198,7 @@ async def measure(
                 for k, v in used.most_common(6)
             )
         )
-    return Run(count, latencies, cpu_seconds(pid) - before)
+    return Run(count, latencies, cpu_seconds(pid) - before, own, elapsed)
 
 
 async def drive(
@@ -221,6 +226,8 @@ def report(name: str, run: Run, seconds: float) -> Run:
         f"  {name:<34} {rate:>9,.0f}/s   p50 {percentile(run.latencies, 0.5) * 1000:7.2f} ms"
         f"   p99 {percentile(run.latencies, 0.99) * 1000:7.2f} ms"
         f"   server CPU {run.cpu_per_call() * 1e6:6.0f} us/call"
+        f" ({100 * run.cpu / run.seconds:3.0f}% of a core; load generator"
+        f" {100 * run.client_cpu / run.seconds:3.0f}%)"
     )
     return run
 
@@ -681,13 +688,22 @@ def main() -> int:
     parser.add_argument(
         "--db", default=None, help="coordinator database URL (default: SQLite in a temp dir)"
     )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / ".data" / "bench",
+        help="where the coordinator's temporary data dir goes (default: .data/bench in the "
+        "repository, on the same disk an operator's data dir would be; /tmp is a tmpfs on many "
+        "systems, where fsync costs nothing, and on others a slow place to create files)",
+    )
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo:
         asyncio.run(serve_echo())
         return 0
     env = dict(os.environ)
-    with tempfile.TemporaryDirectory() as tmp:
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         trainer = Node(Identity.generate())
         config = Path(tmp, "coordinator.toml")
         config.write_text(
@@ -730,7 +746,7 @@ def main() -> int:
                 f"coordinator 127.0.0.1:{port} "
                 f"({'PostgreSQL' if args.db else 'SQLite'}, pid {coordinator_process.pid}), "
                 f"echo 127.0.0.1:{echo_port}; load generator pid {os.getpid()}; "
-                f"{os.cpu_count()} cores"
+                f"{os.cpu_count()} cores; data dir under {args.work_dir}"
             )
             asyncio.run(
                 main_async(

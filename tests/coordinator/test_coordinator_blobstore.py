@@ -10,7 +10,11 @@ from pathlib import Path
 import blake3
 import pytest
 
-from rollnet.reference.coordinator.blobstore import BlobDigestMismatch, BlobStore
+from rollnet.reference.coordinator.blobstore import (
+    BlobDigestMismatch,
+    BlobSizeMismatch,
+    BlobStore,
+)
 
 
 async def _chunks(data: bytes, size: int = 7) -> AsyncIterator[bytes]:
@@ -53,14 +57,26 @@ async def test_the_cache_keeps_to_its_budget_and_large_blobs_stay_on_disk(tmp_pa
     assert store.read_range(large, 290, 0) == (300, b"L" * 10)
 
 
-async def test_a_refused_upload_leaves_nothing_behind(tmp_path: Path) -> None:
-    store = BlobStore(tmp_path, max_bytes=1 << 20)
+@pytest.mark.parametrize("cache_blob_bytes", [1 << 20, 4], ids=["gathered", "streamed"])
+async def test_a_refused_upload_leaves_nothing_behind(
+    tmp_path: Path, cache_blob_bytes: int
+) -> None:
+    store = BlobStore(tmp_path, max_bytes=1 << 20, cache_blob_bytes=cache_blob_bytes)
     data = b"honest bytes"
+    digest = blake3.blake3(data).digest()
     with pytest.raises(BlobDigestMismatch):
         await store.write(blake3.blake3(b"other").digest(), len(data), _chunks(data))
+    with pytest.raises(BlobSizeMismatch, match="more than the declared"):
+        await store.write(digest, len(data) - 1, _chunks(data))
+    with pytest.raises(BlobSizeMismatch, match="received 12 bytes, declared 13"):
+        await store.write(digest, len(data) + 1, _chunks(data))
     assert not store.exists(blake3.blake3(b"other").digest())
+    assert not store.exists(digest)
     assert not store._cache
     assert _files(tmp_path) == []
+    assert not (await store.write(digest, len(data), _chunks(data))).already_present
+    assert store.path_of(digest).read_bytes() == data
+    assert [p.name for p in _files(tmp_path)] == [digest.hex()]
 
 
 async def test_duplicates_are_free_and_a_removed_directory_is_made_again(tmp_path: Path) -> None:

@@ -105,12 +105,15 @@ class BlobStore:
         if size > self.max_bytes:
             raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
         final = self._path(digest)
-        temporary = f"{final}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
         hasher = blake3.blake3()
         received = 0
-        keep = size <= self._cache_blob_limit
+        # Small blobs (rollout batches) are gathered in memory and written by one call on a
+        # worker thread: creating, writing, fsyncing and renaming a file each wait on the file
+        # system (whose journal the database's fsyncs share), never on the event loop. Large
+        # ones stream into their temporary file as they arrive.
+        gather = size <= self._cache_blob_limit
         kept: list[bytes] = []
-        fd = self._create(temporary)
+        fd, temporary = (-1, "") if gather else self._create(final)
         renamed = False
         try:
             async for chunk in chunks:
@@ -118,9 +121,10 @@ class BlobStore:
                 if received > size:
                     raise BlobSizeMismatch(f"received more than the declared {size} bytes")
                 hasher.update(chunk)
-                _write_all(fd, chunk)
-                if keep:
+                if gather:
                     kept.append(chunk)
+                else:
+                    _write_all(fd, chunk)
             if received != size:
                 raise BlobSizeMismatch(f"received {received} bytes, declared {size}")
             if hasher.digest() != digest:
@@ -129,18 +133,35 @@ class BlobStore:
                 )
             if self.exists(digest):
                 return StoredBlob(digest, size, already_present=True)
-            # The fsync waits on the disk for milliseconds: not on the event loop.
-            await asyncio.to_thread(os.fsync, fd)
-            os.replace(temporary, final)
+            if gather:
+                data = b"".join(kept)
+                await asyncio.to_thread(self._store, final, data)
+                self._remember(digest, data)
+            else:
+                # The fsync waits on the disk for milliseconds: not on the event loop.
+                await asyncio.to_thread(_settle, fd, temporary, final)
+                renamed = True
+        finally:
+            if not gather:
+                os.close(fd)
+                if not renamed:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(temporary)
+        return StoredBlob(digest, size, already_present=False)
+
+    def _store(self, final: str, data: bytes) -> None:
+        """Write ``data`` to a temporary file, fsync it and rename it to ``final`` (blocking)."""
+        fd, path = self._create(final)
+        renamed = False
+        try:
+            _write_all(fd, data)
+            _settle(fd, path, final)
             renamed = True
         finally:
             os.close(fd)
             if not renamed:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temporary)
-        if keep:
-            self._remember(digest, b"".join(kept))
-        return StoredBlob(digest, size, already_present=False)
+                    os.unlink(path)
 
     def read_range(self, digest: bytes, offset: int, length: int) -> tuple[int, bytes]:
         """Return ``(total size, bytes[offset:offset+length])``; length 0 means to the end."""
@@ -160,16 +181,19 @@ class BlobStore:
         start = min(offset, total)
         return total, data[start : start + length] if length else data[start:]
 
-    def _create(self, temporary: str) -> int:
+    def _create(self, final: str) -> tuple[int, str]:
+        """Open a new temporary file next to ``final``: ``(fd, path)``."""
+        temporary = f"{final}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
         directory = os.path.dirname(temporary)
         if directory not in self._made_dirs:
             os.makedirs(directory, exist_ok=True)
             self._made_dirs.add(directory)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            return os.open(temporary, flags, 0o644), temporary
         except FileNotFoundError:  # the directory was removed under us: make it again
             os.makedirs(directory, exist_ok=True)
-            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            return os.open(temporary, flags, 0o644), temporary
 
     def _path(self, digest: bytes) -> str:
         return os.path.join(self._root, self.location_of(digest))
@@ -183,6 +207,12 @@ class BlobStore:
             while self._cached_bytes > self._cache_limit:
                 _, evicted = self._cache.popitem(last=False)
                 self._cached_bytes -= len(evicted)
+
+
+def _settle(fd: int, temporary: str, final: str) -> None:
+    """Make the written file durable, then give it its final name."""
+    os.fsync(fd)
+    os.replace(temporary, final)
 
 
 def _write_all(fd: int, data: bytes) -> None:
