@@ -219,3 +219,43 @@ def test_heartbeats_store_times_as_sqlalchemy_does(
     assert stored[first] == stored[second]
     if sessions.kw["bind"].dialect.name == "sqlite":
         assert stored[first] == "2026-01-01 00:00:05.000001"
+
+
+def test_a_failed_savepoint_rolls_back_only_its_own_writes(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """SAVEPOINT/RELEASE/ROLLBACK TO are sent straight to sqlite3 (see ledger.engine); an ORM
+    flush that fails inside ``begin_nested`` still rolls back that savepoint alone, and the
+    outer transaction, its earlier writes and the Session stay usable."""
+    (node_id,) = add_nodes(1)
+    reason = select(_N.state_reason).where(_N.id == node_id)
+    with sessions.begin() as session:
+        before = session.execute(reason).scalar_one()
+        (kept,) = _enqueue(session, 1)
+        duplicate = Task(**{c: getattr(session.get(Task, kept), c) for c in _TASK_FIELDS})
+        with pytest.raises(IntegrityError), session.begin_nested():
+            _flush(session, duplicate)  # same primary key: refused by the database
+        with pytest.raises(RuntimeError), session.begin_nested():
+            _fail_after_writing(session, node_id)
+        assert session.execute(reason).scalar_one() == before != "inside the savepoint"
+        with session.begin_nested(), session.begin_nested():
+            nodes.set_state_reason(session, node_id, "nested twice")
+        assert session.is_active
+    with sessions() as session:
+        assert session.get(Task, kept) is not None
+        node = session.get(Node, node_id)
+        assert node is not None
+        assert node.state_reason == "nested twice"
+
+
+def _flush(session: Session, row: Task) -> None:
+    session.add(row)
+    session.flush()
+
+
+def _fail_after_writing(session: Session, node_id: str) -> None:
+    nodes.set_state_reason(session, node_id, "inside the savepoint")
+    raise RuntimeError("the call fails after writing")
+
+
+_TASK_FIELDS = [c.name for c in table_of(Task).columns]

@@ -12,13 +12,15 @@ comes from row locks (``FOR UPDATE``, ``FOR UPDATE SKIP LOCKED``) taken by the r
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 #: File name of the default SQLite database inside the data directory.
@@ -69,6 +71,8 @@ def create_engine(
 
 
 def _configure_sqlite(engine: Engine) -> None:
+    _emit_savepoints_directly(engine.dialect)
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module so BEGIN is ours to issue.
@@ -91,6 +95,44 @@ def _configure_sqlite(engine: Engine) -> None:
             connection.exec_driver_sql("BEGIN DEFERRED")
         else:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _emit_savepoints_directly(dialect: Dialect) -> None:
+    """Issue SAVEPOINT, RELEASE and ROLLBACK TO on the sqlite3 connection itself.
+
+    SQLAlchemy builds each savepoint statement as a clause and compiles it anew (every savepoint
+    has a fresh name, so its compiled-statement cache never hits): 45 us of the 70 us that
+    ``Session.begin_nested()`` costs, and the SQLite writer opens one savepoint per call (see
+    the coordinator's group commit). The Session's and Connection's bookkeeping is unchanged;
+    only the three statements skip the compiler. Names are SQLAlchemy's own (``sa_savepoint_N``).
+    """
+
+    def savepoint(_self: Dialect, connection: Connection, name: str) -> None:
+        _run_raw(connection, f'SAVEPOINT "{name}"')
+
+    def release(_self: Dialect, connection: Connection, name: str) -> None:
+        _run_raw(connection, f'RELEASE SAVEPOINT "{name}"')
+
+    def rollback_to(_self: Dialect, connection: Connection, name: str) -> None:
+        _run_raw(connection, f'ROLLBACK TO SAVEPOINT "{name}"')
+
+    dialect.do_savepoint = types.MethodType(savepoint, dialect)  # type: ignore[method-assign]
+    dialect.do_release_savepoint = types.MethodType(  # type: ignore[method-assign]
+        release, dialect
+    )
+    dialect.do_rollback_to_savepoint = types.MethodType(  # type: ignore[method-assign]
+        rollback_to, dialect
+    )
+
+
+def _run_raw(connection: Connection, sql: str) -> None:
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    error_type = connection.dialect.loaded_dbapi.Error
+    try:
+        driver.execute(sql)
+    except error_type as error:  # raised as SQLAlchemy's own wrapped types, as before
+        raise DBAPIError.instance(sql, None, error, error_type) from error
 
 
 #: Execution option marking a transaction that only reads (no write lock on SQLite).
