@@ -380,12 +380,16 @@ async def bench_lease_cycles(
             commitment_service_pb2.SubmitCommitmentResponse,
         )
         echo_call = echo_channel.unary_unary(ECHO_METHOD)
-        pull_body = task_service_pb2.PullTaskRequest(
-            wait=duration_pb2.Duration(seconds=0)
-        ).SerializeToString()
+
+        def pull_request(i: int) -> bytes:
+            # As the SDK sends it: a mutating request carries a request id (32 hex digits).
+            return task_service_pb2.PullTaskRequest(
+                request_id=f"{i:032x}", wait=duration_pb2.Duration(seconds=0)
+            ).SerializeToString()
 
         async def cycle(i: int) -> None:
             node = workers[i % len(workers)]
+            pull_body = pull_request(i)
             pulled = task_service_pb2.PullTaskResponse.FromString(
                 (
                     await pull(
@@ -405,7 +409,7 @@ async def bench_lease_cycles(
                 fencing_token=lease.fencing_token,
                 checkpoint_step=task.checkpoint_step,
                 prompt_id=task.prompt_ids[0],
-                request_id=f"c{i}",
+                request_id=f"{i:032x}",
             )
             await upload(
                 iter([header, chunk]),
@@ -421,6 +425,7 @@ async def bench_lease_cycles(
         async def echo_unary_cycle(i: int) -> None:
             # Three signed unary round trips of a pull's size (the baseline of earlier runs).
             node = workers[i % len(workers)]
+            pull_body = pull_request(i)
             for _ in range(3):
                 await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
 
@@ -432,7 +437,7 @@ async def bench_lease_cycles(
             fencing_token=1,
             checkpoint_step=1,
             prompt_id=123456789,
-            request_id="c0000000",
+            request_id="0" * 32,
         )
         echo_stream = echo_channel.stream_unary(ECHO_STREAM_METHOD)
 
@@ -440,6 +445,7 @@ async def bench_lease_cycles(
             # The cycle's own calls, signed, with its messages' sizes: a unary pull, a
             # two-message client stream (upload header, then the batch), a unary commit.
             node = workers[i % len(workers)]
+            pull_body = pull_request(i)
             await echo_call(pull_body, metadata=node.metadata(ECHO_METHOD, pull_body))
             await echo_stream(
                 iter([header, chunk]), metadata=node.metadata(ECHO_STREAM_METHOD, header)

@@ -4,8 +4,9 @@ FAILED, stale fencing tokens refused, FailTask requeues, long polls wake when wo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 import pytest
@@ -199,17 +200,30 @@ async def test_fail_task_requeues_at_once_and_long_poll_wakes_on_new_work(
 
 
 async def test_a_repeated_pull_request_id_returns_the_same_lease(
-    coordinator: Coordinator, trainer_identity: Identity
+    coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trainer = await _trainer(coordinator, trainer_identity)
     worker = Identity.generate()
     client = connect(coordinator.address, worker)
+    transactions: list[str] = []
+    run_in_transaction = coordinator.ctx.run_in_transaction
+
+    async def recording(work: Callable[[Session], Any]) -> Any:
+        transactions.append(work.__qualname__)
+        return await run_in_transaction(work)
+
     try:
         await register(client, worker, common_pb2.ROLE_WORKER)
         await request_tasks(trainer, 2)
         request = task_service_pb2.PullTaskRequest(request_id="pull-1")
+        monkeypatch.setattr(coordinator.ctx, "run_in_transaction", recording)
         first = await client.tasks.pull_task(request)
+        monkeypatch.undo()
         assert first.HasField("lease")
+        # The lease and the record of its answer are one transaction (no second one to store).
+        assert [name for name in transactions if "sweep" not in name] == [
+            "Dispatcher.pull.<locals>.work"
+        ]
         # The answer was lost, say: the retry gets the same lease, and leases nothing more.
         repeat = await client.tasks.pull_task(request)
         assert repeat == first

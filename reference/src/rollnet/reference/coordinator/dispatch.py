@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import blake3
@@ -57,6 +57,19 @@ def lease_outcome_refusal(outcome: LeaseOutcome, what: str) -> Refusal:
 def task_spec(row: Task | LeasedTask) -> dict[str, Any]:
     """The protocol-level task description kept in the task row's JSON column."""
     return dict(row.sampling)
+
+
+def _lease_response(leased: LeasedTask, now: datetime) -> task_service_pb2.PullTaskResponse:
+    lease = task_pb2.Lease(
+        lease_id=leased.lease_id,
+        fencing_token=leased.fencing_token,
+        deadline=timestamp(leased.lease_deadline),
+        issued_at=timestamp(now),
+    )
+    return task_service_pb2.PullTaskResponse(
+        task=task_to_proto(leased, state=task_pb2.Task.STATE_LEASED, attempt=leased.fencing_token),
+        lease=lease,
+    )
 
 
 def task_to_proto(row: Task | LeasedTask, *, state: Any, attempt: int) -> task_pb2.Task:
@@ -214,7 +227,7 @@ class Dispatcher:
         loop_deadline = self.ctx.clock() + wait
         environments = list(request.environments) or None
 
-        def work(session: Session) -> LeasedTask | None:
+        def work(session: Session) -> task_service_pb2.PullTaskResponse | None:
             row = nodes.get_standing(session, caller.node_id)
             if row is None:
                 raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
@@ -227,7 +240,7 @@ class Dispatcher:
             latest = artifacts.latest_checkpoint_step(session)
             min_step = None if latest is None else max(0, latest - config.async_level)
             filters.update(environments=envs, min_checkpoint_step=min_step)
-            return tasks.lease_next_task(
+            leased = tasks.lease_next_task(
                 session,
                 node_id=caller.node_id,
                 now=self.ctx.clock(),
@@ -236,34 +249,26 @@ class Dispatcher:
                 min_checkpoint_step=min_step,
                 max_leases_per_node=cap,
             )
+            # The response is built here, in the lease's transaction, so that a pull with a
+            # request id has its answer recorded in that same transaction (not a second one).
+            return None if leased is None else _lease_response(leased, self.ctx.clock())
 
         filters: dict[str, Any] = {}
 
         def work_waits(session: Session) -> bool:
             return tasks.has_queued_task(session, **filters)
 
-        leased = await self.ctx.run_in_transaction(work)
+        response = await self.ctx.run_in_transaction(work)
         while True:
-            if leased is not None:
-                lease = task_pb2.Lease(
-                    lease_id=leased.lease_id,
-                    fencing_token=leased.fencing_token,
-                    deadline=timestamp(leased.lease_deadline),
-                    issued_at=timestamp(self.ctx.clock()),
-                )
-                return task_service_pb2.PullTaskResponse(
-                    task=task_to_proto(
-                        leased, state=task_pb2.Task.STATE_LEASED, attempt=leased.fencing_token
-                    ),
-                    lease=lease,
-                )
+            if response is not None:
+                return response
             remaining = (loop_deadline - self.ctx.clock()).total_seconds()
             if remaining <= 0:
                 return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
             await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
             # An idle poll costs a read, not a write: lease only when something is queued.
             if await self.ctx.run_read(work_waits):
-                leased = await self.ctx.run_in_transaction(work)
+                response = await self.ctx.run_in_transaction(work)
 
     async def report_progress(
         self, caller: Caller, request: task_service_pb2.ReportProgressRequest
