@@ -2,7 +2,8 @@
 
 ``RpcObserver`` (outermost) times every call and emits one structured log line and one metrics
 sample per RPC. ``CallerLimiter`` runs inside the signature verifier: it records the verified node
-and request id for that log line and enforces the per-key token bucket.
+and request id for that log line and enforces the per-key token bucket. ``ResolvedInterceptors``
+runs the chain once per method rather than once per call.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +156,46 @@ class Readiness:
     """Whether the coordinator serves (database ready, not draining); health follows it too."""
 
     serving: bool = False
+
+
+class ResolvedInterceptors(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """The coordinator's interceptors as one, each method's chain resolved once while serving.
+
+    grpc.aio asks every interceptor for the method's handler on every call: a coroutine per
+    interceptor, plus gRPC's own look-up at the end. Ours return the same handler for a method
+    on every call (they wrap through :class:`~rollnet.sdk.verifier.WrapperCache` and read each
+    call's details from its context), except the readiness gate, which refuses while the
+    coordinator is not serving. So while serving, the chain's answer is kept per method and
+    handed back directly; while starting or draining every call runs the chain (the gate
+    refuses it). Unknown methods are not kept: their names are the caller's to choose.
+    """
+
+    def __init__(
+        self, interceptors: Sequence[grpc.aio.ServerInterceptor], readiness: Readiness
+    ) -> None:
+        self._interceptors = tuple(interceptors)
+        self._readiness = readiness
+        self._resolved: dict[str, Any] = {}
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        serving = self._readiness.serving
+        if serving:
+            handler = self._resolved.get(details.method)
+            if handler is not None:
+                return handler
+        handler = await self._through(0, continuation, details)
+        if serving and handler is not None and self._readiness.serving:
+            self._resolved[details.method] = handler
+        return handler
+
+    async def _through(self, index: int, continuation: Any, details: Any) -> Any:
+        if index == len(self._interceptors):
+            return await continuation(details)
+
+        def onward(inner_details: Any) -> Awaitable[Any]:
+            return self._through(index + 1, continuation, inner_details)
+
+        return await self._interceptors[index].intercept_service(onward, details)
 
 
 class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -30,6 +30,7 @@ from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
     Readiness,
     ReadinessGate,
+    ResolvedInterceptors,
     RpcObserver,
     TokenBuckets,
 )
@@ -248,10 +249,10 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         # Outermost first: observe everything, refuse all but health while not serving, verify
         # signatures, then limit verified callers.
         interceptors=[
-            RpcObserver(metrics),
-            ReadinessGate(serving, EXEMPT_PREFIXES),
-            verifier,
-            limiter,
+            ResolvedInterceptors(
+                [RpcObserver(metrics), ReadinessGate(serving, EXEMPT_PREFIXES), verifier, limiter],
+                serving,
+            )
         ],
         options=[
             ("grpc.max_receive_message_length", config.max_message_bytes),
