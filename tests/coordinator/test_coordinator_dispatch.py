@@ -4,6 +4,7 @@ FAILED, stale fencing tokens refused, FailTask requeues, long polls wake when wo
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -20,15 +21,17 @@ from coordinator_testing import (
     upload_and_commit,
     wait_until,
 )
-from sqlalchemy import select
+from google.protobuf.duration_pb2 import Duration
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks as task_repo
-from rollnet.ledger.enums import TaskState
-from rollnet.ledger.models import Task
+from rollnet.ledger.enums import NodeState, TaskState
+from rollnet.ledger.models import Node, Task
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.v1 import common_pb2, node_pb2, task_pb2, task_service_pb2
 
 
@@ -208,9 +211,9 @@ async def test_a_repeated_pull_request_id_returns_the_same_lease(
     transactions: list[str] = []
     run_in_transaction = coordinator.ctx.run_in_transaction
 
-    async def recording(work: Callable[[Session], Any]) -> Any:
-        transactions.append(work.__qualname__)
-        return await run_in_transaction(work)
+    async def recording(work: Callable[[Session], Any], **options: Any) -> Any:
+        transactions.append(getattr(work, "func", work).__qualname__)
+        return await run_in_transaction(work, **options)
 
     try:
         await register(client, worker, common_pb2.ROLE_WORKER)
@@ -221,9 +224,7 @@ async def test_a_repeated_pull_request_id_returns_the_same_lease(
         monkeypatch.undo()
         assert first.HasField("lease")
         # The lease and the record of its answer are one transaction (no second one to store).
-        assert [name for name in transactions if "sweep" not in name] == [
-            "Dispatcher.pull.<locals>.work"
-        ]
+        assert [name for name in transactions if "sweep" not in name] == ["PullBatcher._work"]
         # The answer was lost, say: the retry gets the same lease, and leases nothing more.
         repeat = await client.tasks.pull_task(request)
         assert repeat == first
@@ -245,6 +246,93 @@ async def test_a_repeated_pull_request_id_returns_the_same_lease(
     finally:
         await trainer.close()
         await client.close()
+
+
+async def test_pulls_that_queue_together_lease_in_one_transaction(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    """Pulls waiting on the writer go together; each still gets its own answer."""
+    trainer = await _trainer(coordinator, trainer_identity)
+    identities = [Identity.generate() for _ in range(4)]
+    clients = [connect(coordinator.address, identity) for identity in identities]
+    eager, other, ejected, repeat = clients
+    writer = coordinator.ctx.group_commit
+    released = threading.Event()
+    try:
+        for client, identity in zip(clients, identities, strict=True):
+            await register(client, identity, common_pb2.ROLE_WORKER)
+        await request_tasks(trainer, 3)
+        ejected_id = node_id_from_public_key(identities[2].public_key)
+
+        def eject(session: Session) -> None:
+            session.execute(
+                update(Node).where(Node.id == ejected_id).values(state=NodeState.EJECTED)
+            )
+
+        await coordinator.ctx.run_in_transaction(eject)
+        leases = coordinator.dispatcher.leases
+        before = (leases.batches, leases.pulls)
+        if writer is not None:
+            # Hold the writer so that the pulls below queue up behind it.
+            blocker = writer.submit(lambda _session: released.wait(10))
+        same = task_service_pb2.PullTaskRequest(request_id="same-id", wait=Duration(seconds=0))
+        calls = [
+            asyncio.ensure_future(pull(eager, wait=0)),
+            asyncio.ensure_future(pull(other, wait=0)),
+            asyncio.ensure_future(pull(ejected, wait=0)),
+            asyncio.ensure_future(repeat.tasks.pull_task(same)),
+            asyncio.ensure_future(repeat.tasks.pull_task(same)),
+        ]
+        if writer is not None:
+            # The first pull is already with the writer; the other four wait for the next batch.
+            await wait_until(
+                lambda: _true(leases._queue.qsize() == 4), what="four pulls queued for a batch"
+            )
+            released.set()
+            await blocker
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        first, second, refused, once, again = outcomes
+        assert isinstance(refused, RollnetError)
+        assert refused.reason == ErrorReason.NODE_EJECTED
+        assert isinstance(first, task_service_pb2.PullTaskResponse)
+        assert isinstance(second, task_service_pb2.PullTaskResponse)
+        assert isinstance(once, task_service_pb2.PullTaskResponse)
+        if writer is not None:
+            # The repeated request id within one batch is answered with the same lease, once.
+            assert again == once
+        else:
+            # PostgreSQL: the two race; the loser is answered with the winner's lease, or, when
+            # it waited on the node's row and found its cap reached, with no lease at all.
+            assert isinstance(again, task_service_pb2.PullTaskResponse)
+            if not once.HasField("lease"):
+                once, again = again, once
+            assert again == once or not again.HasField("lease")
+        leased = {first.task.task_id, second.task.task_id, once.task.task_id}
+        assert len(leased) == 3
+        assert "" not in leased
+        states = {task_id: await _task_state(coordinator, task_id) for task_id in leased}
+        assert all(state == TaskState.LEASED for state in states.values())
+        # Nothing else was leased: one lease per node that was answered with one.
+        assert {
+            task_id
+            for task_id in await _all_task_ids(coordinator)
+            if await _task_state(coordinator, task_id) == TaskState.LEASED
+        } == leased
+        batches, pulls = leases.batches - before[0], leases.pulls - before[1]
+        if writer is not None:
+            # One batch for the first pull, one for the next four, one more for the repeat.
+            assert (batches, pulls) == (3, 6)
+        else:
+            assert batches == pulls == 5  # PostgreSQL: a transaction per pull
+    finally:
+        released.set()
+        await trainer.close()
+        for client in clients:
+            await client.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _all_task_ids(coordinator: Coordinator) -> list[str]:

@@ -16,11 +16,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from rollnet.ledger import LeaseOutcome, NewTask, TaskState, lease_next_task, submit_task
 from rollnet.ledger.tasks import (
     _CANDIDATES,
+    LeaseRequest,
     count_tasks_by_state,
     enqueue_tasks,
     extend_lease,
     get_task,
     give_back_task,
+    lease_tasks,
     requeue_expired_leases,
     requeue_leases_of_node,
     transition_task,
@@ -202,6 +204,72 @@ def test_per_node_lease_cap(sessions: sessionmaker[Session], add_nodes: AddNodes
         )
 
 
+def test_one_call_leases_for_many_requests_in_order(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """lease_tasks: per filter, the oldest tasks go to the earliest requests; caps count within
+    the call, in order."""
+    a, b, c = add_nodes(3)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(3), now=T0)
+        enqueue_tasks(session, _tasks(2, "math"), now=T0 + timedelta(seconds=1))
+        enqueue_tasks(session, _tasks(1, "code", step=1), now=T0 + timedelta(seconds=2))
+        held = lease_next_task(session, node_id=a, now=T0, lease_duration=LEASE)
+    assert held is not None
+    assert held.task_id == "arithmetic-0-00000"
+    requests = [
+        LeaseRequest(a, max_leases=2),  # a holds one: this takes its second
+        LeaseRequest(a, max_leases=2),  # at the cap (counting the one above): nothing
+        LeaseRequest(b, ("math",)),
+        LeaseRequest(c, max_leases=1),  # not skipped because a was refused before it
+        LeaseRequest(b, ("math", "other")),  # math ran out: the ("math",) requests came first
+        LeaseRequest(c, ("math",)),  # no cap on this request
+        LeaseRequest(b, ("code",)),
+    ]
+    with sessions.begin() as session:
+        leased = lease_tasks(session, requests, now=T0, lease_duration=LEASE)
+    ids = [None if task is None else task.task_id for task in leased]
+    assert ids == [
+        "arithmetic-0-00001",
+        None,
+        "math-0-00000",
+        "arithmetic-0-00002",
+        None,
+        "math-0-00001",
+        "code-1-00000",
+    ]
+    holders = {
+        task.task_id: request.node_id
+        for task, request in zip(leased, requests, strict=True)
+        if task
+    }
+    with sessions.begin() as session:
+        for task_id, node_id in holders.items():
+            row = get_task(session, task_id)
+            assert row is not None
+            assert (row.state, row.lease_holder, row.fencing_token) == (
+                TaskState.LEASED,
+                node_id,
+                1,
+            )
+        # The minimum step filters every request of the call.
+        enqueue_tasks(session, _tasks(2, "late", step=5), now=T0 + timedelta(seconds=3))
+        enqueue_tasks(session, _tasks(1, "early", step=1), now=T0 + timedelta(seconds=4))
+        stepped = lease_tasks(
+            session,
+            [LeaseRequest(b), LeaseRequest(c)],
+            now=T0,
+            lease_duration=LEASE,
+            min_checkpoint_step=5,
+        )
+    assert [task.task_id if task else None for task in stepped] == [
+        "late-5-00000",
+        "late-5-00001",
+    ]
+    with sessions.begin() as session:
+        assert lease_tasks(session, [], now=T0, lease_duration=LEASE) == []
+
+
 def test_extend_give_back_and_transitions(
     sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:
@@ -336,7 +404,9 @@ def test_a_large_demand_leaves_postgres_leasing_by_index(
         pytest.skip("PostgreSQL's planner statistics; SQLite plans this query by index anyway")
     with sessions.begin() as session:
         enqueue_tasks(session, _tasks(3000), now=T0)
-    candidate = _CANDIDATES[(True, True)].statement.params(environments=["arithmetic"], min_step=0)
+    candidate = _CANDIDATES[(True, True)].statement.params(
+        environments=["arithmetic"], min_step=0, limit=1
+    )
     sql = candidate.compile(migrated_engine, compile_kwargs={"literal_binds": True})
     with sessions.begin() as session:
         plan = "\n".join(row[0] for row in session.execute(text(f"EXPLAIN {sql}")))

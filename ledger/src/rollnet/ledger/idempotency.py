@@ -17,7 +17,7 @@ violates the primary key and its whole transaction (mutation included) rolls bac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,6 +36,30 @@ def lookup(session: Session, caller_id: str, method: str, request_id: str) -> by
         session, {"caller_id": caller_id, "method": method, "request_id": request_id}
     )
     return None if response is None else bytes(response)
+
+
+def lookup_many(
+    session: Session, method: str, keys: Collection[tuple[str, str]]
+) -> dict[tuple[str, str], bytes]:
+    """The stored responses of ``method`` for these (caller, request id) pairs, by pair (one
+    SELECT: the callers' and the ids' lists probe the primary key; pairs that merely share a
+    caller or an id are filtered out here)."""
+    if not keys:
+        return {}
+    wanted = set(keys)
+    rows = _LOOKUP_MANY.rows(
+        session,
+        {
+            "callers": sorted({caller for caller, _ in wanted}),
+            "method": method,
+            "request_ids": sorted({request_id for _, request_id in wanted}),
+        },
+    )
+    return {
+        (caller, request_id): bytes(response)
+        for caller, request_id, response in rows
+        if (caller, request_id) in wanted
+    }
 
 
 def store(
@@ -119,6 +143,13 @@ _LOOKUP = Prepared(
         _RECORDS.c.caller_id == bindparam("caller_id"),
         _RECORDS.c.method == bindparam("method"),
         _RECORDS.c.request_id == bindparam("request_id"),
+    )
+)
+_LOOKUP_MANY = Prepared(
+    select(_RECORDS.c.caller_id, _RECORDS.c.request_id, _RECORDS.c.response).where(
+        _RECORDS.c.caller_id.in_(bindparam("callers", expanding=True)),
+        _RECORDS.c.method == bindparam("method"),
+        _RECORDS.c.request_id.in_(bindparam("request_ids", expanding=True)),
     )
 )
 _STORE = prepared_insert(_RECORDS)

@@ -107,8 +107,18 @@ class NodeStanding:
 def get_standing(session: Session, node_id: str) -> NodeStanding | None:
     """The standing of the node with ``node_id``, if registered (one prebuilt SELECT)."""
     row = _STANDING.one_or_none(session, {"node_id": node_id})
-    if row is None:
-        return None
+    return None if row is None else _standing_of(row)
+
+
+def get_standings(session: Session, node_ids: Collection[str]) -> dict[str, NodeStanding]:
+    """The standing of each registered node among ``node_ids`` (one prebuilt SELECT)."""
+    if not node_ids:
+        return {}
+    rows = _STANDINGS.rows(session, {"ids": sorted(set(node_ids))})
+    return {row[0]: _standing_of(row) for row in rows}
+
+
+def _standing_of(row: tuple[Any, ...]) -> NodeStanding:
     found_id, role, state, capabilities, accepted_streak = row
     return NodeStanding(
         id=found_id,
@@ -148,11 +158,9 @@ _STATES = Prepared(
         _N.id.in_(bindparam("ids", expanding=True))
     )
 )
-_STANDING = Prepared(
-    select(_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak).where(
-        _N.id == bindparam("node_id")
-    )
-)
+_STANDING_COLUMNS = (_N.id, _N.role, _N.state, _N.capabilities, _N.accepted_streak)
+_STANDING = Prepared(select(*_STANDING_COLUMNS).where(_N.id == bindparam("node_id")))
+_STANDINGS = Prepared(select(*_STANDING_COLUMNS).where(_N.id.in_(bindparam("ids", expanding=True))))
 
 
 def list_nodes(

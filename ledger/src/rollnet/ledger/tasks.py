@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, select, text, update
+from sqlalchemy import Integer, bindparam, case, func, select, text, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.engine import is_postgresql
@@ -175,6 +175,16 @@ def _terms_of(row: tuple[Any, ...] | None) -> TaskTerms | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One pull's ask: a task for ``node_id``, among ``environments`` (``None``: any), while the
+    node holds fewer than ``max_leases`` leases (``None``: no cap)."""
+
+    node_id: str
+    environments: tuple[str, ...] | None = None
+    max_leases: int | None = None
+
+
 def lease_next_task(
     session: Session,
     *,
@@ -188,25 +198,86 @@ def lease_next_task(
     """Lease the oldest queued task matching the filters to ``node_id``, atomically.
 
     Returns ``None`` when nothing matches or the node already holds ``max_leases_per_node``
-    leases. The node's row is locked first so its cap holds across concurrent replicas.
+    leases. One request of :func:`lease_tasks`.
     """
-    if max_leases_per_node is not None:
+    request = LeaseRequest(
+        node_id,
+        None if environments is None else tuple(sorted(environments)),
+        max_leases_per_node,
+    )
+    return lease_tasks(
+        session,
+        [request],
+        now=now,
+        lease_duration=lease_duration,
+        min_checkpoint_step=min_checkpoint_step,
+    )[0]
+
+
+def lease_tasks(
+    session: Session,
+    requests: Sequence[LeaseRequest],
+    *,
+    now: datetime,
+    lease_duration: timedelta,
+    min_checkpoint_step: int | None = None,
+) -> list[LeasedTask | None]:
+    """Lease at most one queued task to each request.
+
+    Requests are served per environment filter, in the order each filter first appears; within
+    a filter the oldest tasks go to the earliest requests.
+
+    The answer is aligned with ``requests`` (``None``: nothing matched, or the node is at its
+    cap; requests of one node in the same call count against its cap in order). The statements
+    are shared by the whole call: one read of the capped nodes' held leases, one candidate
+    query per distinct environment filter, then one conditional UPDATE per lease. The capped
+    nodes' rows are locked first (on PostgreSQL, in id order) so caps hold across replicas.
+    """
+    capped = sorted({r.node_id for r in requests if r.max_leases is not None})
+    held: dict[str, int] = {}
+    if capped:
         if is_postgresql(session):
-            session.execute(_LOCK_NODE, {"node_id": node_id})
-        held = _HELD_LEASES.scalar(session, {"node_id": node_id})
-        if (held or 0) >= max_leases_per_node:
-            return None
-    params: dict[str, Any] = {}
-    if environments is not None:
-        params["environments"] = sorted(environments)
-    if min_checkpoint_step is not None:
-        params["min_step"] = min_checkpoint_step
-    candidate = _CANDIDATES[(environments is not None, min_checkpoint_step is not None)]
-    task_id = candidate.scalar(session, params)
-    if task_id is None:
-        return None
+            session.execute(_LOCK_NODES, {"ids": capped})
+        held = dict(_HELD_BY_NODE.rows(session, {"ids": capped}))
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for index, request in enumerate(requests):
+        groups.setdefault(request.environments, []).append(index)
+    leased: list[LeasedTask | None] = [None] * len(requests)
+    for environments, members in groups.items():
+        # Requests of this filter that their node's cap allows, counting the leases the earlier
+        # ones would take: candidates go to them in order, so the count is exact up to the
+        # point where candidates run out (and no later one gets any).
+        eligible = []
+        planned = dict(held)
+        for index in members:
+            request = requests[index]
+            if request.max_leases is not None:
+                if planned.get(request.node_id, 0) >= request.max_leases:
+                    continue
+                planned[request.node_id] = planned.get(request.node_id, 0) + 1
+            eligible.append(index)
+        if not eligible:
+            continue
+        params: dict[str, Any] = {"limit": len(eligible)}
+        if environments is not None:
+            params["environments"] = list(environments)
+        if min_checkpoint_step is not None:
+            params["min_step"] = min_checkpoint_step
+        candidates = _CANDIDATES[(environments is not None, min_checkpoint_step is not None)]
+        deadline = now + lease_duration
+        for index, (task_id,) in zip(eligible, candidates.rows(session, params), strict=False):
+            node_id = requests[index].node_id
+            task = _lease(session, task_id, node_id, now, deadline)
+            if task is not None:
+                leased[index] = task
+                held[node_id] = held.get(node_id, 0) + 1
+    return leased
+
+
+def _lease(
+    session: Session, task_id: str, node_id: str, now: datetime, deadline: datetime
+) -> LeasedTask | None:
     lease_id = new_lease_id()
-    deadline = now + lease_duration
     row = _LEASE.one_or_none(
         session,
         {
@@ -417,13 +488,17 @@ _TASKS = table_of(Task)
 _T = _TASKS.c
 
 # The leasing statements, built once (see lease_next_task).
-_LOCK_NODE = (
-    select(table_of(Node).c.id).where(table_of(Node).c.id == bindparam("node_id")).with_for_update()
+_NODE_ID = table_of(Node).c.id
+_LOCK_NODES = (
+    select(_NODE_ID)
+    .where(_NODE_ID.in_(bindparam("ids", expanding=True)))
+    .order_by(_NODE_ID)
+    .with_for_update()
 )
-_HELD_LEASES = Prepared(
-    select(func.count())
-    .select_from(_TASKS)
-    .where(_T.lease_holder == bindparam("node_id"), _T.state == TaskState.LEASED)
+_HELD_BY_NODE = Prepared(
+    select(_T.lease_holder, func.count())
+    .where(_T.lease_holder.in_(bindparam("ids", expanding=True)), _T.state == TaskState.LEASED)
+    .group_by(_T.lease_holder)
 )
 
 
@@ -433,7 +508,11 @@ def _candidate(by_environment: bool, by_step: bool) -> Any:
         query = query.where(_T.environment.in_(bindparam("environments", expanding=True)))
     if by_step:
         query = query.where(_T.checkpoint_step >= bindparam("min_step"))
-    return query.order_by(_T.created_at, _T.id).limit(1).with_for_update(skip_locked=True)
+    return (
+        query.order_by(_T.created_at, _T.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+    )
 
 
 _CANDIDATES = {(e, m): Prepared(_candidate(e, m)) for e in (False, True) for m in (False, True)}

@@ -94,15 +94,18 @@ class CoordinatorContext:
         """The SQLite group-commit writer (``None`` on PostgreSQL)."""
         return self._writer if isinstance(self._writer, GroupCommitWriter) else None
 
-    async def run_in_transaction(self, work: Callable[[Session], T]) -> T:
+    async def run_in_transaction(self, work: Callable[[Session], T], *, scoped: bool = True) -> T:
         """Run ``work`` in one write transaction on a writer thread (SQL never blocks the loop).
 
         On SQLite the transaction may be shared with other calls' work (group commit), each in
         its own savepoint: ``work`` sees exactly the same isolation, a failure of ``work`` rolls
         back only its own writes, and its result is returned only once the commit is durable.
+        The calling RPC's request id (:class:`IdempotencyScope`) is looked up and its answer
+        stored in the same transaction, unless ``scoped`` is false: work done for several calls
+        at once handles their scopes itself.
         """
 
-        scope = IDEMPOTENCY_SCOPE.get()
+        scope = IDEMPOTENCY_SCOPE.get() if scoped else None
         now = self.clock()
 
         def _work(session: Session) -> T:
@@ -118,16 +121,8 @@ class CoordinatorContext:
             result = work(session)
             # Work may return the response alone or first in a tuple with side results.
             response = result[0] if isinstance(result, tuple) and result else result
-            if scope is not None and not scope.stored and isinstance(response, scope.response_type):
-                idempotency.store(
-                    session,
-                    scope.caller_id,
-                    scope.method,
-                    scope.request_id,
-                    scope.request_digest + response.SerializeToString(deterministic=True),
-                    now=now,
-                )
-                scope.stored = True
+            if scope is not None and isinstance(response, scope.response_type):
+                scope.store(session, response, now)
             return result
 
         if isinstance(self._writer, GroupCommitWriter):
@@ -273,6 +268,20 @@ class IdempotencyScope:
     #: Whether a transaction of this call has looked for a stored response yet.
     checked: bool = False
     stored: bool = False
+
+    def store(self, session: Session, response: Message, now: datetime) -> None:
+        """Record ``response`` as this call's answer in ``session`` (once per call)."""
+        if self.stored:
+            return
+        idempotency.store(
+            session,
+            self.caller_id,
+            self.method,
+            self.request_id,
+            self.request_digest + response.SerializeToString(deterministic=True),
+            now=now,
+        )
+        self.stored = True
 
 
 class StoredResponse(Exception):

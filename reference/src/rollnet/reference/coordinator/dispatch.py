@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import functools
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,11 +16,17 @@ import numpy as np
 from google.protobuf import json_format, struct_pb2
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, nodes, tasks
+from rollnet.ledger import artifacts, idempotency, nodes, tasks
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Task
 from rollnet.ledger.tasks import LeasedTask, NewTask
-from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.context import (
+    IDEMPOTENCY_SCOPE,
+    CoordinatorContext,
+    IdempotencyScope,
+    StoredResponse,
+    wait_for,
+)
 from rollnet.reference.coordinator.nodes import (
     Caller,
     capabilities_from_db,
@@ -108,11 +119,210 @@ TASK_STATE_TO_PROTO = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class NoTask:
+    """A pull that leased nothing, and the filters its long poll waits on."""
+
+    environments: tuple[str, ...] | None
+    min_checkpoint_step: int | None
+
+
+@dataclass(slots=True)
+class _PendingPull:
+    caller: Caller
+    #: The environments the pull asked for (``None``: the node's capabilities decide).
+    environments: tuple[str, ...] | None
+    scope: IdempotencyScope | None
+    future: asyncio.Future[task_service_pb2.PullTaskResponse | NoTask] | None = None
+
+
+#: Outcome of a pull whose request id another pull of the same batch carries: it is retried in
+#: the next batch, where the first one's record answers it.
+_AGAIN = object()
+
+
+class PullBatcher:
+    """Leases for concurrent pulls, many in one transaction.
+
+    On SQLite every write goes through the one writer thread, where each pull used to be a call
+    of its own: its savepoint, its request-id look-up, its node's standing, the latest step, its
+    held leases, a candidate, the lease, its answer's record. Pulls that arrive while a batch is
+    being written now wait and go together in the next one (a lone pull is written at once):
+    one look-up of their request ids, one read of their nodes, one of their held leases, one
+    candidate query per environment filter, and then one UPDATE and one record per lease.
+    Each pull still gets its own answer: a refusal, a replayed answer, a lease or nothing.
+
+    On PostgreSQL writes run in parallel on a few threads and each pull stays a transaction of
+    its own (a batch would lock many node rows at once, against heartbeat batches that lock
+    them in another order).
+    """
+
+    def __init__(self, ctx: CoordinatorContext, *, max_batch: int = 256) -> None:
+        self.ctx = ctx
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[_PendingPull] = asyncio.Queue()
+        self._runner: asyncio.Task[None] | None = None
+        #: Transactions that leased for pulls, and the pulls they carried (tests and metrics).
+        self.batches = 0
+        self.pulls = 0
+
+    async def lease(
+        self,
+        caller: Caller,
+        environments: tuple[str, ...] | None,
+        scope: IdempotencyScope | None,
+    ) -> task_service_pb2.PullTaskResponse | NoTask:
+        """Lease a task for one pull: its response (with a lease), or :class:`NoTask`.
+
+        Raises the pull's :class:`Refusal`, or :class:`StoredResponse` when its request id was
+        answered before.
+        """
+        pending = _PendingPull(caller, environments, scope)
+        if self.ctx.group_commit is None:
+            (outcome,) = await self.ctx.run_in_transaction(
+                functools.partial(self._work, batch=[pending]), scoped=False
+            )
+            return _settled(outcome)
+        loop = asyncio.get_running_loop()
+        if self._runner is None or self._runner.done():
+            # A context of its own: the runner must not carry the first caller's request id.
+            self._runner = loop.create_task(self._run(), context=contextvars.Context())
+        pending.future = loop.create_future()
+        self._queue.put_nowait(pending)
+        return await pending.future
+
+    async def close(self) -> None:
+        """Stop batching; pulls still queued are cancelled."""
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        while not self._queue.empty():
+            future = self._queue.get_nowait().future
+            if future is not None:
+                future.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self.max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                outcomes = await self.ctx.run_in_transaction(
+                    functools.partial(self._work, batch=batch), scoped=False
+                )
+            except Exception as error:  # the transaction failed: every pull in it hears why
+                outcomes = [error] * len(batch)
+            for pending, outcome in zip(batch, outcomes, strict=True):
+                future = pending.future
+                assert future is not None
+                if future.done():
+                    continue  # the caller went away (a lease it took expires unused)
+                if outcome is _AGAIN:
+                    self._queue.put_nowait(pending)
+                elif isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+    def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
+        """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
+        self.batches += 1
+        self.pulls += len(batch)
+        config = self.ctx.config
+        outcomes: list[Any] = [None] * len(batch)
+        _answer_repeats(session, batch, outcomes)
+        asking = [index for index, outcome in enumerate(outcomes) if outcome is None]
+        standings = nodes.get_standings(session, {batch[i].caller.node_id for i in asking})
+        latest = artifacts.latest_checkpoint_step(session)
+        min_step = None if latest is None else max(0, latest - config.async_level)
+        requests: list[tasks.LeaseRequest] = []
+        leasing: list[int] = []
+        for index in asking:
+            pending = batch[index]
+            row = standings.get(pending.caller.node_id)
+            try:
+                if row is None:
+                    raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+                refuse_unusable(row)
+            except Refusal as refusal:
+                outcomes[index] = refusal
+                continue
+            caps = capabilities_from_db(row.capabilities)
+            environments = pending.environments or (tuple(sorted(caps.environments)) or None)
+            cap = min(
+                caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node
+            )
+            requests.append(tasks.LeaseRequest(pending.caller.node_id, environments, cap))
+            leasing.append(index)
+        now = self.ctx.clock()
+        leased = tasks.lease_tasks(
+            session,
+            requests,
+            now=now,
+            lease_duration=config.lease_duration,
+            min_checkpoint_step=min_step,
+        )
+        for index, request, task in zip(leasing, requests, leased, strict=True):
+            if task is None:
+                outcomes[index] = NoTask(request.environments, min_step)
+                continue
+            # Built here, in the lease's transaction, so that a pull with a request id has its
+            # answer recorded in that same transaction (not a second one).
+            response = _lease_response(task, now)
+            scope = batch[index].scope
+            if scope is not None:
+                scope.store(session, response, now)
+            outcomes[index] = response
+        return outcomes
+
+
+def _answer_repeats(session: Session, batch: list[_PendingPull], outcomes: list[Any]) -> None:
+    """Look up the batch's request ids (one read per method): a pull answered before gets
+    :class:`StoredResponse`; one whose id an earlier pull of the batch carries goes again."""
+    first: dict[tuple[str, str, str], int] = {}
+    for index, pending in enumerate(batch):
+        scope = pending.scope
+        if scope is None or scope.checked:
+            continue
+        key = (scope.method, scope.caller_id, scope.request_id)
+        if key in first:
+            outcomes[index] = _AGAIN
+        else:
+            first[key] = index
+    for method in {method for method, _, _ in first}:
+        ours = {
+            (caller, request_id): i for (m, caller, request_id), i in first.items() if m == method
+        }
+        for pair, payload in idempotency.lookup_many(session, method, ours).items():
+            outcomes[ours[pair]] = StoredResponse(payload)
+    for index in first.values():
+        scope = batch[index].scope
+        assert scope is not None
+        scope.checked = True
+
+
+def _has_work(filters: NoTask, session: Session) -> bool:
+    return tasks.has_queued_task(
+        session,
+        environments=filters.environments,
+        min_checkpoint_step=filters.min_checkpoint_step,
+    )
+
+
+def _settled(outcome: Any) -> task_service_pb2.PullTaskResponse | NoTask:
+    if isinstance(outcome, BaseException):
+        raise outcome
+    assert outcome is not _AGAIN, "a pull alone in its batch is never sent again"
+    return outcome  # type: ignore[no-any-return]
+
+
 class Dispatcher:
     """Creates tasks from demand and leases them to pulling workers."""
 
     def __init__(self, ctx: CoordinatorContext) -> None:
         self.ctx = ctx
+        self.leases = PullBatcher(ctx)
 
     async def request_rollouts(
         self, caller: Caller, request: rollout_service_pb2.RequestRolloutsRequest
@@ -225,50 +435,19 @@ class Dispatcher:
         if request.HasField("wait"):
             wait = min(max(request.wait.ToTimedelta(), timedelta(0)), config.pull_wait_max)
         loop_deadline = self.ctx.clock() + wait
-        environments = list(request.environments) or None
-
-        def work(session: Session) -> task_service_pb2.PullTaskResponse | None:
-            row = nodes.get_standing(session, caller.node_id)
-            if row is None:
-                raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
-            refuse_unusable(row)
-            caps = capabilities_from_db(row.capabilities)
-            envs = environments or (list(caps.environments) or None)
-            cap = min(
-                caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node
-            )
-            latest = artifacts.latest_checkpoint_step(session)
-            min_step = None if latest is None else max(0, latest - config.async_level)
-            filters.update(environments=envs, min_checkpoint_step=min_step)
-            leased = tasks.lease_next_task(
-                session,
-                node_id=caller.node_id,
-                now=self.ctx.clock(),
-                lease_duration=config.lease_duration,
-                environments=envs,
-                min_checkpoint_step=min_step,
-                max_leases_per_node=cap,
-            )
-            # The response is built here, in the lease's transaction, so that a pull with a
-            # request id has its answer recorded in that same transaction (not a second one).
-            return None if leased is None else _lease_response(leased, self.ctx.clock())
-
-        filters: dict[str, Any] = {}
-
-        def work_waits(session: Session) -> bool:
-            return tasks.has_queued_task(session, **filters)
-
-        response = await self.ctx.run_in_transaction(work)
+        asked = tuple(sorted(set(request.environments))) or None
+        scope = IDEMPOTENCY_SCOPE.get()
+        outcome = await self.leases.lease(caller, asked, scope)
         while True:
-            if response is not None:
-                return response
+            if not isinstance(outcome, NoTask):
+                return outcome
             remaining = (loop_deadline - self.ctx.clock()).total_seconds()
             if remaining <= 0:
                 return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
             await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
             # An idle poll costs a read, not a write: lease only when something is queued.
-            if await self.ctx.run_read(work_waits):
-                response = await self.ctx.run_in_transaction(work)
+            if await self.ctx.run_read(functools.partial(_has_work, outcome)):
+                outcome = await self.leases.lease(caller, asked, scope)
 
     async def report_progress(
         self, caller: Caller, request: task_service_pb2.ReportProgressRequest

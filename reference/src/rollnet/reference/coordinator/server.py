@@ -106,6 +106,7 @@ class Coordinator:
     port: int
     health: health.aio.HealthServicer
     registry: NodeRegistry
+    dispatcher: Dispatcher
     metrics_port: int | None = None
     readiness: Readiness = field(default_factory=Readiness)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -139,6 +140,7 @@ class Coordinator:
                 await task
         await self.server.stop(grace)
         await self.registry.heartbeats.close()
+        await self.dispatcher.leases.close()
         await asyncio.to_thread(self.ctx.metrics.close)
         self.ctx.close()
 
@@ -319,6 +321,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         port=port,
         health=health_servicer,
         registry=registry,
+        dispatcher=dispatcher,
         readiness=serving,
     )
     await coordinator.set_serving(False)
