@@ -331,6 +331,33 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
             await client.close()
 
 
+@pytest.mark.parametrize(
+    "environments",
+    [["arithmetic"] * 65, [""], ["x" * 65]],
+    ids=["too-many", "empty-name", "long-name"],
+)
+async def test_a_pull_with_an_absurd_environment_filter_is_refused(
+    coordinator: Coordinator, environments: list[str]
+) -> None:
+    """A pull's filter is bounded like registered capabilities (it shares a batch's query)."""
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        with pytest.raises(RollnetError) as refused:
+            await client.tasks.pull_task(
+                task_service_pb2.PullTaskRequest(environments=environments, wait=Duration())
+            )
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert [v.field for v in refused.value.field_violations] == ["environments"]
+        fine = await client.tasks.pull_task(
+            task_service_pb2.PullTaskRequest(environments=["arithmetic"] * 64, wait=Duration())
+        )
+        assert not fine.HasField("lease")
+    finally:
+        await client.close()
+
+
 async def _true(value: bool) -> bool:
     return value
 

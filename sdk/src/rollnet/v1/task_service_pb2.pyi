@@ -71,7 +71,9 @@ class PullTaskRequest(_message.Message):
 
     @_builtins.property
     def environments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Only tasks of these environments; empty means the node's registered capabilities."""
+        """Only tasks of these environments; empty means the node's registered capabilities. At most
+        64 names of 1-64 characters each (INVALID_FIELDS otherwise).
+        """
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from rollnet.reference.coordinator.context import (
     wait_for,
 )
 from rollnet.reference.coordinator.nodes import (
+    MAX_CAPABILITY_ITEMS,
     Caller,
     capabilities_from_db,
     duration,
@@ -245,10 +246,10 @@ class PullBatcher:
                 if row is None:
                     raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
                 refuse_unusable(row)
-            except Refusal as refusal:
-                outcomes[index] = refusal
+                caps = capabilities_from_db(row.capabilities)
+            except Exception as error:  # this pull's alone: the others' go on
+                outcomes[index] = error
                 continue
-            caps = capabilities_from_db(row.capabilities)
             environments = pending.environments or (tuple(sorted(caps.environments)) or None)
             cap = min(
                 caps.max_concurrent_leases or config.max_leases_per_node, config.max_leases_per_node
@@ -430,6 +431,14 @@ class Dispatcher:
         self, caller: Caller, request: task_service_pb2.PullTaskRequest
     ) -> task_service_pb2.PullTaskResponse:
         """Long-poll for a task; lease the oldest matching one."""
+        v = Violations()
+        v.require(
+            len(request.environments) <= MAX_CAPABILITY_ITEMS
+            and all(0 < len(name) <= 64 for name in request.environments),
+            "environments",
+            f"at most {MAX_CAPABILITY_ITEMS} names of 1-64 characters",
+        )
+        v.raise_if_any()
         config = self.ctx.config
         wait = config.pull_wait_max
         if request.HasField("wait"):
