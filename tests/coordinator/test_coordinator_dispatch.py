@@ -284,14 +284,22 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
             asyncio.ensure_future(repeat.tasks.pull_task(same)),
         ]
         if writer is not None:
-            # The first pull is already with the writer; the other four wait for the next batch.
+            # The same id on another request, in the same batch: told apart, leases nothing.
+            reused = task_service_pb2.PullTaskRequest(
+                request_id="same-id", wait=Duration(seconds=0), environments=["arithmetic"]
+            )
+            calls.append(asyncio.ensure_future(repeat.tasks.pull_task(reused)))
+            # The first pull is already with the writer; the others wait for the next batch.
             await wait_until(
-                lambda: _true(leases._queue.qsize() == 4), what="four pulls queued for a batch"
+                lambda: _true(leases._queue.qsize() == 5), what="five pulls queued for a batch"
             )
             released.set()
             await blocker
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        first, second, refused, once, again = outcomes
+        first, second, refused, once, again = outcomes[:5]
+        if writer is not None:
+            assert isinstance(outcomes[5], RollnetError)
+            assert outcomes[5].reason == ErrorReason.REQUEST_ID_REUSED
         assert isinstance(refused, RollnetError)
         assert refused.reason == ErrorReason.NODE_EJECTED
         assert isinstance(first, task_service_pb2.PullTaskResponse)
@@ -320,8 +328,8 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
         } == leased
         batches, pulls = leases.batches - before[0], leases.pulls - before[1]
         if writer is not None:
-            # One batch for the first pull, one for the next four, one more for the repeat.
-            assert (batches, pulls) == (3, 6)
+            # One batch for the first pull, one for the next five (the repeats included).
+            assert (batches, pulls) == (2, 6)
         else:
             assert batches == pulls == 5  # PostgreSQL: a transaction per pull
     finally:

@@ -269,17 +269,16 @@ class IdempotencyScope:
     checked: bool = False
     stored: bool = False
 
+    def record_of(self, response: Message) -> bytes:
+        """What is stored for ``response``: the request's digest, then the response's bytes."""
+        return self.request_digest + response.SerializeToString(deterministic=True)
+
     def store(self, session: Session, response: Message, now: datetime) -> None:
         """Record ``response`` as this call's answer in ``session`` (once per call)."""
         if self.stored:
             return
         idempotency.store(
-            session,
-            self.caller_id,
-            self.method,
-            self.request_id,
-            self.request_digest + response.SerializeToString(deterministic=True),
-            now=now,
+            session, self.caller_id, self.method, self.request_id, self.record_of(response), now=now
         )
         self.stored = True
 

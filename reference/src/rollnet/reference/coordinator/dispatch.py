@@ -232,7 +232,7 @@ class PullBatcher:
         self.pulls += len(batch)
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
-        _answer_repeats(session, batch, outcomes)
+        repeats = _answer_repeats(session, batch, outcomes)
         asking = [index for index, outcome in enumerate(outcomes) if outcome is None]
         standings = nodes.get_standings(session, {batch[i].caller.node_id for i in asking})
         latest = artifacts.latest_checkpoint_step(session)
@@ -275,13 +275,27 @@ class PullBatcher:
             if scope is not None:
                 scope.store(session, response, now)
             outcomes[index] = response
+        for index, first in repeats.items():
+            # A second pull with the first one's request id hears what the first one recorded,
+            # as a retry would (the replay compares the two requests' digests). After a refusal
+            # or no task nothing was recorded: it goes again, in the next batch.
+            answer = outcomes[first]
+            scope = batch[first].scope
+            if isinstance(answer, StoredResponse):
+                outcomes[index] = StoredResponse(answer.payload)
+            elif isinstance(answer, task_service_pb2.PullTaskResponse) and scope is not None:
+                outcomes[index] = StoredResponse(scope.record_of(answer))
         return outcomes
 
 
-def _answer_repeats(session: Session, batch: list[_PendingPull], outcomes: list[Any]) -> None:
+def _answer_repeats(
+    session: Session, batch: list[_PendingPull], outcomes: list[Any]
+) -> dict[int, int]:
     """Look up the batch's request ids (one read per method): a pull answered before gets
-    :class:`StoredResponse`; one whose id an earlier pull of the batch carries goes again."""
+    :class:`StoredResponse`. A pull whose request id an earlier pull of the batch carries is
+    set to go again; returned: its index, to the index of that earlier pull."""
     first: dict[tuple[str, str, str], int] = {}
+    repeats: dict[int, int] = {}
     for index, pending in enumerate(batch):
         scope = pending.scope
         if scope is None or scope.checked:
@@ -289,6 +303,7 @@ def _answer_repeats(session: Session, batch: list[_PendingPull], outcomes: list[
         key = (scope.method, scope.caller_id, scope.request_id)
         if key in first:
             outcomes[index] = _AGAIN
+            repeats[index] = first[key]
         else:
             first[key] = index
     for method in {method for method, _, _ in first}:
@@ -301,6 +316,7 @@ def _answer_repeats(session: Session, batch: list[_PendingPull], outcomes: list[
         scope = batch[index].scope
         assert scope is not None
         scope.checked = True
+    return repeats
 
 
 def _has_work(filters: NoTask, session: Session) -> bool:
