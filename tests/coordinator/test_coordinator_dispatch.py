@@ -339,6 +339,57 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
             await client.close()
 
 
+async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    if coordinator.ctx.group_commit is None:
+        pytest.skip("PostgreSQL leases each pull in a transaction of its own (no batches)")
+    writer = coordinator.ctx.group_commit
+    trainer = await _trainer(coordinator, trainer_identity)
+    staying, leaving = Identity.generate(), Identity.generate()
+    stays, leaves = connect(coordinator.address, staying), connect(coordinator.address, leaving)
+    released = threading.Event()
+    try:
+        await register(stays, staying, common_pb2.ROLE_WORKER)
+        await register(leaves, leaving, common_pb2.ROLE_WORKER)
+        await request_tasks(trainer, 2)
+        leases = coordinator.dispatcher.leases
+        blocker = writer.submit(lambda _session: released.wait(10))
+        kept = asyncio.ensure_future(pull(stays, wait=0))
+        # The first pull's batch waits behind the blocker in the writer's queue.
+        await wait_until(
+            lambda: _true(writer._queue.qsize() == 1), what="the first pull with the writer"
+        )
+        cancelled = asyncio.ensure_future(pull(leaves, wait=0))
+        await wait_until(lambda: _true(leases._queue.qsize() >= 1), what="the pull queued")
+        queued = list(leases._queue._queue)  # type: ignore[attr-defined]
+        cancelled.cancel()
+        # The server hears of the cancellation and cancels the handler waiting on the batch.
+        await wait_until(
+            lambda: _true(all(p.future is not None and p.future.done() for p in queued)),
+            what="the queued pull cancelled on the server",
+        )
+        pulls_before = leases.pulls
+        released.set()
+        await blocker
+        answer = await kept
+        assert answer.HasField("lease")
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        leased = [
+            task_id
+            for task_id in await _all_task_ids(coordinator)
+            if await _task_state(coordinator, task_id) == TaskState.LEASED
+        ]
+        assert leased == [answer.task.task_id]
+        assert leases.pulls == pulls_before + 1  # the cancelled pull never reached the writer
+    finally:
+        released.set()
+        await trainer.close()
+        await stays.close()
+        await leaves.close()
+
+
 @pytest.mark.parametrize(
     "environments",
     [["arithmetic"] * 65, [""], ["x" * 65]],

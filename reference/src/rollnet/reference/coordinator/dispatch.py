@@ -208,6 +208,11 @@ class PullBatcher:
             batch = [await self._queue.get()]
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            # A pull whose caller went away while it waited leases nothing: a lease taken for it
+            # would count against its node's cap until it expired.
+            batch = [pending for pending in batch if not _gone(pending)]
+            if not batch:
+                continue
             try:
                 outcomes = await self.ctx.run_in_transaction(
                     functools.partial(self._work, batch=batch), scoped=False
@@ -317,6 +322,10 @@ def _answer_repeats(
         assert scope is not None
         scope.checked = True
     return repeats
+
+
+def _gone(pending: _PendingPull) -> bool:
+    return pending.future is not None and pending.future.done()
 
 
 def _has_work(filters: NoTask, session: Session) -> bool:
