@@ -290,6 +290,8 @@ def test_looking_up_many_request_ids_matches_exact_pairs(
             (a, "r-2"): b"a2-commit"
         }
         assert idem.lookup_many(session, pull, []) == {}
+        assert idem.lookup_many(session, pull, [(b, "r-2")]) == {(b, "r-2"): b"b2"}
+        assert idem.lookup_many(session, pull, [(b, "r-1")]) == {}
         many = [(a, f"x-{i}") for i in range(300)] + [(b, "r-2")]
         assert idem.lookup_many(session, pull, many) == {(b, "r-2"): b"b2"}
 

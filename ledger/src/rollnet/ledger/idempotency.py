@@ -51,6 +51,10 @@ def lookup_many(
     if not keys:
         return {}
     pairs = sorted(set(keys))
+    if len(pairs) == 1:  # a lone pull (and every pull on PostgreSQL): the prebuilt statement
+        ((caller, request_id),) = pairs
+        found = lookup(session, caller, method, request_id)
+        return {} if found is None else {(caller, request_id): found}
     params: dict[str, str] = {"method": method}
     for index, (caller, request_id) in enumerate(pairs):
         params[f"c{index}"] = caller
