@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -23,7 +24,7 @@ from rollnet.ledger import create_engine, upgrade_to_head
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, TlsConfig
-from rollnet.v1 import common_pb2
+from rollnet.v1 import common_pb2, task_service_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -125,6 +126,8 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
     client = connect(coordinator.address, worker)
     try:
         await register(client, worker, common_pb2.ROLE_WORKER)
+        # One pull that finds no work: one lease transaction, carrying it.
+        await client.tasks.pull_task(task_service_pb2.PullTaskRequest(wait=Duration()))
         assert coordinator.metrics_port
         text = await asyncio.to_thread(scrape)
         samples = [line for line in text.splitlines() if line.startswith("rollnet_rpcs_total{")]
@@ -139,8 +142,15 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
             name: float(value)
             for name, _, value in (line.partition(" ") for line in text.splitlines())
             if name
-            in ("rollnet_db_commits", "rollnet_db_write_calls", "rollnet_event_loop_lag_seconds")
+            in (
+                "rollnet_db_commits",
+                "rollnet_db_write_calls",
+                "rollnet_event_loop_lag_seconds",
+                "rollnet_pull_batches",
+                "rollnet_pulls_batched",
+            )
         }
+        assert figures["rollnet_pull_batches"] == figures["rollnet_pulls_batched"] == 1
         assert figures["rollnet_db_commits"] >= 1
         assert figures["rollnet_db_write_calls"] >= figures["rollnet_db_commits"]
         assert 0 <= figures["rollnet_event_loop_lag_seconds"] < 60

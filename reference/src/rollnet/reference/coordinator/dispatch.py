@@ -163,7 +163,7 @@ class PullBatcher:
         self.max_batch = max_batch
         self._queue: asyncio.Queue[_PendingPull] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
-        #: Transactions that leased for pulls, and the pulls they carried (tests and metrics).
+        #: Transactions sent to lease for pulls, and the pulls they carried (tests and metrics).
         self.batches = 0
         self.pulls = 0
 
@@ -180,6 +180,7 @@ class PullBatcher:
         """
         pending = _PendingPull(caller, environments, scope)
         if self.ctx.group_commit is None:
+            self._count([pending])
             (outcome,) = await self.ctx.run_in_transaction(
                 functools.partial(self._work, batch=[pending]), scoped=False
             )
@@ -191,6 +192,11 @@ class PullBatcher:
         pending.future = loop.create_future()
         self._queue.put_nowait(pending)
         return await pending.future
+
+    def _count(self, batch: list[_PendingPull]) -> None:
+        # Counted on the event loop, when the batch goes to the writer (threads may not race).
+        self.batches += 1
+        self.pulls += len(batch)
 
     async def close(self) -> None:
         """Stop batching; pulls still queued are cancelled."""
@@ -213,6 +219,7 @@ class PullBatcher:
             batch = [pending for pending in batch if not _gone(pending)]
             if not batch:
                 continue
+            self._count(batch)
             try:
                 outcomes = await self.ctx.run_in_transaction(
                     functools.partial(self._work, batch=batch), scoped=False
@@ -233,8 +240,6 @@ class PullBatcher:
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
         """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
-        self.batches += 1
-        self.pulls += len(batch)
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
         repeats = _answer_repeats(session, batch, outcomes)

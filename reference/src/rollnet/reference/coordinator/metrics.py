@@ -72,6 +72,21 @@ class CoordinatorMetrics:
             "Calls whose writes those commits carried (calls per commit = this / commits)",
             registry=self.registry,
         )
+        self.pull_batches = Gauge(
+            "rollnet_pull_batches",
+            "Lease transactions run for PullTask calls since start (one per pull on PostgreSQL)",
+            registry=self.registry,
+        )
+        self.pulls_batched = Gauge(
+            "rollnet_pulls_batched",
+            "PullTask attempts those transactions carried (pulls per batch = this / batches)",
+            registry=self.registry,
+        )
+
+    def watch_pulls(self, batches: Callable[[], float], pulls: Callable[[], float]) -> None:
+        """Read the pull-batching figures when scraped."""
+        self.pull_batches.set_function(batches)
+        self.pulls_batched.set_function(pulls)
 
     def watch_load(
         self,

@@ -273,6 +273,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         None if writer is None else (lambda: writer.jobs),
     )
     dispatcher = Dispatcher(ctx)
+    metrics.watch_pulls(lambda: dispatcher.leases.batches, lambda: dispatcher.leases.pulls)
     desk = WorkDesk(ctx)
     checkpoints = CheckpointDesk(ctx)
     ledger = LedgerDesk(ctx)
