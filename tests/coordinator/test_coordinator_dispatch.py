@@ -23,12 +23,15 @@ from coordinator_testing import (
 )
 from google.protobuf.duration_pb2 import Duration
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Node, Task
+from rollnet.reference.coordinator import context as context_module
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.context import GroupCommitWriter
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.identity import node_id_from_public_key
@@ -274,7 +277,7 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
         before = (leases.batches, leases.pulls)
         if writer is not None:
             # Hold the writer so that the pulls below queue up behind it.
-            blocker = writer.submit(lambda _session: released.wait(10))
+            blocker = await _hold(writer, released)
         same = task_service_pb2.PullTaskRequest(request_id="same-id", wait=Duration(seconds=0))
         calls = [
             asyncio.ensure_future(pull(eager, wait=0)),
@@ -354,7 +357,7 @@ async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
         await register(leaves, leaving, common_pb2.ROLE_WORKER)
         await request_tasks(trainer, 2)
         leases = coordinator.dispatcher.leases
-        blocker = writer.submit(lambda _session: released.wait(10))
+        blocker = await _hold(writer, released)
         kept = asyncio.ensure_future(pull(stays, wait=0))
         # The first pull's batch waits behind the blocker in the writer's queue.
         await wait_until(
@@ -390,6 +393,106 @@ async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
         await leaves.close()
 
 
+async def test_a_request_id_repeated_across_long_polls_leases_once_and_spares_the_others(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    """Two long polls with one request id wake with work: one lease for both, and every other
+    pull of their batch leases too (found in review: a batch failed for all its pulls)."""
+    trainer = await _trainer(coordinator, trainer_identity)
+    identities = [Identity.generate() for _ in range(6)]
+    clients = [connect(coordinator.address, identity) for identity in identities]
+    try:
+        for client, identity in zip(clients, identities, strict=True):
+            await register(client, identity, common_pb2.ROLE_WORKER)
+        hostile = clients[0]
+        same = task_service_pb2.PullTaskRequest(request_id="twice", wait=Duration(seconds=10))
+        calls = [asyncio.ensure_future(hostile.tasks.pull_task(same)) for _ in range(2)]
+        calls += [asyncio.ensure_future(pull(client, wait=10)) for client in clients[1:]]
+        waiters = coordinator.ctx.signals.work_available._waiters  # type: ignore[attr-defined]
+        # Every pull found no work and long-polls: their request ids were looked up once.
+        await wait_until(lambda: _true(len(waiters) == len(calls)), what="every pull waiting")
+        await request_tasks(trainer, 10)
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        for outcome in outcomes:
+            assert isinstance(outcome, task_service_pb2.PullTaskResponse), outcome
+            assert outcome.HasField("lease")
+        first, second, *others = outcomes
+        assert first == second
+        assert coordinator.dispatcher.leases.retried == 0  # no batch failed on the way
+        leased = {response.task.task_id for response in [first, *others]}
+        assert len(leased) == len(clients)
+        assert {
+            task_id
+            for task_id in await _all_task_ids(coordinator)
+            if await _task_state(coordinator, task_id) == TaskState.LEASED
+        } == leased
+    finally:
+        await trainer.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_a_batch_that_fails_is_retried_pull_by_pull(
+    coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pull's failure inside a batch's transaction reaches that pull's caller only."""
+    writer = coordinator.ctx.group_commit
+    if writer is None:
+        pytest.skip("PostgreSQL leases each pull in a transaction of its own (no batches)")
+    trainer = await _trainer(coordinator, trainer_identity)
+    identities = [Identity.generate() for _ in range(4)]
+    clients = [connect(coordinator.address, identity) for identity in identities]
+    broken = node_id_from_public_key(identities[1].public_key)
+    store = context_module.idempotency.store
+
+    def failing_store(session: Session, caller_id: str, *args: Any, **kwargs: Any) -> None:
+        if caller_id == broken:
+            raise IntegrityError("INSERT", {}, Exception("injected"))
+        store(session, caller_id, *args, **kwargs)
+
+    released = threading.Event()
+    try:
+        for client, identity in zip(clients, identities, strict=True):
+            await register(client, identity, common_pb2.ROLE_WORKER)
+        await request_tasks(trainer, 4)
+        monkeypatch.setattr(context_module.idempotency, "store", failing_store)
+        leases = coordinator.dispatcher.leases
+        blocker = await _hold(writer, released)
+        first = asyncio.ensure_future(pull(clients[0], wait=0))
+        await wait_until(lambda: _true(writer._queue.qsize() == 1), what="a pull with the writer")
+        before = (leases.batches, leases.pulls)
+        calls = [
+            asyncio.ensure_future(
+                client.tasks.pull_task(
+                    task_service_pb2.PullTaskRequest(request_id=f"r{n}", wait=Duration())
+                )
+            )
+            for n, client in enumerate(clients[1:])
+        ]
+        await wait_until(lambda: _true(leases._queue.qsize() == 3), what="three pulls queued")
+        released.set()
+        await blocker
+        assert (await first).HasField("lease")
+        failed, *fine = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(failed, RollnetError)
+        for outcome in fine:
+            assert isinstance(outcome, task_service_pb2.PullTaskResponse)
+            assert outcome.HasField("lease")
+        # The batch of three, then each of them alone.
+        assert (leases.batches - before[0], leases.pulls - before[1]) == (4, 6)
+        leased = [
+            task_id
+            for task_id in await _all_task_ids(coordinator)
+            if await _task_state(coordinator, task_id) == TaskState.LEASED
+        ]
+        assert len(leased) == 3  # the failed pull's lease was rolled back with it
+    finally:
+        released.set()
+        await trainer.close()
+        for client in clients:
+            await client.close()
+
+
 @pytest.mark.parametrize(
     "environments",
     [["arithmetic"] * 65, [""], ["x" * 65]],
@@ -415,6 +518,19 @@ async def test_a_pull_with_an_absurd_environment_filter_is_refused(
         assert not fine.HasField("lease")
     finally:
         await client.close()
+
+
+async def _hold(writer: GroupCommitWriter, released: threading.Event) -> asyncio.Future[Any]:
+    """Occupy the writer thread until ``released`` is set; returns once it is occupied."""
+    started = threading.Event()
+
+    def hold(_session: Session) -> None:
+        started.set()
+        released.wait(10)
+
+    held = writer.submit(hold)
+    await wait_until(lambda: _true(started.is_set()), what="the writer held")
+    return held
 
 
 async def _true(value: bool) -> bool:

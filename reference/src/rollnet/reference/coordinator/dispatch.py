@@ -166,6 +166,8 @@ class PullBatcher:
         #: Transactions sent to lease for pulls, and the pulls they carried (tests and metrics).
         self.batches = 0
         self.pulls = 0
+        #: Pulls tried again alone after their batch's transaction failed.
+        self.retried = 0
 
     async def lease(
         self,
@@ -198,6 +200,11 @@ class PullBatcher:
         self.batches += 1
         self.pulls += len(batch)
 
+    def _count_each(self, batch: list[_PendingPull]) -> None:
+        self.batches += len(batch)
+        self.pulls += len(batch)
+        self.retried += len(batch)
+
     async def close(self) -> None:
         """Stop batching; pulls still queued are cancelled."""
         if self._runner is not None:
@@ -219,13 +226,13 @@ class PullBatcher:
             batch = [pending for pending in batch if not _gone(pending)]
             if not batch:
                 continue
-            self._count(batch)
             try:
-                outcomes = await self.ctx.run_in_transaction(
-                    functools.partial(self._work, batch=batch), scoped=False
-                )
-            except Exception as error:  # the transaction failed: every pull in it hears why
-                outcomes = [error] * len(batch)
+                outcomes = await self._lease_batch(batch)
+            except asyncio.CancelledError:  # closing: no pull of this batch is left waiting
+                for pending in batch:
+                    if pending.future is not None:
+                        pending.future.cancel()
+                raise
             for pending, outcome in zip(batch, outcomes, strict=True):
                 future = pending.future
                 assert future is not None
@@ -237,6 +244,32 @@ class PullBatcher:
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+
+    async def _lease_batch(self, batch: list[_PendingPull]) -> list[Any]:
+        """The batch's outcomes. If its transaction fails, each pull is tried again alone, so
+        that one pull's failure (a constraint it breaks, say) reaches its own caller only."""
+        self._count(batch)
+        try:
+            return await self.ctx.run_in_transaction(
+                functools.partial(self._work, batch=batch), scoped=False
+            )
+        except Exception as error:
+            if len(batch) == 1:
+                return [error]
+        for pending in batch:
+            if pending.scope is not None:
+                pending.scope.stored = False  # its record was rolled back with the batch
+        self._count_each(batch)
+        singles = await asyncio.gather(
+            *(
+                self.ctx.run_in_transaction(
+                    functools.partial(self._work, batch=[pending]), scoped=False
+                )
+                for pending in batch
+            ),
+            return_exceptions=True,
+        )
+        return [single if isinstance(single, BaseException) else single[0] for single in singles]
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
         """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
@@ -308,7 +341,9 @@ def _answer_repeats(
     repeats: dict[int, int] = {}
     for index, pending in enumerate(batch):
         scope = pending.scope
-        if scope is None or scope.checked:
+        # Every scoped pull is looked up, whether or not an earlier try of its long poll was:
+        # another call with its request id may have leased and recorded since.
+        if scope is None:
             continue
         key = (scope.method, scope.caller_id, scope.request_id)
         if key in first:
