@@ -435,32 +435,44 @@ async def test_a_request_id_repeated_across_long_polls_leases_once_and_spares_th
 async def test_a_batch_that_fails_is_retried_pull_by_pull(
     coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One pull's failure inside a batch's transaction reaches that pull's caller only."""
+    """One pull's failure inside a batch's transaction reaches that pull's caller only; a pull
+    whose caller left while the batch was being written is not tried again."""
     writer = coordinator.ctx.group_commit
     if writer is None:
         pytest.skip("PostgreSQL leases each pull in a transaction of its own (no batches)")
     trainer = await _trainer(coordinator, trainer_identity)
-    identities = [Identity.generate() for _ in range(4)]
+    identities = [Identity.generate() for _ in range(5)]
     clients = [connect(coordinator.address, identity) for identity in identities]
-    broken = node_id_from_public_key(identities[1].public_key)
+    broken, leaving = (node_id_from_public_key(i.public_key) for i in identities[1:3])
     store = context_module.idempotency.store
+    reached, proceed = threading.Event(), threading.Event()
 
     def failing_store(session: Session, caller_id: str, *args: Any, **kwargs: Any) -> None:
         if caller_id == broken:
+            reached.set()
+            proceed.wait(10)
             raise IntegrityError("INSERT", {}, Exception("injected"))
         store(session, caller_id, *args, **kwargs)
 
     released = threading.Event()
+    leases = coordinator.dispatcher.leases
+    batches: list[list[Any]] = []
+    lease_batch = leases._lease_batch
+
+    async def recording(batch: list[Any]) -> list[Any]:
+        batches.append(list(batch))
+        return await lease_batch(batch)
+
     try:
         for client, identity in zip(clients, identities, strict=True):
             await register(client, identity, common_pb2.ROLE_WORKER)
-        await request_tasks(trainer, 4)
+        await request_tasks(trainer, 5)
         monkeypatch.setattr(context_module.idempotency, "store", failing_store)
-        leases = coordinator.dispatcher.leases
+        monkeypatch.setattr(leases, "_lease_batch", recording)
         blocker = await _hold(writer, released)
         first = asyncio.ensure_future(pull(clients[0], wait=0))
         await wait_until(lambda: _true(writer._queue.qsize() == 1), what="a pull with the writer")
-        before = (leases.batches, leases.pulls)
+        before = (leases.batches, leases.pulls, leases.retried)
         calls = [
             asyncio.ensure_future(
                 client.tasks.pull_task(
@@ -469,28 +481,56 @@ async def test_a_batch_that_fails_is_retried_pull_by_pull(
             )
             for n, client in enumerate(clients[1:])
         ]
-        await wait_until(lambda: _true(leases._queue.qsize() == 3), what="three pulls queued")
+        await wait_until(lambda: _true(leases._queue.qsize() == 4), what="four pulls queued")
         released.set()
         await blocker
         assert (await first).HasField("lease")
-        failed, *fine = await asyncio.gather(*calls, return_exceptions=True)
+        # The batch of four is being written; one of its callers leaves now.
+        await wait_until(lambda: _true(reached.is_set()), what="the batch in the writer")
+        calls[1].cancel()
+        await wait_until(
+            lambda: _true(
+                any(p.caller.node_id == leaving and p.future.done() for p in batches[-1])
+            ),
+            what="the server to hear of the cancellation",
+        )
+        proceed.set()
+        failed, gone, *fine = await asyncio.gather(*calls, return_exceptions=True)
         assert isinstance(failed, RollnetError)
+        assert isinstance(gone, asyncio.CancelledError)
         for outcome in fine:
             assert isinstance(outcome, task_service_pb2.PullTaskResponse)
             assert outcome.HasField("lease")
-        # The batch of three, then each of them alone.
-        assert (leases.batches - before[0], leases.pulls - before[1]) == (4, 6)
-        leased = [
-            task_id
+        # The batch of four, then each of the three still there alone.
+        assert (
+            leases.batches - before[0],
+            leases.pulls - before[1],
+            leases.retried - before[2],
+        ) == (4, 7, 3)
+        holders = {
+            await _lease_holder(coordinator, task_id)
             for task_id in await _all_task_ids(coordinator)
             if await _task_state(coordinator, task_id) == TaskState.LEASED
-        ]
-        assert len(leased) == 3  # the failed pull's lease was rolled back with it
+        }
+        # The failed pull's lease was rolled back with it; the one who left holds none.
+        assert len(holders) == 3
+        assert broken not in holders
+        assert leaving not in holders
     finally:
         released.set()
+        proceed.set()
         await trainer.close()
         for client in clients:
             await client.close()
+
+
+async def _lease_holder(coordinator: Coordinator, task_id: str) -> str | None:
+    def read(session: Session) -> str | None:
+        row = task_repo.get_task(session, task_id)
+        assert row is not None
+        return row.lease_holder
+
+    return await coordinator.ctx.run_read(read)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def lookup_many(
     return {(caller, request_id): bytes(response) for caller, request_id, response in rows}
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=512)
 def _lookup_pairs_sql(count: int) -> TextClause:
     pairs = ", ".join(f"(:c{i}, :r{i})" for i in range(count))
     return text(

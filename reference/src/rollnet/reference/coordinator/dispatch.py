@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +45,8 @@ from rollnet.reference.envs.registry import (
 )
 from rollnet.sdk.errors import ErrorReason
 from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
+
+log = logging.getLogger("rollnet.coordinator")
 
 MAX_TASKS_PER_REQUEST = 10_000
 # Long polls re-check the database this often, to see work queued by other replicas.
@@ -140,6 +143,8 @@ class _PendingPull:
 #: Outcome of a pull whose request id another pull of the same batch carries: it is retried in
 #: the next batch, where the first one's record answers it.
 _AGAIN = object()
+#: Outcome of a pull whose caller went away before it could be tried again (nobody to answer).
+_GONE = object()
 
 
 class PullBatcher:
@@ -236,7 +241,7 @@ class PullBatcher:
             for pending, outcome in zip(batch, outcomes, strict=True):
                 future = pending.future
                 assert future is not None
-                if future.done():
+                if future.done() or outcome is _GONE:
                     continue  # the caller went away (a lease it took expires unused)
                 if outcome is _AGAIN:
                     self._queue.put_nowait(pending)
@@ -256,20 +261,31 @@ class PullBatcher:
         except Exception as error:
             if len(batch) == 1:
                 return [error]
-        for pending in batch:
-            if pending.scope is not None:
-                pending.scope.stored = False  # its record was rolled back with the batch
-        self._count_each(batch)
+            log.warning(
+                "a batch of %d pulls failed (%s: %s); trying each alone",
+                len(batch),
+                type(error).__name__,
+                error,
+            )
+        outcomes: list[Any] = [_GONE] * len(batch)
+        again = [i for i, pending in enumerate(batch) if not _gone(pending)]
+        for index in again:
+            scope = batch[index].scope
+            if scope is not None:
+                scope.stored = False  # its record was rolled back with the batch
+        self._count_each([batch[i] for i in again])
         singles = await asyncio.gather(
             *(
                 self.ctx.run_in_transaction(
-                    functools.partial(self._work, batch=[pending]), scoped=False
+                    functools.partial(self._work, batch=[batch[index]]), scoped=False
                 )
-                for pending in batch
+                for index in again
             ),
             return_exceptions=True,
         )
-        return [single if isinstance(single, BaseException) else single[0] for single in singles]
+        for index, single in zip(again, singles, strict=True):
+            outcomes[index] = single if isinstance(single, BaseException) else single[0]
+        return outcomes
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
         """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
