@@ -287,15 +287,19 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
             asyncio.ensure_future(repeat.tasks.pull_task(same)),
         ]
         if writer is not None:
-            # The same id on another request, in the same batch: told apart, leases nothing.
+
+            def arrived() -> int:
+                # Sent to the writer (the first batch: one pull, or two that came together)
+                # or queued for the next batch.
+                return leases.pulls - before[1] + leases._queue.qsize()
+
+            await wait_until(lambda: _true(arrived() == 5), what="five pulls with the batcher")
+            # The same id on another request, after the first two: told apart, leases nothing.
             reused = task_service_pb2.PullTaskRequest(
                 request_id="same-id", wait=Duration(seconds=0), environments=["arithmetic"]
             )
             calls.append(asyncio.ensure_future(repeat.tasks.pull_task(reused)))
-            # The first pull is already with the writer; the others wait for the next batch.
-            await wait_until(
-                lambda: _true(leases._queue.qsize() == 5), what="five pulls queued for a batch"
-            )
+            await wait_until(lambda: _true(arrived() == 6), what="six pulls with the batcher")
             released.set()
             await blocker
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
@@ -331,7 +335,7 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
         } == leased
         batches, pulls = leases.batches - before[0], leases.pulls - before[1]
         if writer is not None:
-            # One batch for the first pull, one for the next five (the repeats included).
+            # One batch went to the held writer, one more for all the pulls queued behind it.
             assert (batches, pulls) == (2, 6)
         else:
             assert batches == pulls == 5  # PostgreSQL: a transaction per pull
