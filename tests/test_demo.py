@@ -51,3 +51,26 @@ def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) ->
     cheat = [line for line in balances if "cheat-token_altered" in line]
     assert cheat, balances
     assert cheat[0].split(":")[-1].strip().startswith("-"), balances
+
+
+def test_a_new_run_starts_from_a_fresh_ledger_and_keeps_the_model_and_keys(
+    tmp_path: Path,
+) -> None:
+    """A second `make demo` must not count the first run's accepted rollouts as its own."""
+    from rollnet.reference.demo import clear_previous_run
+
+    assert not clear_previous_run(tmp_path)  # nothing yet: nothing to say
+    kept = [tmp_path / "keys" / "trainer.key", tmp_path / "model" / "config.json"]
+    gone = [
+        tmp_path / "coordinator" / "rollnet.db",
+        tmp_path / "logs" / "worker-0.log",
+        tmp_path / "worker-0" / "cache" / "x",
+        tmp_path / "validator-0" / "x",
+        tmp_path / "cheat-token_altered" / "x",
+    ]
+    for path in kept + gone:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    assert clear_previous_run(tmp_path)
+    assert all(path.exists() for path in kept)
+    assert not any(path.exists() for path in gone)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -97,6 +98,26 @@ def _rollnet() -> list[str]:
     return [sys.executable, "-m", "rollnet.reference.cli"]
 
 
+#: What a demo run leaves that the next one must not start from (keys and the model stay).
+_RUN_STATE = ("coordinator", "logs", "worker-*", "validator-*", "cheat-*")
+
+
+def clear_previous_run(root: Path) -> bool:
+    """Remove an earlier run's coordinator database, blobs, node state and logs under ``root``.
+
+    The trainer streams accepted rollouts from the ledger's start, so a run on top of an earlier
+    one would count the earlier rollouts as its own (rounds "done" in no time). The tiny model
+    and the keys are kept: they are the same every run. Returns whether anything was removed.
+    """
+    removed = False
+    for pattern in _RUN_STATE:
+        for path in root.glob(pattern):
+            if path.is_dir():
+                shutil.rmtree(path)
+                removed = True
+    return removed
+
+
 def _key(path: Path) -> Identity:
     if path.exists():
         return Identity.load(path)
@@ -129,6 +150,8 @@ async def run_demo(config: DemoConfig) -> int:
     from rollnet.reference.model.tiny import init_tiny_model
 
     root = config.data_dir.resolve()
+    if clear_previous_run(root):
+        print(f"starting afresh: the previous run's ledger and node state under {root} removed")
     for sub in ("keys", "logs", "model"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     model_dir = root / "model"
