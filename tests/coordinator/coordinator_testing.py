@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import pytest
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
@@ -34,6 +35,9 @@ from rollnet.v1 import (
 )
 
 NETWORK = "rollnet-test"
+#: Run a test on SQLite alone (what it checks does not exist, or is the same, on PostgreSQL).
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 T = TypeVar("T")
 
 

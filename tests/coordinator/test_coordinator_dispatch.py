@@ -18,6 +18,7 @@ from coordinator_testing import (
     pull,
     register,
     request_tasks,
+    sqlite_only,
     upload_and_commit,
     wait_until,
 )
@@ -346,12 +347,13 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
             await client.close()
 
 
+# PostgreSQL leases each pull in a transaction of its own: no batches to test there.
+@sqlite_only
 async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
     coordinator: Coordinator, trainer_identity: Identity
 ) -> None:
-    if coordinator.ctx.group_commit is None:
-        pytest.skip("PostgreSQL leases each pull in a transaction of its own (no batches)")
     writer = coordinator.ctx.group_commit
+    assert writer is not None
     trainer = await _trainer(coordinator, trainer_identity)
     staying, leaving = Identity.generate(), Identity.generate()
     stays, leaves = connect(coordinator.address, staying), connect(coordinator.address, leaving)
@@ -436,14 +438,15 @@ async def test_a_request_id_repeated_across_long_polls_leases_once_and_spares_th
             await client.close()
 
 
+# PostgreSQL leases each pull in a transaction of its own: no batches to test there.
+@sqlite_only
 async def test_a_batch_that_fails_is_retried_pull_by_pull(
     coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One pull's failure inside a batch's transaction reaches that pull's caller only; a pull
     whose caller left while the batch was being written is not tried again."""
     writer = coordinator.ctx.group_commit
-    if writer is None:
-        pytest.skip("PostgreSQL leases each pull in a transaction of its own (no batches)")
+    assert writer is not None
     trainer = await _trainer(coordinator, trainer_identity)
     identities = [Identity.generate() for _ in range(5)]
     clients = [connect(coordinator.address, identity) for identity in identities]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_testing import connect, register
+from coordinator_testing import connect, register, sqlite_only
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -28,8 +28,8 @@ from rollnet.v1 import common_pb2, task_service_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# Reflection, metrics and TLS do not depend on the database: SQLite is enough for them.
-sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+# Reflection, metrics and TLS do not depend on the database: SQLite is enough for them
+# (sqlite_only).
 
 
 async def _health(address: str, service: str = "") -> int:

@@ -243,6 +243,7 @@ def lease_tasks(
     for index, request in enumerate(requests):
         groups.setdefault(request.environments, []).append(index)
     leased: list[LeasedTask | None] = [None] * len(requests)
+    deadline = now + lease_duration
     for environments, members in groups.items():
         # Requests of this filter that their node's cap allows, counting the leases the earlier
         # ones would take: candidates go to them in order, so the count is exact up to the
@@ -264,7 +265,6 @@ def lease_tasks(
         if min_checkpoint_step is not None:
             params["min_step"] = min_checkpoint_step
         candidates = _CANDIDATES[(environments is not None, min_checkpoint_step is not None)]
-        deadline = now + lease_duration
         for index, (task_id,) in zip(eligible, candidates.rows(session, params), strict=False):
             node_id = requests[index].node_id
             task = _lease(session, task_id, node_id, now, deadline)

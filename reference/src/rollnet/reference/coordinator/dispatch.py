@@ -188,9 +188,7 @@ class PullBatcher:
         pending = _PendingPull(caller, environments, scope)
         if self.ctx.group_commit is None:
             self._count([pending])
-            (outcome,) = await self.ctx.run_in_transaction(
-                functools.partial(self._work, batch=[pending]), scoped=False
-            )
+            (outcome,) = await self._write([pending])
             return _settled(outcome)
         loop = asyncio.get_running_loop()
         if self._runner is None or self._runner.done():
@@ -255,9 +253,7 @@ class PullBatcher:
         that one pull's failure (a constraint it breaks, say) reaches its own caller only."""
         self._count(batch)
         try:
-            return await self.ctx.run_in_transaction(
-                functools.partial(self._work, batch=batch), scoped=False
-            )
+            return await self._write(batch)
         except Exception as error:
             if len(batch) == 1:
                 return [error]
@@ -275,17 +271,17 @@ class PullBatcher:
                 scope.stored = False  # its record was rolled back with the batch
         self._count_each([batch[i] for i in again])
         singles = await asyncio.gather(
-            *(
-                self.ctx.run_in_transaction(
-                    functools.partial(self._work, batch=[batch[index]]), scoped=False
-                )
-                for index in again
-            ),
-            return_exceptions=True,
+            *(self._write([batch[index]]) for index in again), return_exceptions=True
         )
         for index, single in zip(again, singles, strict=True):
             outcomes[index] = single if isinstance(single, BaseException) else single[0]
         return outcomes
+
+    async def _write(self, batch: list[_PendingPull]) -> list[Any]:
+        # The batch handles its pulls' request ids itself (scoped=False).
+        return await self.ctx.run_in_transaction(
+            functools.partial(self._work, batch=batch), scoped=False
+        )
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
         """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
@@ -373,10 +369,6 @@ def _answer_repeats(
         }
         for pair, payload in idempotency.lookup_many(session, method, ours).items():
             outcomes[ours[pair]] = StoredResponse(payload)
-    for index in first.values():
-        scope = batch[index].scope
-        assert scope is not None
-        scope.checked = True
     return repeats
 
 
