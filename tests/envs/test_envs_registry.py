@@ -205,10 +205,11 @@ def test_public_exports_are_snapshotted() -> None:
     import rollnet.reference.envs as envs
 
     assert sorted(envs.__all__) == [
-        "ArithmeticEnvironment", "ConfigReader", "DEFAULT_LENGTH_PENALTY", "DatasetError",
-        "DrawStream", "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError",
+        "ArithmeticEnvironment", "ConfigReader", "DEFAULT_LENGTH_PENALTY", "DEFAULT_TIME_LIMIT_S",
+        "DatasetError", "DrawStream", "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError",
         "EnvironmentRegistryError", "LEVELS", "LengthControl", "MAX_PROMPT_ID", "MathEnvironment",
-        "Problem", "Question", "RewardBreakdown", "SeededEnvironment", "UnknownEnvironmentError",
+        "Problem", "Question", "RewardBreakdown", "RewardItem", "RewardResult", "RewardSandbox",
+        "SandboxError", "SeededEnvironment", "UnknownEnvironmentError",
         "available_environments", "canonical_json", "config_digest", "load_environment",
         "score_integer_answer",
     ]  # fmt: skip

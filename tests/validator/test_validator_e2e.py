@@ -29,6 +29,7 @@ from validator_testing import (
     coordinator_config_for,
     eventually,
     free_port,
+    in_process_validator,
     request_tasks,
     rollnet,
     spawn,
@@ -39,7 +40,6 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.adversary import CHEATS, Cheat, build_cheating_worker
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.validator import Validator, ValidatorConfig
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError
 
@@ -79,17 +79,8 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
     processes: list[subprocess.Popen[bytes]] = []
     cheaters: dict[Cheat, tuple[Identity, subprocess.Popen[bytes] | asyncio.Task[None]]] = {}
     common = ["--coordinator", address, "--network-id", NETWORK, "--pull-wait", "1"]
-    in_process_validator = Validator(
-        ValidatorConfig(
-            target=address,
-            data_dir=tmp_path / "v2",
-            network_id=NETWORK,
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        second,
-    )
-    validating = asyncio.create_task(in_process_validator.run())
+    validator_in_process = in_process_validator(address, tmp_path / "v2", second)
+    validating = asyncio.create_task(validator_in_process.run())
 
     def node(name: str, identity: Identity | None = None) -> tuple[Path, Identity]:
         key = tmp_path / f"{name}.key"
@@ -226,7 +217,7 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
         # (Off the event loop: the coordinator serves from it meanwhile.)
         assert await asyncio.to_thread(stop, honest_process) == 0
         assert await asyncio.to_thread(stop, validator_process) == 0
-        in_process_validator.request_stop()
+        validator_in_process.request_stop()
         await asyncio.wait_for(validating, 30)
         assert ledger.node_state(second.node_id) is NodeState.DEREGISTERED
         verify = await asyncio.to_thread(
@@ -238,7 +229,7 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
         )
         assert verify.returncode == 0, verify.stdout + verify.stderr
     finally:
-        in_process_validator.request_stop()
+        validator_in_process.request_stop()
         if not validating.done():
             await asyncio.wait({validating}, timeout=30)
         for _, runner in cheaters.values():

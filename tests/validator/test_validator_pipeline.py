@@ -4,6 +4,7 @@ blob or batch is rejected before any model runs."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ class Bench:
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     from transformers import AutoTokenizer
 
     from rollnet.reference.model.tiny import init_tiny_model
@@ -53,14 +54,17 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     backend.load(str(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
-    return Bench(root, model, EnvironmentCache(), iter(range(10**6)))
+    environments = EnvironmentCache()
+    yield Bench(root, model, environments, iter(range(10**6)))
+    environments.close()
 
 
-def make_task(number: int) -> task_pb2.Task:
+def make_task(number: int, environment: str = "arithmetic") -> task_pb2.Task:
     return task_pb2.Task(
         task_id=f"task-{number}",
-        environment="arithmetic",
-        prompt_ids=[p + number for p in PROMPTS],
+        environment=environment,
+        # The math environment's example dataset has 22 problems.
+        prompt_ids=[p + number % 5 if environment == "math" else p + number for p in PROMPTS],
         samples_per_prompt=SAMPLES,
         sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
         checkpoint_step=1,
@@ -68,11 +72,11 @@ def make_task(number: int) -> task_pb2.Task:
 
 
 async def generate(
-    bench: Bench, cheat: Cheat | None
+    bench: Bench, cheat: Cheat | None, environment: str = "arithmetic"
 ) -> tuple[task_pb2.Task, LeaseBinding, list[rollout_pb2.Rollout]]:
     """Rollouts from the reference generator behind a (possibly cheating) backend."""
     number = next(bench.counter)
-    task = make_task(number)
+    task = make_task(number, environment)
     lease_pb = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
     # The generator finds checkpoint 1 in its store, so it never needs the client.
     store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
@@ -86,7 +90,10 @@ async def generate(
         client=cast(RollnetClient, None),
         deadline=time.monotonic() + 600,
     )
-    rollouts = list(await generator.generate(task, context))
+    try:
+        rollouts = list(await generator.generate(task, context))
+    finally:
+        generator.close()
     return task, context.binding, rollouts
 
 
@@ -123,6 +130,32 @@ async def test_honest_batch_is_accepted_with_figures(bench: Bench) -> None:
     request = outcome.to_request("j", "l", 1, "r")
     assert request.decision == validation_pb2.Verdict.DECISION_ACCEPT
     assert request.validated_work.decode_tokens == outcome.decode_tokens
+
+
+async def test_math_jobs_are_scored_off_the_main_thread(bench: Bench) -> None:
+    # Worker and validator both compute rewards on threads, where math-verify's time limit
+    # (SIGALRM) cannot work: the reward sandbox scores them in a child process instead.
+    task, lease, rollouts = await generate(bench, None, "math")
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = await asyncio.to_thread(judge, bench, job, blob)
+    assert outcome.accepted, [c for c in outcome.checks if not c.passed]
+    rewards = [c for c in outcome.checks if c.check == "reward"]
+    assert len(rewards) == len(rollouts)
+    assert all(c.figures["verifier_failed"] == 0.0 for c in rewards)
+
+
+async def test_rollouts_failing_another_check_are_not_scored(bench: Bench) -> None:
+    # Their completions are text the worker chose: the verifier never sees them.
+    task, lease, rollouts = await generate(bench, Cheat.TOKEN_ALTERED)
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    failed = {c.rollout_index for c in outcome.checks if not c.passed}
+    assert failed
+    for index, reward in enumerate(outcome.validated_rewards):
+        checks = {c.check for c in outcome.checks if c.rollout_index == index}
+        assert ("reward" in checks) == (index not in failed)
+        if index in failed:
+            assert reward == common_pb2.Reward()
 
 
 @pytest.mark.parametrize("cheat", [c for c in Cheat if c is not Cheat.PROOF_REUSED])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -15,6 +16,8 @@ from validator_testing import (
     Ledger,
     coordinator_config_for,
     eventually,
+    honest_worker,
+    in_process_validator,
     request_tasks,
     rollnet,
     spawn,
@@ -25,10 +28,7 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, ValidationJobState
 from rollnet.ledger.models import ValidationJob
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.worker import InferenceGenerator, make_backend
-from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
 
 
 @pytest.mark.slow
@@ -44,18 +44,7 @@ async def test_sigkilled_validator_job_completes_on_restart(
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
     # An honest worker in this process commits one task, then stops.
-    store = CheckpointStore(tmp_path / "worker" / "checkpoints", network_id=NETWORK)
-    worker = Worker(
-        WorkerConfig(
-            target=address,
-            data_dir=tmp_path / "worker",
-            network_id=NETWORK,
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        Identity.generate(),
-        InferenceGenerator(lambda: make_backend("torch"), store),
-    )
+    worker, generator = honest_worker(address, tmp_path / "worker")
     running = asyncio.create_task(worker.run())
     key = tmp_path / "validator.key"
     validator.save(key)
@@ -113,6 +102,65 @@ async def test_sigkilled_validator_job_completes_on_restart(
                 await asyncio.to_thread(stop, process, timeout=10)
         if not running.done():
             running.cancel()
+        generator.close()
+        await trainer_client.close()
+        await coordinator.stop(grace=0.5)
+        ledger.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_job_the_validator_cannot_check_is_abandoned_not_fatal(
+    tmp_path: Path, sqlite_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fault on the validator's side (here: its reward sandbox cannot build the environment)
+    # gives no verdict and does not stop the validator: the lease expires, the job is leased
+    # again, and the commitment gets exactly one verdict.
+    from rollnet.reference.envs import SandboxError
+    from rollnet.reference.validator import node as validator_node
+
+    real = validator_node.validate_job
+    calls = 0
+
+    def flaky(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise SandboxError("environment 'arithmetic': the reward sandbox cannot build it")
+        return real(*args)
+
+    monkeypatch.setattr(validator_node, "validate_job", flaky)
+    trainer, identity = Identity.generate(), Identity.generate()
+    coordinator = await start_coordinator(
+        coordinator_config_for(tmp_path, sqlite_url, trainer, identity)
+    )
+    address = coordinator.address
+    ledger = Ledger(sqlite_url)
+    trainer_client = await start_trainer(address, trainer, tiny_model)
+    worker, generator = honest_worker(address, tmp_path / "worker")
+    validator = in_process_validator(address, tmp_path / "validator", identity)
+    working = asyncio.create_task(worker.run())
+    validating = asyncio.create_task(validator.run())
+    try:
+        await request_tasks(trainer_client, 1)
+        await eventually(lambda: worker.receipts_received == 1, within=60, what="a commitment")
+        [commitment_id] = ledger.commitment_ids()
+        await eventually(
+            lambda: ledger.verdicts_per_commitment() == {commitment_id: 1},
+            within=60,
+            what="the verdict after the abandoned attempt",
+        )
+        assert calls == 2
+        assert validator.metrics.abandoned.labels("reward_sandbox")._value.get() == 1
+        assert not validating.done()
+        with ledger.engine.connect() as conn:
+            state, attempt = conn.execute(select(ValidationJob.state, ValidationJob.attempt)).one()
+        assert (state, attempt) == (ValidationJobState.DONE, 2)
+    finally:
+        worker.request_stop()
+        validator.request_stop()
+        await asyncio.wait_for(asyncio.gather(working, validating), 30)
+        generator.close()
         await trainer_client.close()
         await coordinator.stop(grace=0.5)
         ledger.close()

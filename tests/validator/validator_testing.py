@@ -25,8 +25,12 @@ from swarm_testing import start_trainer as start_trainer
 from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
 from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.reference.validator import Validator, ValidatorConfig
+from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk import Identity
+from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.proofs import LeaseBinding, commitment_digest, proof_digest
+from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -61,6 +65,38 @@ def coordinator_config_for(
     }
     settings.update(changes)
     return with_overrides(base, **settings)
+
+
+def honest_worker(address: str, data_dir: Path) -> tuple[Worker, InferenceGenerator]:
+    """An in-process reference worker (torch backend) and its generator (close it after)."""
+    store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK)
+    generator = InferenceGenerator(lambda: make_backend("torch"), store)
+    worker = Worker(
+        WorkerConfig(
+            target=address,
+            data_dir=data_dir,
+            network_id=NETWORK,
+            pull_wait=1.0,
+            backoff=Backoff(initial=0.1, maximum=1.0),
+        ),
+        Identity.generate(),
+        generator,
+    )
+    return worker, generator
+
+
+def in_process_validator(address: str, data_dir: Path, identity: Identity) -> Validator:
+    """An in-process reference validator with seconds-scale waits."""
+    return Validator(
+        ValidatorConfig(
+            target=address,
+            data_dir=data_dir,
+            network_id=NETWORK,
+            pull_wait=1.0,
+            backoff=Backoff(initial=0.1, maximum=1.0),
+        ),
+        identity,
+    )
 
 
 class Ledger:

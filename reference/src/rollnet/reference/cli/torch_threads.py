@@ -1,9 +1,14 @@
-"""``--torch-threads``, shared by the commands that run a model (worker, validator).
+"""Options shared by the commands that run a model (worker, validator).
+
+``--torch-threads``:
 
 PyTorch's CPU kernels use one thread per core by default. On a machine where other processes hold
 cores (a second worker, a validator, the coordinator), those threads wait on each other at every
 operation and decoding can slow down a hundredfold; pinning each process to the cores it may use
 avoids that.
+
+``--reward-time-limit``: seconds one completion's reward may take in the reward sandbox
+(:class:`rollnet.reference.envs.RewardSandbox`) before its verifier is killed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,32 @@ def add_argument(parser: Any) -> None:
         help=(
             "PyTorch CPU threads (default: one per core); on a machine shared with other "
             "rollnet processes, give each the cores it may use"
+        ),
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive number of seconds")
+    return value
+
+
+def add_reward_time_limit(parser: Any) -> None:
+    """Add ``--reward-time-limit SECONDS`` to ``parser``."""
+    from rollnet.reference.envs.sandbox import DEFAULT_TIME_LIMIT_S
+
+    parser.add_argument(
+        "--reward-time-limit",
+        type=_seconds,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="SECONDS",
+        help=(
+            "seconds one completion's reward may take before its verifier is killed and the "
+            f"completion scores task reward 0 (default {DEFAULT_TIME_LIMIT_S:g})"
         ),
     )
 

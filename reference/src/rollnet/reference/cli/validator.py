@@ -45,6 +45,7 @@ def register(subparsers: Any) -> None:
         "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
     )
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    torch_threads.add_reward_time_limit(parser)
     torch_threads.add_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         keep_checkpoints=args.keep_checkpoints,
         pull_wait=args.pull_wait,
+        reward_time_limit_s=args.reward_time_limit,
     )
     validator = Validator(config, identity, metrics=metrics)
     try:

@@ -63,6 +63,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    torch_threads.add_reward_time_limit(parser)
     torch_threads.add_argument(parser)
     parser.set_defaults(handler=run)
 
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         dtype=args.dtype,
         batch_size=args.batch_size,
+        reward_time_limit_s=args.reward_time_limit,
     )
     tls = None
     if args.tls_ca is not None or args.tls_server_name is not None:
@@ -121,4 +123,6 @@ def run(args: argparse.Namespace) -> int:
     except WorkerFatalError as error:
         print(f"rollnet worker: refused by the coordinator: {error}", file=sys.stderr)
         return 1
+    finally:
+        generator.close()
     return 0

@@ -30,9 +30,17 @@ from rollnet.reference.envs.registry import (
     available_environments,
     load_environment,
 )
+from rollnet.reference.envs.sandbox import (
+    DEFAULT_TIME_LIMIT_S,
+    RewardItem,
+    RewardResult,
+    RewardSandbox,
+    SandboxError,
+)
 
 __all__ = [
     "DEFAULT_LENGTH_PENALTY",
+    "DEFAULT_TIME_LIMIT_S",
     "ENTRY_POINT_GROUP",
     "LEVELS",
     "MAX_PROMPT_ID",
@@ -48,6 +56,10 @@ __all__ = [
     "Problem",
     "Question",
     "RewardBreakdown",
+    "RewardItem",
+    "RewardResult",
+    "RewardSandbox",
+    "SandboxError",
     "SeededEnvironment",
     "UnknownEnvironmentError",
     "available_environments",

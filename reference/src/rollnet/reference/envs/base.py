@@ -116,6 +116,12 @@ class Environment(ABC):
     ) -> RewardBreakdown:
         """Score a completion of ``problem`` exactly (see the module docs for the arithmetic)."""
 
+    def unverifiable_reward(self, problem: Problem, completion_token_count: int) -> RewardBreakdown:
+        """The reward of a completion the verifier could not score (it ran out of time, raised
+        or crashed): task reward ``0.0``. Environments with a length penalty override this to
+        keep it (:class:`SeededEnvironment` does); the default has none."""
+        return RewardBreakdown(task_reward=0.0, length_penalty=0.0, total=0.0)
+
 
 class LengthControl:
     """Optional length targets: drawn per prompt, stated in the prompt, penalised in the reward.
@@ -262,6 +268,11 @@ class SeededEnvironment(Environment):
             raise TypeError(f"task_reward must return a finite float, got {task!r}")
         penalty = self.length_control.penalty(completion_token_count, target)
         return RewardBreakdown(task_reward=task, length_penalty=penalty, total=task - penalty)
+
+    def unverifiable_reward(self, problem: Problem, completion_token_count: int) -> RewardBreakdown:
+        """Task reward ``0.0`` with the length penalty: ``total = −λ·|count − target|``."""
+        penalty = self.length_control.penalty(completion_token_count, problem.target_length)
+        return RewardBreakdown(task_reward=0.0, length_penalty=penalty, total=0.0 - penalty)
 
 
 def _as_index(what: str, value: object) -> int:

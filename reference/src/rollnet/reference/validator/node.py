@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from google.protobuf import duration_pb2
 
+from rollnet.reference.envs import DEFAULT_TIME_LIMIT_S, RewardSandbox, SandboxError
 from rollnet.reference.inference.base import DType
 from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.checkpoints import CheckpointModels
@@ -114,6 +115,9 @@ class ValidatorConfig:
     deregister_timeout: float = 10.0
     """On stop, how long to keep trying to submit the last verdict and deregister."""
     software_version: str = "rollnet-reference-validator/0.1"
+    reward_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    """Seconds one completion's reward may take in the reward sandbox before its verifier is
+    killed (the completion then scores the environment's ``unverifiable_reward``)."""
 
 
 class Validator:
@@ -141,7 +145,9 @@ class Validator:
             device=config.device,
             dtype=config.dtype,
         )
-        self._environments = EnvironmentCache()
+        self._environments = EnvironmentCache(
+            RewardSandbox(time_limit_s=config.reward_time_limit_s)
+        )
         self._stop = asyncio.Event()
         self._client: RollnetClient | None = None
         self._interval = 10.0
@@ -198,6 +204,7 @@ class Validator:
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeats
             await self.client.close()
+            await asyncio.to_thread(self._environments.close)
         if self._fatal is not None:
             raise self._fatal
 
@@ -438,7 +445,17 @@ class Validator:
                 )
                 return
             loaded = time.monotonic()
-            outcome = await asyncio.to_thread(validate_job, job, blob, model, self._environments)
+            try:
+                outcome = await asyncio.to_thread(
+                    validate_job, job, blob, model, self._environments
+                )
+            except Exception as error:
+                # A fault on this side (the reward sandbox cannot build the environment, a
+                # bug): no verdict. The lease expires and the job goes back to the queue.
+                reason = "reward_sandbox" if isinstance(error, SandboxError) else "check_error"
+                self.metrics.abandoned.labels(reason).inc()
+                log.exception("job_check_failed", job_id=job.job_id, reason=reason)
+                return
             checked = time.monotonic()
             await self._submit(job, lease, outcome)
             metrics = self.metrics

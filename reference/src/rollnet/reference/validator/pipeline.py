@@ -12,8 +12,11 @@ validator downloaded and a loaded checkpoint (:class:`CheckpointModel`), and ret
 3. per rollout, the proofs library's checks (:func:`rollnet.sdk.proofs.verify_rollout`): binding,
    assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every rollout's
    *assigned* prompt followed by its claimed completion;
-4. per rollout, **reward**: the environment's verifier on the completion must give exactly the
-   claimed reward (tolerance 0; rewards are IEEE-754 binary64 and deterministic).
+4. per rollout that passed every check above, **reward**: the environment's verifier on the
+   completion, run in a :class:`~rollnet.reference.envs.RewardSandbox` (a child process with a
+   hard time limit per completion), must give exactly the claimed reward (tolerance 0; rewards
+   are IEEE-754 binary64 and deterministic). A rollout that failed another check is not scored:
+   the job is rejected anyway, and its completion is text the worker chose, not the model.
 
 The verdict is ACCEPT only when every check of every rollout passed. A reject names the first
 failing check's reason: batch-level checks first, then rollouts in batch order, and within a
@@ -33,7 +36,13 @@ import blake3
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from rollnet.reference.envs import Environment, Problem, load_environment
+from rollnet.reference.envs import (
+    Environment,
+    Problem,
+    RewardResult,
+    RewardSandbox,
+    load_environment,
+)
 from rollnet.reference.inference.base import Prefill
 from rollnet.sdk.proofs import (
     CheckName,
@@ -108,10 +117,19 @@ class CheckpointModel:
 
 
 class EnvironmentCache:
-    """Environments by (name, configuration), built once: building one may load a dataset."""
+    """Environments by (name, configuration), built once: building one may load a dataset.
 
-    def __init__(self) -> None:
+    Rewards are recomputed in ``sandbox`` (a :class:`RewardSandbox`: a child process with a
+    hard time limit per completion); :meth:`close` stops it.
+    """
+
+    def __init__(self, sandbox: RewardSandbox | None = None) -> None:
         self._environments: dict[tuple[str, str], Environment] = {}
+        self.sandbox = sandbox if sandbox is not None else RewardSandbox()
+
+    def close(self) -> None:
+        """Stop the reward sandbox's child process."""
+        self.sandbox.close()
 
     def get(self, name: str, config: Mapping[str, Any]) -> Environment:
         """The environment ``name`` with ``config`` (JSON data)."""
@@ -424,14 +442,8 @@ def _validate_rollouts(
     )
     for slot, report in zip(verified, reports, strict=True):
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
+    _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
-        reward = _reward_check(slot, environment, model.tokenizer)
-        if reward is not None:
-            check, validated = reward
-            slot.checks.append(check)
-            outcome.validated_rewards.append(validated)
-        else:
-            outcome.validated_rewards.append(common_pb2.Reward())
         outcome.checks.extend(slot.checks)
 
 
@@ -494,34 +506,70 @@ def _unprefillable(
     return checks
 
 
+def _reward_checks(
+    slots: Sequence[_Slot],
+    environment: Environment | None,
+    sandbox: RewardSandbox,
+    tokenizer: Any,
+    outcome: JobOutcome,
+) -> None:
+    """Recompute the rewards with the environment's verifier; each claim must equal its value.
+
+    Only rollouts that passed every other check are scored: the others already reject the job,
+    and a completion the model did not sample is text the worker chose, which must not get to
+    make the validator's verifier work up to its time limit. One sandbox call for the job.
+    """
+    scored = [
+        s
+        for s in slots
+        if environment is not None and s.problem is not None and all(c.passed for c in s.checks)
+    ]
+    items = []
+    for slot in scored:
+        assert slot.problem is not None
+        completion = list(slot.claim.completion_ids)
+        text = tokenizer.decode(completion, skip_special_tokens=True)
+        items.append((slot.problem, text, len(completion)))
+    results = sandbox.rewards(environment, items) if environment is not None and items else []
+    rewards = dict(zip((s.index for s in scored), results, strict=True))
+    for slot in slots:
+        result = rewards.get(slot.index)
+        if result is None:
+            outcome.validated_rewards.append(common_pb2.Reward())
+            continue
+        assert slot.problem is not None
+        if result.failure is not None:
+            outcome.notes.append(f"rollouts[{slot.index}].reward: {result.failure}")
+        slot.checks.append(_reward_check(slot, slot.problem, result))
+        expected = result.reward
+        outcome.validated_rewards.append(
+            common_pb2.Reward(
+                task_reward=expected.task_reward,
+                length_penalty=expected.length_penalty,
+                total=expected.total,
+            )
+        )
+
+
 def _reward_check(
-    slot: _Slot, environment: Environment | None, tokenizer: Any
-) -> tuple[validation_pb2.CheckResult, common_pb2.Reward] | None:
-    """Recompute the reward with the environment's verifier; the claim must equal it exactly."""
-    if environment is None or slot.problem is None:
-        return None
-    completion = list(slot.claim.completion_ids)
-    text = tokenizer.decode(completion, skip_special_tokens=True)
-    expected = environment.reward(slot.problem, text, len(completion))
+    slot: _Slot, problem: Problem, result: RewardResult
+) -> validation_pb2.CheckResult:
+    """The claimed reward against the recomputed one, exactly (deterministic binary64)."""
+    expected = result.reward
     claimed = slot.rollout.claimed_reward
-    validated = common_pb2.Reward(
-        task_reward=expected.task_reward,
-        length_penalty=expected.length_penalty,
-        total=expected.total,
-    )
     figures = {
         "claimed_total": claimed.total,
         "validated_total": expected.total,
         "validated_task_reward": expected.task_reward,
         "validated_length_penalty": expected.length_penalty,
+        "verifier_failed": result.failure is not None,
     }
-    # Exact comparison on purpose: the verifier is deterministic binary64 arithmetic.
     same = (
         claimed.task_reward == expected.task_reward
         and claimed.length_penalty == expected.length_penalty
         and claimed.total == expected.total
     )
-    target = slot.problem.target_length or 0
+    target = problem.target_length or 0
     if not same:
         reason = ValidatorReason.REWARD_MISMATCH
     elif slot.rollout.target_length != target:
@@ -529,8 +577,8 @@ def _reward_check(
         figures["claimed_target_length"] = slot.rollout.target_length
         figures["target_length"] = target
     else:
-        return _result(ValidatorCheck.REWARD, True, "", figures, slot.index), validated
-    return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index), validated
+        return _result(ValidatorCheck.REWARD, True, "", figures, slot.index)
+    return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
 
 
 def _encode_prompt(tokenizer: Any, text: str) -> list[int]:

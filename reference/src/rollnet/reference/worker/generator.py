@@ -19,7 +19,14 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from rollnet.reference.envs import Environment, Problem, load_environment
+from rollnet.reference.envs import (
+    DEFAULT_TIME_LIMIT_S,
+    Environment,
+    Problem,
+    RewardBreakdown,
+    RewardSandbox,
+    load_environment,
+)
 from rollnet.reference.inference.base import DType, Generation, InferenceBackend, SamplingParams
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import RollnetClient
@@ -75,6 +82,7 @@ class InferenceGenerator(RolloutGenerator):
         device: str = "cpu",
         dtype: DType = "float32",
         batch_size: int = 64,
+        reward_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     ) -> None:
         self._factory = backend_factory
         self.checkpoints = checkpoints
@@ -87,6 +95,9 @@ class InferenceGenerator(RolloutGenerator):
         # One generation at a time on the backend, even if an abandoned one is still unwinding.
         self._backend_lock = threading.Lock()
         self._environments: dict[tuple[str, str], Environment] = {}
+        # Rewards are scored in a child process, on its main thread, under a hard time limit:
+        # the environment's own limit (math-verify's SIGALRM) cannot work on this thread.
+        self.rewards = RewardSandbox(time_limit_s=reward_time_limit_s)
 
     @property
     def checkpoint_step(self) -> int:
@@ -165,27 +176,49 @@ class InferenceGenerator(RolloutGenerator):
                     seeds=[lease.sampling_seed(start + i) for i in range(len(chunk))],
                 )
                 generations = backend.generate([prompts[p] for p, _ in chunk], sampling)
-                for offset, ((p, s), generation) in enumerate(zip(chunk, generations, strict=True)):
-                    rollouts.append(
-                        self._rollout(
-                            task, p, s, start + offset, problems[p], generation, environment
-                        )
-                    )
+                rewards = self._score(environment, [problems[p] for p, _ in chunk], generations)
+                for (p, s), generation, reward in zip(chunk, generations, rewards, strict=True):
+                    rollouts.append(self._rollout(task, p, s, problems[p], generation, reward))
                 lease.report_progress(len(rollouts))
         return rollouts
+
+    def _score(
+        self,
+        environment: Environment,
+        problems: Sequence[Problem],
+        generations: Sequence[Generation],
+    ) -> list[RewardBreakdown]:
+        """Each completion's reward, from the environment's verifier in the reward sandbox."""
+        items = [
+            (
+                problem,
+                self._tokenizer.decode(list(generation.completion_ids), skip_special_tokens=True),
+                len(generation.completion_ids),
+            )
+            for problem, generation in zip(problems, generations, strict=True)
+        ]
+        results = self.rewards.rewards(environment, items)
+        for problem, result in zip(problems, results, strict=True):
+            if result.failure is not None:
+                log.warning(
+                    "reward_unverifiable",
+                    extra={"prompt_id": problem.prompt_id, "failure": result.failure},
+                )
+        return [result.reward for result in results]
+
+    def close(self) -> None:
+        """Stop the reward sandbox's child process."""
+        self.rewards.close()
 
     def _rollout(
         self,
         task: task_pb2.Task,
         prompt_index: int,
         sample_index: int,
-        rollout_index: int,
         problem: Problem,
         generation: Generation,
-        environment: Environment,
+        reward: RewardBreakdown,
     ) -> rollout_pb2.Rollout:
-        text = self._tokenizer.decode(list(generation.completion_ids), skip_special_tokens=True)
-        reward = environment.reward(problem, text, len(generation.completion_ids))
         assert generation.seed is not None
         return rollout_pb2.Rollout(
             prompt_index=prompt_index,

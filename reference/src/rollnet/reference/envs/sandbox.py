@@ -1,0 +1,306 @@
+"""Environment verifiers in a child process: on its main thread, under a hard time limit.
+
+A reward is computed from text a model wrote, and a verifier can be made to run for a very long
+time by it (sympy expanding ``9^{9^{9}}``). Two things stop the worker and the validator from
+simply calling :meth:`Environment.reward <rollnet.reference.envs.Environment.reward>` with a
+time limit:
+
+* they call it from threads (their event loops hold the main thread), and a limit enforced with
+  ``SIGALRM`` (math-verify's) only works on a process's main thread;
+* a signal cannot interrupt a long computation inside C code (big-integer arithmetic), so even on
+  the main thread such a limit may not fire.
+
+:class:`RewardSandbox` runs the verifiers in one long-lived child process (a fresh interpreter,
+so it holds no copy of the caller's threads or model) that scores on its main thread. The caller
+waits at most ``time_limit_s`` for each completion; past it the child is killed and restarted,
+and that completion gets :meth:`Environment.unverifiable_reward
+<rollnet.reference.envs.Environment.unverifiable_reward>` (task reward 0.0, the length penalty
+still applied), the same value the math environment gives when its own limit fires. A verifier
+that raises, or a child that dies (out of memory, a crash in native code), gives that value too.
+Each :class:`RewardResult` says whether and why the verifier did not finish.
+
+The child builds environments the way the caller's process does, by name and normalised
+configuration through :func:`rollnet.reference.envs.load_environment` (built-ins and entry
+points), and checks it arrives at the caller's digest. POSIX only (a socket pair carries the
+requests).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from rollnet.reference.envs.base import Environment, Problem, RewardBreakdown
+from rollnet.reference.envs.config import canonical_json
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "RewardItem", "RewardResult", "RewardSandbox", "SandboxError"]
+
+DEFAULT_TIME_LIMIT_S = 30.0
+"""Seconds one completion's reward may take before its verifier is killed."""
+
+DEFAULT_LOADER = "rollnet.reference.envs.registry:load_environment"
+"""How the child builds an environment from ``(name, config)`` unless told otherwise."""
+
+RewardItem = tuple[Problem, str, int]
+"""``(problem, completion_text, completion_token_count)``: the arguments of ``reward``."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not build the environment (it differs there, or failed to load)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    """One completion's reward, and why the verifier did not finish when it did not.
+
+    ``failure`` is ``None`` when the environment's ``reward`` returned; otherwise
+    ``"time_limit"`` (killed after ``time_limit_s``), ``"crashed"`` (the child process died) or
+    ``"error: <exception>"`` (the verifier raised), and ``reward`` is the environment's
+    ``unverifiable_reward``.
+    """
+
+    reward: RewardBreakdown
+    failure: str | None = None
+
+
+class RewardSandbox:
+    """Scores completions with environment verifiers in a child process (see the module docs).
+
+    Thread-safe (one batch at a time). The child starts on the first call and is reused; it is
+    told which environment to build by name and normalised configuration, and must arrive at the
+    caller's digest. ``loader`` (``"module:function"``) is what builds it there from
+    ``(name, config)``; the default is the environment registry. :meth:`close` stops the child;
+    so does garbage collection of the sandbox or the end of the calling process, and the child
+    exits by itself when its parent is gone.
+    """
+
+    def __init__(
+        self,
+        *,
+        time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        load_limit_s: float = 300.0,
+        loader: str = DEFAULT_LOADER,
+    ) -> None:
+        if not time_limit_s > 0 or not load_limit_s > 0:
+            raise ValueError("time_limit_s and load_limit_s must be positive")
+        module, _, function = loader.partition(":")
+        if not module or not function:
+            raise ValueError(f"loader must be 'module:function', got {loader!r}")
+        self.time_limit_s = time_limit_s
+        self.load_limit_s = load_limit_s
+        self.loader = loader
+        self.restarts = 0
+        """Children killed or lost so far (each costs a process start and environment load)."""
+        self._lock = threading.Lock()
+        self._child = _Child()
+        weakref.finalize(self, self._child.stop)
+
+    def rewards(self, environment: Environment, items: Sequence[RewardItem]) -> list[RewardResult]:
+        """The reward of every item, in order; see :class:`RewardResult` for failures.
+
+        Raises:
+            SandboxError: the child could not build ``environment`` (or not within
+                ``load_limit_s``).
+        """
+        request = ("score", environment.name, dict(environment.config), environment.digest)
+        results: list[RewardResult] = []
+        with self._lock:
+            try:
+                while len(results) < len(items):
+                    self._score(environment, request, items[len(results) :], results)
+            except BaseException:
+                # Replies of this batch may still be on their way: a later batch must not
+                # read them. Start afresh.
+                self._child.stop()
+                raise
+        return results
+
+    def _score(
+        self,
+        environment: Environment,
+        request: tuple[Any, ...],
+        pending: Sequence[RewardItem],
+        results: list[RewardResult],
+    ) -> None:
+        """Score ``pending`` until done or the child is lost (then the rest is left)."""
+        conn = self._send((*request, list(pending)))
+        self._await_ready(conn, environment.name)
+        for problem, _, count in pending:
+            kind, value = self._receive(conn, self.time_limit_s)
+            if kind == "ok":
+                results.append(RewardResult(value))
+                continue
+            fallback = environment.unverifiable_reward(problem, count)
+            if kind == "error":
+                results.append(RewardResult(fallback, f"error: {value}"))
+                continue
+            # No answer: the child overran or died. The rest go to a new child.
+            self._lost()
+            results.append(RewardResult(fallback, kind))
+            return
+
+    def close(self) -> None:
+        """Stop the child process (a later call starts a new one)."""
+        with self._lock:
+            self._child.stop()
+
+    def __enter__(self) -> RewardSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, message: tuple[Any, ...]) -> Connection:
+        """Send to a live child, starting one when there is none (or it died while idle)."""
+        for _ in range(2):
+            conn = self._child.connection(self.loader)
+            try:
+                conn.send(message)
+                return conn
+            except OSError:
+                self._lost()
+        raise SandboxError("the reward sandbox's child process cannot be started")
+
+    def _await_ready(self, conn: Connection, name: str) -> None:
+        kind, value = self._receive(conn, self.load_limit_s)
+        if kind == "ready":
+            return
+        if kind == "refused":
+            raise SandboxError(f"environment {name!r}: the reward sandbox cannot build it: {value}")
+        self._lost()
+        what = "took over" if kind == "time_limit" else "died within"
+        raise SandboxError(
+            f"environment {name!r}: the reward sandbox {what} {self.load_limit_s:g} s building it"
+        )
+
+    @staticmethod
+    def _receive(conn: Connection, limit: float) -> tuple[str, Any]:
+        """The child's next reply, or ``("time_limit", None)`` / ``("crashed", None)``."""
+        try:
+            if not conn.poll(limit):
+                return "time_limit", None
+            reply: tuple[str, Any] = conn.recv()
+        except (EOFError, OSError):
+            return "crashed", None
+        return reply
+
+    def _lost(self) -> None:
+        self.restarts += 1
+        self._child.stop()
+
+
+class _Child:
+    """The child process and our end of its socket (held apart from the sandbox so that a
+    finalizer can stop it)."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None
+
+    def connection(self, loader: str) -> Connection:
+        if self.process is not None and self.process.poll() is not None:
+            self.stop()  # it died while idle
+        if self.conn is None:
+            # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
+            # main module: a script without a __main__ guard would run again in the child),
+            # given the caller's import path, talking over a socket pair.
+            ours, theirs = socket.socketpair()
+            with theirs:
+                command = [sys.executable, "-c", _CHILD, json.dumps(sys.path)]
+                self.process = subprocess.Popen(
+                    [*command, str(theirs.fileno()), loader],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
+            self.conn = Connection(ours.detach())
+        return self.conn
+
+    def stop(self) -> None:
+        process, conn = self.process, self.conn
+        self.process = self.conn = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
+
+
+_CHILD = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from rollnet.reference.envs.sandbox import _child_main; "
+    "_child_main(int(sys.argv[2]), sys.argv[3])"
+)
+
+
+def _child_main(fd: int, loader: str) -> None:
+    """Entry point of the child process: serve on the inherited socket until it closes."""
+    # Exit when the parent is gone (killed, crashed) even while a verifier is busy: its socket
+    # closing is only noticed between requests. Checked once a second, between bytecodes.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    module, _, function = loader.partition(":")
+    _serve(Connection(fd), getattr(importlib.import_module(module), function))
+
+
+def _serve(conn: Connection, load_environment: Callable[[str, Mapping[str, Any]], Any]) -> None:
+    """The child: build environments on request and score items, one reply per item."""
+    # Ctrl-C reaches the whole process group; the parent decides when the child stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    environments: dict[tuple[str, bytes], Environment] = {}
+    while True:
+        try:
+            _, name, config, digest, items = conn.recv()
+        except (EOFError, OSError):
+            return
+        environment = _build(environments, load_environment, name, config)
+        if isinstance(environment, str):
+            conn.send(("refused", environment))
+            continue
+        if environment.digest != digest:
+            conn.send(("refused", f"its digest here is {environment.digest}, not {digest}"))
+            continue
+        conn.send(("ready", None))
+        for problem, text, count in items:
+            try:
+                conn.send(("ok", environment.reward(problem, text, count)))
+            except Exception as error:  # the verifier's failure is the item's result
+                conn.send(("error", f"{type(error).__name__}: {error}"[:500]))
+
+
+def _build(
+    environments: dict[tuple[str, bytes], Environment],
+    load: Callable[[str, Mapping[str, Any]], Any],
+    name: str,
+    config: Mapping[str, Any],
+) -> Environment | str:
+    key = (name, canonical_json(config))
+    environment = environments.get(key)
+    if environment is None:
+        try:
+            environment = load(name, config)
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"[:500]
+        if not isinstance(environment, Environment):
+            return f"the loader returned {type(environment).__name__}, not an Environment"
+        environments[key] = environment
+    return environment
