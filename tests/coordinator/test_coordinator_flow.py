@@ -7,10 +7,12 @@ the trainer's stream delivers accepted rollouts; `rollnet ledger verify` passes 
 
 from __future__ import annotations
 
+import math
+
 import blake3
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
@@ -76,9 +78,28 @@ async def publish_checkpoint(client: RollnetClient, trainer: Identity, step: int
     )
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def unknown_field(number: int, payload: bytes) -> bytes:
+    """Wire bytes of a length-delimited field ``number`` that no rollnet message defines."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+HOSTILE_EXTRA = b"hostile worker's extra field"
+
+
 async def do_task(
-    client: RollnetClient, worker: Identity
+    client: RollnetClient, worker: Identity, unknown: bytes = b""
 ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, int]:
+    """Lease a task and commit honest-looking work; ``unknown`` is appended, as fields the schema
+    does not define, to every rollout and to its claimed reward (a sub-message)."""
     pulled = await client.tasks.pull_task(
         task_service_pb2.PullTaskRequest(wait=duration_pb2.Duration(seconds=5))
     )
@@ -87,19 +108,23 @@ async def do_task(
     rollouts = []
     for prompt_index, prompt_id in enumerate(task.prompt_ids):
         for sample in range(task.samples_per_prompt):
-            rollouts.append(
-                rollout_pb2.Rollout(
-                    prompt_index=prompt_index,
-                    prompt_id=prompt_id,
-                    sample_index=sample,
-                    prompt_token_ids=[1, 2, 3],
-                    completion_token_ids=[4, 5, 0],
-                    behaviour_logprobs=[-0.1, -0.2, -0.3],
-                    sampling_seed=7 + sample,
-                    finish_reason=rollout_pb2.FINISH_REASON_EOS,
-                    toploc_proof=b"\x00" * 258,
-                )
+            rollout = rollout_pb2.Rollout(
+                prompt_index=prompt_index,
+                prompt_id=prompt_id,
+                sample_index=sample,
+                prompt_token_ids=[1, 2, 3],
+                completion_token_ids=[4, 5, 0],
+                behaviour_logprobs=[-0.1, -0.2, -0.3],
+                sampling_seed=7 + sample,
+                finish_reason=rollout_pb2.FINISH_REASON_EOS,
+                toploc_proof=b"\x00" * 258,
             )
+            if unknown:
+                rollout.claimed_reward.MergeFromString(unknown)
+                rollout.MergeFromString(unknown)
+                assert len(unknown_fields.UnknownFieldSet(rollout)) == 1
+                assert len(unknown_fields.UnknownFieldSet(rollout.claimed_reward)) == 1
+            rollouts.append(rollout)
     batch = rollout_pb2.RolloutBatch(
         task_id=task.task_id,
         lease_id=lease.lease_id,
@@ -172,8 +197,9 @@ async def test_full_loop_credit_slash_eject_and_verify(
         created = await trainer.rollouts.request_rollouts(demand)
         assert len(created.task_ids) == 2
 
-        # Work 1: accepted and credited.
-        submitted, count = await do_task(client, worker)
+        # Work 1: accepted and credited; its blob carries fields the schema does not define.
+        extra = unknown_field(4242, HOSTILE_EXTRA)
+        submitted, count = await do_task(client, worker, unknown=extra)
         receipt = submitted.receipt
         assert receipt.coordinator_public_key == coordinator.ctx.identity.public_key
         job = await validator.validation.pull_validation_job(
@@ -202,6 +228,12 @@ async def test_full_loop_credit_slash_eject_and_verify(
         received = [await anext(stream) for _ in range(count)]
         assert [r.validated_reward.total for r in received] == [1.0] * count
         assert len({r.sequence for r in received}) == count
+        # No validator interpreted the unknown fields: none of them reaches the trainer.
+        for accepted in received:
+            assert len(unknown_fields.UnknownFieldSet(accepted.rollout)) == 0
+            assert len(unknown_fields.UnknownFieldSet(accepted.rollout.claimed_reward)) == 0
+            assert HOSTILE_EXTRA not in accepted.SerializeToString()
+            assert list(accepted.rollout.completion_token_ids) == [4, 5, 0]  # known fields kept
 
         # Work 2: rejected → slashed; the task is requeued for someone else.
         submitted, count = await do_task(client, worker)
@@ -312,5 +344,39 @@ async def test_demand_outside_the_operator_limits_is_refused_field_by_field(
             )
         assert [v.field for v in refused.value.field_violations] == ["environment"]
         assert "arithmetic" in refused.value.message  # names what is available
+    finally:
+        await trainer.close()
+
+
+async def test_a_temperature_that_is_not_finite_or_outside_its_bounds_is_refused(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    """Tiny temperatures make logits / T overflow to inf/NaN in the validator's sampling check:
+    the coordinator refuses them, and non-finite ones, when the tasks are created."""
+    trainer = connect(coordinator, trainer_identity)
+
+    def demand(temperature: float) -> rollout_service_pb2.RequestRolloutsRequest:
+        return rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=1,
+            environment="arithmetic",
+            prompt_count=1,
+            samples_per_prompt=1,
+            sampling=common_pb2.SamplingParams(temperature=temperature, max_new_tokens=8),
+        )
+
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        for temperature in (1e-310, 5e-324, 9.99e-4, 0.0, -1.0, math.nan, math.inf, 2.0001):
+            with pytest.raises(RollnetError) as refused:
+                await trainer.rollouts.request_rollouts(demand(temperature))
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT, temperature
+            assert refused.value.reason == ErrorReason.INVALID_FIELDS, temperature
+            violations = list(refused.value.field_violations)
+            assert [v.field for v in violations] == ["sampling.temperature"], temperature
+            assert "0.001 to 2.0 (max_temperature)" in violations[0].description
+        for temperature in (1e-3, 2.0):  # both bounds are allowed
+            created = await trainer.rollouts.request_rollouts(demand(temperature))
+            assert len(created.task_ids) == 1
     finally:
         await trainer.close()

@@ -86,7 +86,9 @@ class SamplingParams(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
-    """Softmax temperature; must be > 0."""
+    """Softmax temperature: finite, at least 0.001 and at most the coordinator's max_temperature
+    (2.0 by default). Smaller values make logits / T overflow in the validator's re-check.
+    """
     max_new_tokens: _builtins.int
     """Upper bound on generated tokens per completion (the length limit)."""
     def __init__(

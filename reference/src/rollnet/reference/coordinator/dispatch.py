@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +50,10 @@ from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_p
 log = logging.getLogger("rollnet.coordinator")
 
 MAX_TASKS_PER_REQUEST = 10_000
+#: Lowest sampling temperature a trainer may ask for (the highest is ``max_temperature``).
+#: A floor well above where ``logits / T`` overflows to inf/NaN in the validator's
+#: exact-sampling re-check (1e-310 does).
+MIN_TEMPERATURE = 1e-3
 # Long polls re-check the database this often, to see work queued by other replicas.
 _POLL_SECONDS = 1.0
 
@@ -411,17 +416,17 @@ class Dispatcher:
             "samples_per_prompt",
             f"1 to {config.max_samples_per_prompt} (max_samples_per_prompt)",
         )
+        temperature = request.sampling.temperature
         v.require(
-            request.sampling.temperature <= config.max_temperature,
+            math.isfinite(temperature) and MIN_TEMPERATURE <= temperature <= config.max_temperature,
             "sampling.temperature",
-            f"at most {config.max_temperature} (max_temperature)",
+            f"{MIN_TEMPERATURE} to {config.max_temperature} (max_temperature)",
         )
         v.require(
             not config.environments or request.environment in config.environments,
             "environment",
             f"this coordinator serves {sorted(config.environments)} (environments)",
         )
-        v.require(request.sampling.temperature > 0, "sampling.temperature", "must be > 0")
         v.require(
             0 < request.sampling.max_new_tokens <= config.max_new_tokens,
             "sampling.max_new_tokens",

@@ -146,7 +146,11 @@ class LedgerDesk:
                 _, data = self.ctx.blobs.read_range(
                     bytes.fromhex(commitment.rollout_blob_hash), 0, 0
                 )
-                rollouts = rollout_pb2.RolloutBatch.FromString(data).rollouts
+                parsed = rollout_pb2.RolloutBatch.FromString(data)
+                # Fields unknown to this schema were never interpreted by a validator: drop them
+                # (recursively, sub-messages too) so a worker cannot pass them to the trainer.
+                parsed.DiscardUnknownFields()
+                rollouts = parsed.rollouts
                 for index, rollout in enumerate(rollouts):
                     if sequence == after_sequence >> ROLLOUT_INDEX_BITS and index <= index_after:
                         continue

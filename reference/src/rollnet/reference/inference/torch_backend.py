@@ -25,6 +25,7 @@ from rollnet.reference.inference.base import (
     Generation,
     Prefill,
     SamplingParams,
+    eos_token_ids_of,
 )
 from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.sampling import check_seed
@@ -77,17 +78,10 @@ class TorchBackend:
         self._model = model
         self.device = torch.device(device)
         self.dtype = dtype
-        eos = model.config.eos_token_id
-        generation_eos = getattr(model.generation_config, "eos_token_id", None)
-        ids: set[int] = set()
-        for value in (eos, generation_eos):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list):
-                ids.update(int(v) for v in value)
-        self._eos_ids = frozenset(ids)
+        # The shared helper: the vLLM backend derives its set the same way, from the checkpoint.
+        self._eos_ids = eos_token_ids_of(model.config, getattr(model, "generation_config", None))
         pad = model.config.pad_token_id
-        self._pad_id = int(pad) if pad is not None else min(ids, default=0)
+        self._pad_id = int(pad) if pad is not None else min(self._eos_ids, default=0)
         # transformers 5 renamed the forward's cache argument; support both spellings.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"

@@ -14,12 +14,20 @@ How it meets the contract:
   (``model.model.norm``) captures the last hidden states; the completion rows are encoded into
   TOPLOC windows with :func:`rollnet.sdk.proofs.toploc.encode_windows`. A prefill-derived proof is
   what the validator recomputes, so it passes the same thresholds; it costs one extra prefill.
+* **Termination.** The EOS set is the checkpoint's ``config.json`` and
+  ``generation_config.json`` EOS ids together, computed by the helper ``TorchBackend`` uses too
+  (:func:`rollnet.reference.inference.base.checkpoint_eos_token_ids`), so a worker and its
+  validator agree on where completions end. Every request stops on exactly that set:
+  ``SamplingParams(stop_token_ids=sorted(set), ignore_eos=True)``; ``ignore_eos`` keeps vLLM
+  from also stopping on the tokenizer's own EOS id, which need not be in the set.
 * **Prefill** (validator side) uses the same hook and additionally asks vLLM for prompt
   log-probs; vLLM only returns the top ones, so full-vocabulary logits are recomputed by
   applying the model's LM head to the captured hidden rows.
 
-What is untested: all of it. vLLM is not installed where this was written (no GPU); the code
-follows vLLM's documented V0 API (``LLM``, ``SamplingParams(logits_processors=...)``,
+What is untested: all of it on a real vLLM (only the EOS wiring is checked, against a stand-in
+``vllm`` module, in ``tests/inference/test_inference_eos_ids.py``). vLLM is not installed where
+this was written (no GPU); the code follows vLLM's documented V0 API (``LLM``,
+``SamplingParams(logits_processors=..., stop_token_ids=..., ignore_eos=...)``,
 ``llm.llm_engine.model_executor.driver_worker.model_runner.model``) and needs the V0 engine
 (``VLLM_USE_V1=0``) for per-request logits processors and in-process model access. The backend
 contract tests (``tests/inference/test_backend_contract.py``) run it wherever vLLM and a GPU are
@@ -42,6 +50,7 @@ from rollnet.reference.inference.base import (
     Generation,
     Prefill,
     SamplingParams,
+    checkpoint_eos_token_ids,
 )
 from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.sampling import check_seed
@@ -120,9 +129,8 @@ class VllmBackend:
         executor = self._llm.llm_engine.model_executor
         self._model = executor.driver_worker.model_runner.model
         self._model.model.norm.register_forward_hook(self._capture)
-        config = self._llm.llm_engine.model_config.hf_config
-        eos = config.eos_token_id
-        self._eos_ids = frozenset([eos] if isinstance(eos, int) else list(eos or []))
+        # Not vLLM's hf_config alone: chat checkpoints add EOS ids in generation_config.json.
+        self._eos_ids = checkpoint_eos_token_ids(model_dir)
 
     def _capture(self, module: Any, inputs: Any, output: Any) -> None:
         # Some vLLM norms return (hidden, residual).
@@ -151,7 +159,9 @@ class VllmBackend:
                 temperature=1.0,
                 max_tokens=sampling.max_new_tokens,
                 logits_processors=[processor],
+                # Stop on exactly the EOS set TorchBackend (the validator) uses, on nothing else.
                 stop_token_ids=sorted(self._eos_ids),
+                ignore_eos=True,
                 skip_special_tokens=False,
                 detokenize=False,
             )

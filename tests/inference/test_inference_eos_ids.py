@@ -1,0 +1,167 @@
+"""Both inference backends derive their EOS set from one helper: config + generation config.
+
+Chat checkpoints (Llama-3-Instruct, Qwen2.5-Instruct) list their end-of-turn token only in
+``generation_config.json``; a backend that read ``config.json`` alone would disagree with the
+validator about where honest completions end. vLLM is not installed here: its backend is loaded
+against a stand-in ``vllm`` module that records what the backend asks of it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from rollnet.reference.inference import SamplingParams
+from rollnet.reference.inference import torch_backend as torch_backend_module
+from rollnet.reference.inference.base import checkpoint_eos_token_ids, eos_token_ids_of
+from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.inference.vllm_backend import VllmBackend
+from rollnet.reference.model import init_tiny_model
+
+EXTRA_EOS = 5  # a token the tiny model's config.json does not call EOS
+
+
+def _json(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint whose generation_config.json adds a second EOS id, like chat models."""
+    path = init_tiny_model(tmp_path_factory.mktemp("chat-tiny"), seed=0)
+    generation = _json(path / "generation_config.json")
+    base_eos = _json(path / "config.json")["eos_token_id"]
+    assert base_eos != EXTRA_EOS
+    generation["eos_token_id"] = [base_eos, EXTRA_EOS]
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    return path
+
+
+def base_eos(path: Path) -> int:
+    value: int = _json(path / "config.json")["eos_token_id"]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("config_eos", "generation_eos", "expected"),
+    [
+        (2, None, {2}),
+        (2, 7, {2, 7}),
+        (2, [2, 7, 9], {2, 7, 9}),
+        ([2, 3], [7], {2, 3, 7}),
+        (None, [7], {7}),
+        (None, None, set()),
+    ],
+)
+def test_the_helper_unites_config_and_generation_config(
+    config_eos: Any, generation_eos: Any, expected: set[int]
+) -> None:
+    config = SimpleNamespace(eos_token_id=config_eos)
+    generation = SimpleNamespace(eos_token_id=generation_eos)
+    assert eos_token_ids_of(config, generation) == frozenset(expected)
+
+
+def test_the_helper_accepts_configs_without_the_attribute_and_refuses_odd_values() -> None:
+    assert eos_token_ids_of(SimpleNamespace(), SimpleNamespace()) == frozenset()
+    assert eos_token_ids_of(SimpleNamespace(eos_token_id=[2, 3]), None) == {2, 3}
+    with pytest.raises(TypeError, match="eos_token_id"):
+        eos_token_ids_of(SimpleNamespace(eos_token_id="2"))
+    with pytest.raises(TypeError, match="eos_token_id"):
+        eos_token_ids_of(SimpleNamespace(eos_token_id=[2, None]))
+
+
+def test_checkpoint_eos_ids_include_the_generation_config(chat_dir: Path) -> None:
+    assert checkpoint_eos_token_ids(chat_dir) == {base_eos(chat_dir), EXTRA_EOS}
+
+
+def test_checkpoint_eos_ids_without_a_generation_config(tmp_path: Path) -> None:
+    path = init_tiny_model(tmp_path / "tiny", seed=0)
+    (path / "generation_config.json").unlink()
+    assert checkpoint_eos_token_ids(path) == {base_eos(path)}
+
+
+def test_the_torch_backend_uses_the_shared_helper(
+    chat_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = TorchBackend()
+    backend.load(str(chat_dir))
+    assert backend.eos_token_ids == checkpoint_eos_token_ids(chat_dir)
+    assert EXTRA_EOS in backend.eos_token_ids
+    calls: list[tuple[Any, Any]] = []
+
+    def spy(config: Any, generation_config: Any = None) -> frozenset[int]:
+        calls.append((config, generation_config))
+        return frozenset({11, 12})
+
+    monkeypatch.setattr(torch_backend_module, "eos_token_ids_of", spy)
+    backend.attach(backend.model)
+    assert backend.eos_token_ids == {11, 12}
+    assert calls == [(backend.model.config, backend.model.generation_config)]
+
+
+class _FakeLLM:
+    """What VllmBackend touches of ``vllm.LLM``; ``hf_config`` has config.json's EOS only."""
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.requests: list[tuple[list[dict[str, Any]], Any]] = []
+        self.completions: list[tuple[int, ...]] = []
+        config = SimpleNamespace(eos_token_id=base_eos(Path(model)))
+        norm = SimpleNamespace(register_forward_hook=lambda hook: None)
+        runner = SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(norm=norm)))
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
+            model_config=SimpleNamespace(hf_config=config),
+        )
+
+    def generate(self, prompts: list[dict[str, Any]], params: Any, use_tqdm: bool) -> list[Any]:
+        self.requests.append((prompts, params))
+        return [
+            SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(tokens))])
+            for tokens in self.completions[: len(prompts)]
+        ]
+
+
+class _FakeSamplingParams:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("vllm")
+    module.LLM = _FakeLLM  # type: ignore[attr-defined]
+    module.SamplingParams = _FakeSamplingParams  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("VLLM_USE_V1", "0")
+
+
+@pytest.mark.usefixtures("fake_vllm")
+def test_the_vllm_backend_has_the_torch_backends_eos_set_and_stops_on_it(chat_dir: Path) -> None:
+    reference = TorchBackend()
+    reference.load(str(chat_dir))
+    backend = VllmBackend()
+    backend.load(str(chat_dir))
+    assert backend.eos_token_ids == reference.eos_token_ids == {base_eos(chat_dir), EXTRA_EOS}
+
+    llm: _FakeLLM = backend._llm
+    ends: Sequence[tuple[int, ...]] = [(9, 10, EXTRA_EOS), (9, 10, base_eos(chat_dir)), (9, 10)]
+    llm.completions = list(ends)
+    generations = backend.generate(
+        [[1, 2], [1, 3], [1, 4]],
+        SamplingParams(temperature=1.0, max_new_tokens=3, seeds=[1, 2, 3], proofs=False),
+    )
+    assert [g.finish_reason for g in generations] == ["eos", "eos", "length"]
+    (_, params), *_ = llm.requests
+    for param in params:
+        assert param.kwargs["stop_token_ids"] == sorted(reference.eos_token_ids)
+        assert param.kwargs["ignore_eos"] is True  # the tokenizer's own EOS stops nothing extra
