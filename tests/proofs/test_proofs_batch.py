@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from rollnet.sdk.proofs import (
     LeaseBinding,
@@ -116,7 +117,13 @@ def reference_check(
     return float(margins.min()), int((margins < -thresholds.sampling_tolerance).sum())
 
 
-def test_batched_sampling_check_equals_one_rollout_at_a_time() -> None:
+@pytest.mark.parametrize("block", [None, VOCAB * 7 + 3, 1])
+def test_batched_sampling_check_equals_one_rollout_at_a_time(
+    block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if block is not None:
+        # Blocks of 7 rows (and of one row): block boundaries fall inside and across rollouts.
+        monkeypatch.setattr(sampling, "_MARGIN_CHUNK_ELEMENTS", block)
     rng = np.random.default_rng(13)
     logits, completions, seeds = [], [], []
     for number in range(9):

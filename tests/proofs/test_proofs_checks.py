@@ -109,7 +109,11 @@ def test_assigned_data() -> None:
 
 
 def _termination(
-    tokens: list[int], reason: str, eos_logit: float = 0.0, limit: int = 5
+    tokens: list[int],
+    reason: str,
+    eos_logit: float = 0.0,
+    limit: int = 5,
+    eos_margin: float | None = None,
 ) -> proofs.CheckResult:
     logits = np.zeros(10)
     logits[0] = eos_logit
@@ -121,6 +125,7 @@ def _termination(
         last_logits=logits,
         temperature=1.0,
         thresholds=FLOAT32,
+        eos_margin=eos_margin,
     )
 
 
@@ -138,6 +143,59 @@ def test_termination_cases() -> None:
     for reason, result in cases.items():
         assert (result.passed, result.reason) == (False, reason)
     assert _termination([5, 0], "eos").figures["eos_probability"] == pytest.approx(0.1)
+
+
+def test_an_improbable_eos_that_won_the_seeded_draw_was_sampled() -> None:
+    # Honest sampling draws an EOS of probability below the floor now and then; when the
+    # sampling check shows it won its seeded draw clearly, it is not rejected for that.
+    tolerance = FLOAT32.sampling_tolerance
+    assert _termination([5, 0], "eos", eos_logit=-30.0, eos_margin=1.2).passed
+    assert _termination([5, 0], "eos", eos_logit=-30.0, eos_margin=tolerance).passed
+    # Won within the tolerance (numeric noise could have flipped it), or no margin known:
+    # the floor applies.
+    for margin in (tolerance / 2, -tolerance / 2, None):
+        result = _termination([5, 0], "eos", eos_logit=-30.0, eos_margin=margin)
+        assert (result.passed, result.reason) == (False, Reason.EOS_IMPROBABLE)
+    # A NaN EOS probability proves nothing.
+    result = _termination([5, 0], "eos", eos_logit=float("nan"))
+    assert (result.passed, result.reason) == (False, Reason.EOS_IMPROBABLE)
+
+
+def test_an_honestly_sampled_improbable_eos_is_accepted() -> None:
+    # EOS has probability ~4e-5 (below the 1e-4 floor) at every row; rows are sampled with the
+    # lease-derived seed until EOS wins its draw. That is honest work: accepted, through
+    # verify_rollout, because the sampling check's final margin reaches the termination check.
+    rng = np.random.default_rng(11)
+    vocab, eos, rows = 40, 0, 300_000
+    logits = rng.standard_normal((rows, vocab))
+    logits[:, eos] = -6.0
+    seed = binding.derive_sampling_seed(LEASE, 0)
+    winners = np.argmax(proofs.gumbel_scores(logits, seed, 1.0), axis=1)
+    end = int(np.flatnonzero(winners == eos)[0])
+    completion = winners[: end + 1].tolist()
+    logits = logits[: end + 1]
+    probability = proofs.eos_probabilities(logits[-1:], frozenset({eos}), 1.0)[0]
+    assert probability < FLOAT32.min_eos_probability
+    hidden = rng.standard_normal((end + 1, 16)).astype(np.float32)
+    proof = proofs.build_proof(hidden)
+    prompt = [1, 2, 3]
+    digest = binding.commitment_digest(
+        LEASE,
+        blob_blake3=BLOB,
+        rollout_index=0,
+        sampling_seed=seed,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        proof=proof,
+    )
+    claim = proofs.RolloutClaim(prompt, completion, "eos", proof, seed, 0, digest)
+    assignment = proofs.RolloutAssignment(LEASE, BLOB, prompt, 1.0, rows, frozenset({eos}))
+    report = proofs.verify_rollout(
+        claim, assignment, hidden_states=hidden, logits=logits, thresholds=FLOAT32
+    )
+    assert report.verdict is Verdict.ACCEPT, report.summary()
+    sampled = next(c for c in report.checks if c.name is CheckName.SAMPLING)
+    assert float(sampled.figures["final_margin"]) >= FLOAT32.sampling_tolerance
 
 
 def test_verify_rollout_end_to_end_on_synthetic_tensors() -> None:

@@ -124,3 +124,31 @@ def test_invalid_inputs() -> None:
         np.zeros((1, 3)), [5], seed=1, temperature=1.0, thresholds=FLOAT32
     )
     assert out_of_range.reason is Reason.TOKEN_OUT_OF_VOCABULARY
+
+
+def test_non_finite_margins_fail_instead_of_passing() -> None:
+    # A NaN or overflowing logit makes margins NaN: "NaN < -tolerance" is False, so a check
+    # written that way would pass any token at all.
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((20, 30))
+    tokens = _sampled(logits, 4, 1.0)
+    assert sampling.check_sampling(logits, tokens, seed=4, temperature=1.0, thresholds=FLOAT32)
+    poisoned = logits.copy()
+    poisoned[7, 3] = np.nan
+    result = sampling.check_sampling(poisoned, tokens, seed=4, temperature=1.0, thresholds=FLOAT32)
+    assert (result.passed, result.reason) == (False, Reason.TOKEN_NOT_SAMPLED)
+    assert result.figures["first_violation"] == 7
+    assert result.figures["non_finite_margins"] == 1
+    # A temperature so small that logits / T overflow: every finite check is lost.
+    tiny = sampling.check_sampling(logits, tokens, seed=4, temperature=1e-310, thresholds=FLOAT32)
+    assert not tiny.passed
+
+
+def test_the_final_tokens_margin_is_reported() -> None:
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((12, 40))
+    tokens = _sampled(logits, 9, 0.7)
+    result = sampling.check_sampling(logits, tokens, seed=9, temperature=0.7, thresholds=FLOAT32)
+    expected = sampling.sampling_margins(logits, tokens, seed=9, temperature=0.7)[-1]
+    assert result.figures["final_margin"] == pytest.approx(expected)
+    assert float(result.figures["final_margin"]) >= 0

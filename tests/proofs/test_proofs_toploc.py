@@ -189,6 +189,12 @@ def test_malformed_and_mismatched_proofs_are_rejected() -> None:
     assert (result.passed, result.reason) == (False, Reason.PROOF_MALFORMED)
     null = b"\x00" * toploc.PROOF_BYTES * 2
     assert toploc.verify_proof(null, hidden)[0].exp_mismatches == 128
+    # A proof of the wrong size is refused from its length, before it is parsed: a hostile one
+    # may be as large as the blob (here 2**18 windows' worth, ~68 MB, costs nothing).
+    huge = proof * (1 << 17)
+    [error] = toploc.verify_proofs([huge], [hidden])
+    assert isinstance(error, toploc.ProofFormatError)
+    assert f"proof has {len(huge)} bytes" in str(error)
 
 
 def test_vanishing_polynomial_for_every_window_size() -> None:

@@ -20,6 +20,7 @@ from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.validator import (
     CheckpointModel,
     EnvironmentCache,
+    JobUncheckable,
     ValidatorReason,
     validate_job,
 )
@@ -245,3 +246,54 @@ async def test_a_seed_outside_63_bits_is_rejected_without_crashing(bench: Bench)
     assert outcome.reject_reason == "SEED_NOT_DERIVED"
     # The new blob hash breaks the other rollouts' digests; nothing else fails.
     assert {f[1:] for f in failures[1:]} == {("binding", "COMMITMENT_DIGEST_MISMATCH")}
+
+
+async def test_oversized_rollouts_are_refused_from_their_lengths(bench: Bench) -> None:
+    # A completion over the limit or a prompt longer than the assigned one is refused before
+    # its tokens are copied or hashed (a hostile rollout may carry as many as the blob holds).
+    task, lease, rollouts = await generate(bench, None)
+    rollouts[0].completion_token_ids.extend([5] * 100_000)
+    rollouts[1].prompt_token_ids.extend([5] * 100_000)
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = judge(bench, job, blob)
+    by_rollout: dict[int, set[tuple[str, str]]] = {}
+    for check in outcome.checks:
+        if check.HasField("rollout_index"):
+            by_rollout.setdefault(check.rollout_index, set()).add((check.check, check.reason))
+    assert by_rollout[0] == {("termination", "TOO_LONG")}
+    assert by_rollout[1] == {("assigned_data", "PROMPT_NOT_ASSIGNED")}
+    assert outcome.reject_reason == "TOO_LONG"
+    assert all(c.passed for c in outcome.checks if c.rollout_index >= 2)
+
+
+async def test_a_job_whose_environment_cannot_be_rebuilt_here_is_not_judged(
+    bench: Bench,
+) -> None:
+    # Not the worker's fault: no reject (which would slash it), an error the node turns into
+    # an abandoned job for another validator.
+    task, lease, rollouts = await generate(bench, None)
+    unknown = task_pb2.Task()
+    unknown.CopyFrom(task)
+    unknown.environment = "no-such-environment"
+    job, blob = seal_job(unknown, lease, rollouts)
+    with pytest.raises(JobUncheckable, match="no-such-environment"):
+        judge(bench, job, blob)
+    # Prompt ids the environment does not have (the math example has 22 problems).
+    task, lease, rollouts = await generate(bench, None, "math")
+    del task.prompt_ids[:]
+    task.prompt_ids.extend([500, 501])
+    for rollout in rollouts:
+        rollout.prompt_id = task.prompt_ids[rollout.prompt_index]
+    job, blob = seal_job(task, lease, rollouts)
+    with pytest.raises(JobUncheckable, match="cannot rebuild the assigned prompts"):
+        judge(bench, job, blob)
+
+
+async def test_an_empty_batch_is_not_accepted(bench: Bench) -> None:
+    task, lease, _ = await generate(bench, None)
+    empty = task_pb2.Task()
+    empty.CopyFrom(task)
+    del empty.prompt_ids[:]
+    job, blob = seal_job(empty, lease, [])
+    outcome = judge(bench, job, blob)
+    assert outcome.reject_reason == ValidatorReason.BATCH_MISMATCH

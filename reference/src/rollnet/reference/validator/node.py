@@ -38,7 +38,12 @@ from rollnet.reference.inference.base import DType
 from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.checkpoints import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
-from rollnet.reference.validator.pipeline import EnvironmentCache, JobOutcome, validate_job
+from rollnet.reference.validator.pipeline import (
+    EnvironmentCache,
+    JobOutcome,
+    JobUncheckable,
+    validate_job,
+)
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import BlobIntegrityError, ConnectionConfig, RollnetClient, TlsConfig
 from rollnet.sdk.errors import ErrorReason, RollnetError
@@ -450,9 +455,14 @@ class Validator:
                     validate_job, job, blob, model, self._environments
                 )
             except Exception as error:
-                # A fault on this side (the reward sandbox cannot build the environment, a
-                # bug): no verdict. The lease expires and the job goes back to the queue.
-                reason = "reward_sandbox" if isinstance(error, SandboxError) else "check_error"
+                # A fault on this side (the task's environment or prompts cannot be rebuilt
+                # here, the reward sandbox cannot build the environment, a bug): no verdict.
+                # The lease expires and the job goes back to the queue, for another validator.
+                reason = "check_error"
+                if isinstance(error, JobUncheckable):
+                    reason = "environment_unavailable"
+                elif isinstance(error, SandboxError):
+                    reason = "reward_sandbox"
                 self.metrics.abandoned.labels(reason).inc()
                 log.exception("job_check_failed", job_id=job.job_id, reason=reason)
                 return

@@ -84,9 +84,13 @@ class ValidatorReason(StrEnum):
     BLOB_DIGEST_MISMATCH = "BLOB_DIGEST_MISMATCH"
     BATCH_UNDECODABLE = "BATCH_UNDECODABLE"
     BATCH_MISMATCH = "BATCH_MISMATCH"
-    PROMPT_UNAVAILABLE = "PROMPT_UNAVAILABLE"
     REWARD_MISMATCH = "REWARD_MISMATCH"
     TARGET_LENGTH_MISMATCH = "TARGET_LENGTH_MISMATCH"
+
+
+class JobUncheckable(Exception):
+    """This validator cannot judge the job for a reason that is not the worker's (the task's
+    environment or prompts cannot be rebuilt here): give no verdict, let another try."""
 
 
 class PrefillBackend(Protocol):
@@ -239,7 +243,7 @@ def _batch_problems(
         problems.append("checkpoint_step")
     samples = task.samples_per_prompt
     expected = len(task.prompt_ids) * samples
-    if samples < 1 or len(batch.rollouts) != expected:
+    if samples < 1 or expected == 0 or len(batch.rollouts) != expected:
         problems.append("rollout_count")
         return problems
     for index, rollout in enumerate(batch.rollouts):
@@ -323,6 +327,10 @@ class _Slot:
     prefill: Prefill | None = None
 
 
+_EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
+"""Stands in for the claim of a rollout refused from its lengths alone (never checked)."""
+
+
 def _validate_rollouts(
     job: validation_pb2.ValidationJob,
     batch: rollout_pb2.RolloutBatch,
@@ -343,18 +351,34 @@ def _validate_rollouts(
     max_new_tokens = task.sampling.max_new_tokens
     backend = model.backend
     vocab = backend.vocab_size
-    environment_error = ""
     try:
-        environment: Environment | None = environments.get(
+        environment = environments.get(
             task.environment, json_format.MessageToDict(task.environment_config)
         )
-    except Exception as error:  # an unknown environment or bad config: nothing checks out
-        environment = None
-        environment_error = str(error)
+        # The batch's prompt ids are the task's (checked above): each problem and its tokens
+        # once, before any rollout.
+        assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
+        for prompt_id in dict.fromkeys(int(p) for p in task.prompt_ids):
+            problem = environment.prompt(prompt_id)
+            assigned_prompts[prompt_id] = (problem, _encode_prompt(model.tokenizer, problem.prompt))
+    except Exception as error:
+        # Not the worker's doing: the trainer chose the environment and prompts, and the
+        # coordinator accepted them. This validator cannot judge the job; another may.
+        raise JobUncheckable(
+            f"environment {task.environment!r}: cannot rebuild the assigned prompts here: "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
     slots: list[_Slot] = []
-    assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
     for index, rollout in enumerate(batch.rollouts):
+        problem, assigned = assigned_prompts[int(rollout.prompt_id)]
+        oversized = _oversized(rollout, index, len(assigned), max_new_tokens)
+        if oversized:
+            # Refused before its tokens are copied or hashed: a hostile rollout may carry as
+            # many as the blob holds.
+            slot = _Slot(index, rollout, _EMPTY_CLAIM, problem=None, checks=oversized)
+            slots.append(slot)
+            continue
         claim = RolloutClaim(
             prompt_ids=tuple(rollout.prompt_token_ids),
             completion_ids=tuple(rollout.completion_token_ids),
@@ -364,36 +388,8 @@ def _validate_rollouts(
             rollout_index=index,
             commitment_digest=commitment.rollouts[index].commitment_digest,
         )
-        slot = _Slot(index, rollout, claim)
+        slot = _Slot(index, rollout, claim, problem=problem)
         slots.append(slot)
-        if environment is None:
-            slot.checks.append(
-                _result(
-                    CheckName.ASSIGNED_DATA,
-                    False,
-                    ValidatorReason.PROMPT_UNAVAILABLE,
-                    {"error_chars": len(environment_error)},
-                    index,
-                )
-            )
-            continue
-        try:
-            # Samples of one prompt share its problem and tokens: look each prompt up once.
-            prompt_id = int(rollout.prompt_id)
-            if prompt_id not in assigned_prompts:
-                problem = environment.prompt(prompt_id)
-                assigned_prompts[prompt_id] = (
-                    problem,
-                    _encode_prompt(model.tokenizer, problem.prompt),
-                )
-            slot.problem, assigned = assigned_prompts[prompt_id]
-        except Exception:
-            slot.checks.append(
-                _result(
-                    CheckName.ASSIGNED_DATA, False, ValidatorReason.PROMPT_UNAVAILABLE, {}, index
-                )
-            )
-            continue
         slot.assignment = RolloutAssignment(
             lease=lease,
             blob_blake3=blob_digest,
@@ -403,17 +399,12 @@ def _validate_rollouts(
             eos_token_ids=backend.eos_token_ids,
         )
         completion = slot.claim.completion_ids
-        # Guards before the model runs: a token outside the vocabulary cannot be embedded, and a
-        # completion over the length limit must not make the validator prefill without bound.
+        # Guards before the model runs: a token outside the vocabulary cannot be embedded.
         out_of_vocabulary = sum(1 for t in completion if t >= vocab)
         # A seed outside the 63-bit range cannot be derived, hashed into a digest or used for
         # noise: judged without the model, so a hostile batch cannot crash the validator.
-        if (
-            out_of_vocabulary
-            or len(completion) > max_new_tokens
-            or not 0 <= rollout.sampling_seed <= MAX_SEED
-        ):
-            slot.checks.extend(_unprefillable(slot, out_of_vocabulary, max_new_tokens))
+        if out_of_vocabulary or not 0 <= rollout.sampling_seed <= MAX_SEED:
+            slot.checks.extend(_unprefillable(slot, out_of_vocabulary))
             slot.assignment = None
 
     # ONE batched prefill over every checkable rollout: assigned prompt + claimed completion.
@@ -447,11 +438,28 @@ def _validate_rollouts(
         outcome.checks.extend(slot.checks)
 
 
-def _unprefillable(
-    slot: _Slot, out_of_vocabulary: int, max_new_tokens: int
+def _oversized(
+    rollout: rollout_pb2.Rollout, index: int, assigned_tokens: int, max_new_tokens: int
 ) -> list[validation_pb2.CheckResult]:
-    """Checks for a rollout the model will not run on (a token outside the vocabulary, too many
-    tokens, a seed outside the 63-bit range): binding and assigned data still apply."""
+    """Failing checks of a rollout longer than it may be (the completion over the limit, or
+    the prompt longer than the assigned one), found from the lengths alone; empty if neither."""
+    checks = []
+    prompt_tokens = len(rollout.prompt_token_ids)
+    if prompt_tokens > assigned_tokens:
+        figures = {"assigned_tokens": assigned_tokens, "claimed_tokens": prompt_tokens}
+        checks.append(
+            _result(CheckName.ASSIGNED_DATA, False, Reason.PROMPT_NOT_ASSIGNED, figures, index)
+        )
+    length = len(rollout.completion_token_ids)
+    if length > max_new_tokens:
+        figures = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
+        checks.append(_result(CheckName.TERMINATION, False, Reason.TOO_LONG, figures, index))
+    return checks
+
+
+def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.CheckResult]:
+    """Checks for a rollout the model will not run on (a token outside the vocabulary, a seed
+    outside the 63-bit range): binding and assigned data still apply."""
     assert slot.assignment is not None
     claim, assignment = slot.claim, slot.assignment
     if 0 <= claim.sampling_seed <= MAX_SEED:
@@ -482,17 +490,6 @@ def _unprefillable(
             check_assigned_data(assignment.assigned_prompt_ids, claim.prompt_ids), slot.index
         ),
     ]
-    length = len(claim.completion_ids)
-    if length > max_new_tokens:
-        checks.append(
-            _result(
-                CheckName.TERMINATION,
-                False,
-                Reason.TOO_LONG,
-                {"completion_tokens": length, "max_new_tokens": max_new_tokens},
-                slot.index,
-            )
-        )
     if out_of_vocabulary:
         checks.append(
             _result(
@@ -508,7 +505,7 @@ def _unprefillable(
 
 def _reward_checks(
     slots: Sequence[_Slot],
-    environment: Environment | None,
+    environment: Environment,
     sandbox: RewardSandbox,
     tokenizer: Any,
     outcome: JobOutcome,
@@ -519,18 +516,14 @@ def _reward_checks(
     and a completion the model did not sample is text the worker chose, which must not get to
     make the validator's verifier work up to its time limit. One sandbox call for the job.
     """
-    scored = [
-        s
-        for s in slots
-        if environment is not None and s.problem is not None and all(c.passed for c in s.checks)
-    ]
+    scored = [s for s in slots if s.problem is not None and all(c.passed for c in s.checks)]
     items = []
     for slot in scored:
         assert slot.problem is not None
         completion = list(slot.claim.completion_ids)
         text = tokenizer.decode(completion, skip_special_tokens=True)
         items.append((slot.problem, text, len(completion)))
-    results = sandbox.rewards(environment, items) if environment is not None and items else []
+    results = sandbox.rewards(environment, items) if items else []
     rewards = dict(zip((s.index for s in scored), results, strict=True))
     for slot in slots:
         result = rewards.get(slot.index)
@@ -592,6 +585,7 @@ __all__ = [
     "CheckpointModel",
     "EnvironmentCache",
     "JobOutcome",
+    "JobUncheckable",
     "PrefillBackend",
     "ValidatorCheck",
     "ValidatorReason",

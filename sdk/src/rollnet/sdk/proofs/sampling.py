@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -154,27 +155,51 @@ def check_sampling(
     )[0]
 
 
-_MARGIN_CHUNK_ROWS = 2048  # rows of [rows, V] float64 scores per step: keeps temporaries in cache
+_MARGIN_CHUNK_ELEMENTS = 1 << 18
+"""Elements of ``[rows, V]`` float64 scores per step (2 MiB): keeps the temporaries in cache and
+the memory bounded whatever the vocabulary (about 2,600 rows at V = 101, one or two at 152k)."""
+
+
+def _stacked_rows(
+    arrays: Sequence[npt.NDArray[Any]], offsets: Int64Array, start: int, stop: int
+) -> npt.NDArray[np.float64]:
+    """Rows ``start:stop`` of the arrays stacked end to end, as float64, copying only those."""
+    pieces = []
+    index = int(np.searchsorted(offsets, start, side="right")) - 1
+    while start < stop:
+        local = start - int(offsets[index])
+        take = min(stop - start, arrays[index].shape[0] - local)
+        pieces.append(arrays[index][local : local + take])
+        start += take
+        index += 1
+    return np.concatenate(pieces).astype(np.float64)
 
 
 def _batch_margins(
-    logits: npt.NDArray[np.float64],
+    arrays: Sequence[npt.NDArray[Any]],
     chosen: Int64Array,
     seeds: Int64Array,
     positions: Int64Array,
     temperature: float,
 ) -> npt.NDArray[np.float64]:
-    """:func:`sampling_margins` for stacked rows of many sequences (row-wise identical)."""
-    margins = np.empty(logits.shape[0], dtype=np.float64)
-    for start in range(0, logits.shape[0], _MARGIN_CHUNK_ROWS):
-        stop = min(start + _MARGIN_CHUNK_ROWS, logits.shape[0])
-        scores = logits[start:stop] / temperature
-        scores += gumbel_noise(seeds[start:stop], positions[start:stop], logits.shape[1])
-        rows = np.arange(stop - start)
-        ids = chosen[start:stop]
-        chosen_score = scores[rows, ids]
-        scores[rows, ids] = -np.inf
-        margins[start:stop] = chosen_score - scores.max(axis=1)
+    """:func:`sampling_margins` for the rows of many sequences stacked end to end (row-wise
+    identical), a bounded block of rows at a time: the logits are never copied whole."""
+    total = int(chosen.size)
+    margins = np.empty(total, dtype=np.float64)
+    offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
+    vocab = arrays[0].shape[1]
+    step = max(1, _MARGIN_CHUNK_ELEMENTS // vocab)
+    # Overflowing or NaN logits give non-finite margins, which the caller fails: no warnings.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, total, step):
+            stop = min(start + step, total)
+            scores = _stacked_rows(arrays, offsets, start, stop) / temperature
+            scores += gumbel_noise(seeds[start:stop], positions[start:stop], vocab)
+            rows = np.arange(stop - start)
+            ids = chosen[start:stop]
+            chosen_score = scores[rows, ids]
+            scores[rows, ids] = -np.inf
+            margins[start:stop] = chosen_score - scores.max(axis=1)
     return margins
 
 
@@ -222,11 +247,13 @@ def check_sampling_batch(
     rows = np.flatnonzero(checked)
     margins = np.zeros(ids.size, dtype=np.float64)
     if rows.size:
-        stacked = np.concatenate(arrays)[rows].astype(np.float64)
+        kept = [z for z, skip in zip(arrays, out_of_vocabulary.tolist(), strict=True) if not skip]
         seed_rows = np.repeat(np.asarray(seeds, dtype=np.int64), lengths)[rows]
         positions = (np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths))[rows]
-        margins[rows] = _batch_margins(stacked, ids[rows], seed_rows, positions, temperature)
-    violating = margins < -thresholds.sampling_tolerance
+        margins[rows] = _batch_margins(kept, ids[rows], seed_rows, positions, temperature)
+    # Written so that NaN fails: a margin that is not a finite number >= -tolerance (logits that
+    # overflowed or hold NaN) proves nothing and must not pass.
+    violating = ~(np.isfinite(margins) & (margins >= -thresholds.sampling_tolerance))
     violations = per_rollout(violating)
     first_violations = np.flatnonzero(violating)
     results: list[CheckResult] = []
@@ -247,17 +274,25 @@ def check_sampling_batch(
         first = None
         if count:
             first = int(first_violations[np.searchsorted(first_violations, start)]) - start
-        minimum = float(margins[start : start + length].min()) if length else 0.0
-        results.append(_judge(minimum, count, length, first))
+        own = margins[start : start + length]
+        minimum = float(own.min()) if length else 0.0
+        final = float(own[-1]) if length else 0.0
+        non_finite = int(length - np.isfinite(own).sum())
+        results.append(_judge(minimum, final, non_finite, count, length, first))
     return results
 
 
-def _judge(minimum: float, violations: int, tokens: int, first: int | None) -> CheckResult:
+def _judge(
+    minimum: float, final: float, non_finite: int, violations: int, tokens: int, first: int | None
+) -> CheckResult:
     figures: dict[str, Figure] = {
         "min_margin": minimum,
+        "final_margin": final,
         "violations": violations,
         "tokens": tokens,
     }
+    if non_finite:
+        figures["non_finite_margins"] = non_finite
     if first is not None:
         figures["first_violation"] = first
         return CheckResult(

@@ -40,12 +40,20 @@ def check_termination(
     temperature: float,
     thresholds: Thresholds,
     eos_probability: float | None = None,
+    eos_margin: float | None = None,
 ) -> CheckResult:
     """The rollout ends with a probable EOS, or at exactly the length limit; no EOS before the end.
 
     ``last_logits`` are the validator's logits [V] at the row that chose the final token;
     ``eos_probability``, when given, is :func:`eos_probabilities` of them, computed in advance
     (for many rollouts at once) and used instead.
+
+    ``eos_margin`` is the final token's seeded Gumbel-max margin from the sampling check, when
+    known. A final EOS that won that draw by at least the sampling tolerance was sampled, and
+    honest sampling draws an EOS of any probability now and then: the probability floor then
+    does not apply (it would reject honest rollouts at a rate of up to one per
+    ``1 / min_eos_probability`` EOS draws). It applies where the sampling check cannot tell
+    (the EOS won within the tolerance, or no margin is given).
     """
     length = len(completion_ids)
     figures: dict[str, Figure] = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
@@ -69,7 +77,9 @@ def check_termination(
         figures["eos_probability"] = eos_prob
         if finish_reason != FINISH_EOS:
             return fail(Reason.FINISH_REASON_MISMATCH, "ends with EOS but claims another reason")
-        if eos_prob < thresholds.min_eos_probability:
+        sampled = eos_margin is not None and eos_margin >= thresholds.sampling_tolerance
+        # Written so that NaN fails (an EOS probability that is not a number proves nothing).
+        if not sampled and not eos_prob >= thresholds.min_eos_probability:
             return fail(Reason.EOS_IMPROBABLE, "final EOS is improbable under the model")
         return CheckResult(CheckName.TERMINATION, True, None, figures)
     if length < max_new_tokens:

@@ -349,12 +349,15 @@ def verify_proofs(
     for slot, proof in enumerate(proofs):
         start, stop = prepared.offsets[slot], prepared.offsets[slot + 1]
         try:
-            moduli, coefficients = parse_proof(proof, k)
             bounds = window_bounds(stop - start, window)
-            if len(bounds) != len(moduli):
+            # The length first: a proof of the wrong size is refused before it is parsed (a
+            # hostile one may be as large as the blob).
+            if len(proof) != len(bounds) * 2 * (k + 1):
                 raise ProofFormatError(
-                    f"proof has {len(moduli)} windows, completion needs {len(bounds)}"
+                    f"proof has {len(proof)} bytes, a completion of {stop - start} tokens "
+                    f"needs {len(bounds)} windows of {2 * (k + 1)}"
                 )
+            moduli, coefficients = parse_proof(proof, k)
         except ProofFormatError as error:
             results.append(error)
             continue

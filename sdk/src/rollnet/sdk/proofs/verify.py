@@ -136,8 +136,17 @@ def verify_rollouts(
             temperature=assignment.temperature,
             thresholds=thresholds,
             eos_probability=eos_probability.get(number),
+            eos_margin=_final_margin(sampling[number]),
         )
         reports.append(
             VerificationReport((binding, assigned, termination, toploc[number], sampling[number]))
         )
     return reports
+
+
+def _final_margin(sampling: CheckResult) -> float | None:
+    """The final token's sampling margin, when the sampling check computed one."""
+    if sampling.reason is not None:
+        return None
+    value = sampling.figures.get("final_margin")
+    return float(value) if isinstance(value, int | float) else None
