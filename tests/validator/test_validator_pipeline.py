@@ -109,7 +109,15 @@ async def test_honest_batch_is_accepted_with_figures(bench: Bench) -> None:
     assert outcome.accepted, [c for c in outcome.checks if not c.passed]
     assert outcome.reject_reason == ""
     count = len(PROMPTS) * SAMPLES
-    per_rollout = {"binding", "assigned_data", "termination", "toploc", "sampling", "reward"}
+    per_rollout = {
+        "binding",
+        "assigned_data",
+        "termination",
+        "toploc",
+        "sampling",
+        "behaviour_logprobs",
+        "reward",
+    }
     for index in range(count):
         names = {
             c.check
@@ -297,3 +305,33 @@ async def test_an_empty_batch_is_not_accepted(bench: Bench) -> None:
     job, blob = seal_job(empty, lease, [])
     outcome = judge(bench, job, blob)
     assert outcome.reject_reason == ValidatorReason.BATCH_MISMATCH
+
+
+async def test_behaviour_logprobs_the_trainer_will_use_are_checked(bench: Bench) -> None:
+    # Forwarded to the trainer with accepted rollouts: NaN, a wrong count, positive values or
+    # values off the validator's own are rejects, not poison for its loss.
+    task, lease, honest = await generate(bench, None)
+    job, blob = seal_job(task, lease, honest)
+    accepted = judge(bench, job, blob)
+    logprobs = [c for c in accepted.checks if c.check == "behaviour_logprobs"]
+    errors = [c.figures["max_abs_error"] for c in logprobs]
+    assert len(errors) == len(honest)
+    assert max(errors) <= 1e-5  # fp32: the largest honest drift measured is 6.2e-7
+    cases = {
+        "LOGPROBS_MALFORMED": [
+            lambda r: r.behaviour_logprobs.__setitem__(1, float("nan")),
+            lambda r: r.behaviour_logprobs.append(-1.0),
+            lambda r: r.behaviour_logprobs.__setitem__(0, 0.5),
+        ],
+        "LOGPROBS_MISMATCH": [
+            lambda r: r.behaviour_logprobs.__setitem__(2, r.behaviour_logprobs[2] - 0.01),
+        ],
+    }
+    for reason, edits in cases.items():
+        for edit in edits:
+            rollouts = [rollout_pb2.Rollout.FromString(r.SerializeToString()) for r in honest]
+            edit(rollouts[1])
+            job, blob = seal_job(task, lease, rollouts)
+            outcome = judge(bench, job, blob)
+            failed = [(c.rollout_index, c.check, c.reason) for c in outcome.checks if not c.passed]
+            assert failed == [(1, "behaviour_logprobs", reason)], failed

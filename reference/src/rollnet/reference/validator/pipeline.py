@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import blake3
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
@@ -54,6 +55,7 @@ from rollnet.sdk.proofs import (
     check_assigned_data,
     check_binding,
     proof_digest,
+    token_logprobs,
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
@@ -74,6 +76,7 @@ class ValidatorCheck(StrEnum):
 
     INTEGRITY = "integrity"
     BATCH = "batch"
+    LOGPROBS = "behaviour_logprobs"
     REWARD = "reward"
 
 
@@ -84,6 +87,8 @@ class ValidatorReason(StrEnum):
     BLOB_DIGEST_MISMATCH = "BLOB_DIGEST_MISMATCH"
     BATCH_UNDECODABLE = "BATCH_UNDECODABLE"
     BATCH_MISMATCH = "BATCH_MISMATCH"
+    LOGPROBS_MALFORMED = "LOGPROBS_MALFORMED"
+    LOGPROBS_MISMATCH = "LOGPROBS_MISMATCH"
     REWARD_MISMATCH = "REWARD_MISMATCH"
     TARGET_LENGTH_MISMATCH = "TARGET_LENGTH_MISMATCH"
 
@@ -433,6 +438,11 @@ def _validate_rollouts(
     )
     for slot, report in zip(verified, reports, strict=True):
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
+        if report.accepted:
+            assert slot.prefill is not None
+            slot.checks.append(
+                _logprobs_check(slot, slot.prefill.logits, temperature, model.thresholds)
+            )
     _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
@@ -501,6 +511,35 @@ def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.C
             )
         )
     return checks
+
+
+def _logprobs_check(
+    slot: _Slot, logits: Any, temperature: float, thresholds: Thresholds
+) -> validation_pb2.CheckResult:
+    """The behaviour log-probabilities the trainer will use: one per completion token, finite,
+    at most 0, and each within ``sampling_tolerance`` of the validator's (the largest honest
+    drift measured: 6.2e-7 in fp32, 7.6e-3 in bf16; ``docs/validator.md``)."""
+    claimed = np.asarray(slot.rollout.behaviour_logprobs, dtype=np.float64)
+    tokens = len(slot.claim.completion_ids)
+    figures: dict[str, float] = {"tokens": tokens, "claimed": claimed.size}
+    well_formed = claimed.size == tokens and bool(np.all(np.isfinite(claimed) & (claimed <= 0)))
+    if not well_formed:
+        figures["non_finite"] = int(claimed.size - np.isfinite(claimed).sum())
+        figures["positive"] = int((claimed > 0).sum())
+        return _result(
+            ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MALFORMED, figures, slot.index
+        )
+    expected = token_logprobs(logits, slot.claim.completion_ids, temperature)
+    error = np.abs(claimed - expected)
+    # Written so that NaN fails (the validator's own log-probabilities, from NaN logits).
+    worst = float(error.max()) if tokens else 0.0
+    figures["max_abs_error"] = worst
+    if not worst <= thresholds.sampling_tolerance:
+        figures["first_mismatch"] = int(np.argmax(~(error <= thresholds.sampling_tolerance)))
+        return _result(
+            ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MISMATCH, figures, slot.index
+        )
+    return _result(ValidatorCheck.LOGPROBS, True, "", figures, slot.index)
 
 
 def _reward_checks(

@@ -27,6 +27,7 @@ from rollnet.sdk.proofs.sampling import (
     gumbel_scores,
     noise_bits,
     sampling_margins,
+    token_logprobs,
 )
 from rollnet.sdk.proofs.termination import (
     FINISH_EOS,
@@ -103,6 +104,7 @@ __all__ = [
     "proof_size",
     "sampling_margins",
     "thresholds_for",
+    "token_logprobs",
     "tokens_digest",
     "verify_proof",
     "verify_proofs",

@@ -141,6 +141,32 @@ def sampling_margins(
     return np.asarray(chosen_score - scores.max(axis=1), dtype=np.float64)
 
 
+def token_logprobs(
+    logits: npt.ArrayLike, completion_ids: Sequence[int], temperature: float
+) -> npt.NDArray[np.float64]:
+    """Per token: ``log_softmax(logits / temperature)`` of the chosen token, in float64.
+
+    What a worker reports as ``Rollout.behaviour_logprobs``, recomputed from the validator's
+    logits (rows as for :func:`sampling_margins`), a bounded block of rows at a time.
+    """
+    if not temperature > 0:
+        raise ValueError("log-probabilities need a temperature > 0")
+    z = np.asarray(logits)
+    ids = np.asarray(completion_ids, dtype=np.int64)
+    if z.ndim != 2 or z.shape[0] != ids.size:
+        raise ValueError("logits must be [tokens, vocabulary], one row per completion token")
+    out = np.empty(ids.size, dtype=np.float64)
+    step = max(1, _MARGIN_CHUNK_ELEMENTS // max(1, z.shape[1]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, ids.size, step):
+            block = z[start : start + step].astype(np.float64) / temperature
+            block -= block.max(axis=1, keepdims=True)
+            norm = np.log(np.exp(block).sum(axis=1))
+            rows = np.arange(block.shape[0])
+            out[start : start + step] = block[rows, ids[start : start + step]] - norm
+    return out
+
+
 def check_sampling(
     logits: npt.ArrayLike,
     completion_ids: Sequence[int],
