@@ -335,3 +335,43 @@ async def test_behaviour_logprobs_the_trainer_will_use_are_checked(bench: Bench)
             outcome = judge(bench, job, blob)
             failed = [(c.rollout_index, c.check, c.reason) for c in outcome.checks if not c.passed]
             assert failed == [(1, "behaviour_logprobs", reason)], failed
+
+
+async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job's logits (tokens x vocabulary) are held a group at a time; the verdict and every
+    # figure are the same whatever the grouping.
+    from rollnet.reference.validator import pipeline
+
+    task, lease, rollouts = await generate(bench, Cheat.TOKEN_ALTERED)
+    job, blob = seal_job(task, lease, rollouts)
+    whole = judge(bench, job, blob)
+    backend = bench.model.backend
+    calls: list[int] = []
+    real = backend.prefill_batch
+
+    def counted(pairs: Any) -> Any:
+        calls.append(len(pairs))
+        return real(pairs)
+
+    monkeypatch.setattr(backend, "prefill_batch", counted)
+    judge(bench, job, blob)
+    assert calls == [len(rollouts)]
+    calls.clear()
+    # Room for one rollout's logits per group.
+    longest = max(len(r.completion_token_ids) for r in rollouts)
+    monkeypatch.setattr(pipeline, "LOGITS_BUDGET", longest * backend.vocab_size)
+    grouped = judge(bench, job, blob)
+    assert calls == [1] * len(rollouts)
+    # Prefills of other groupings pad differently, which moves the last bits of some figures.
+    assert len(grouped.checks) == len(whole.checks)
+    for one, other in zip(grouped.checks, whole.checks, strict=True):
+        assert (one.check, one.passed, one.reason, one.rollout_index) == (
+            other.check,
+            other.passed,
+            other.reason,
+            other.rollout_index,
+        )
+        assert dict(one.figures) == pytest.approx(dict(other.figures), rel=1e-5, abs=1e-6)
+    assert list(grouped.validated_rewards) == list(whole.validated_rewards)

@@ -329,7 +329,6 @@ class _Slot:
     assignment: RolloutAssignment | None = None
     problem: Problem | None = None
     checks: list[validation_pb2.CheckResult] = field(default_factory=list)
-    prefill: Prefill | None = None
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -412,40 +411,64 @@ def _validate_rollouts(
             slot.checks.extend(_unprefillable(slot, out_of_vocabulary))
             slot.assignment = None
 
-    # ONE batched prefill over every checkable rollout: assigned prompt + claimed completion.
+    # Batched prefills over every checkable rollout (assigned prompt + claimed completion), then
+    # every check, the numeric ones vectorized across the rollouts of a group. Groups hold at
+    # most LOGITS_BUDGET logits (one rollout at least): a job's logits are tokens x vocabulary,
+    # 40 GB for 64 rollouts of 1,024 tokens at a 152k vocabulary, and only a group's are held.
     # Sorted by length, so the backend's right-padded chunks waste few positions on padding.
     ready = sorted(
         (s for s in slots if s.assignment is not None),
         key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
     )
-    pairs = [
-        (s.assignment.assigned_prompt_ids, s.claim.completion_ids)
-        for s in ready
-        if s.assignment is not None
-    ]
-    if pairs:
-        for slot, prefill in zip(ready, backend.prefill_batch(pairs), strict=True):
-            slot.prefill = prefill
-
-    # Every check of every prefilled rollout, the numeric ones vectorized across the batch.
-    verified = [s for s in slots if s.assignment is not None and s.prefill is not None]
-    reports = verify_rollouts(
-        [s.claim for s in verified],
-        [s.assignment for s in verified if s.assignment is not None],
-        hidden_states=[s.prefill.hidden_states for s in verified if s.prefill is not None],
-        logits=[s.prefill.logits for s in verified if s.prefill is not None],
-        thresholds=model.thresholds,
-    )
-    for slot, report in zip(verified, reports, strict=True):
-        slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
-        if report.accepted:
-            assert slot.prefill is not None
-            slot.checks.append(
-                _logprobs_check(slot, slot.prefill.logits, temperature, model.thresholds)
-            )
+    for group in _logit_groups(ready, vocab):
+        _check_group(group, backend, temperature, model.thresholds)
     _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
+
+
+LOGITS_BUDGET = 1 << 28
+"""Logits (completion tokens x vocabulary) a group of rollouts may hold at once: 1 GiB of
+float32. The tiny model's whole job fits; at a 152k vocabulary a group is ~1,700 tokens."""
+
+
+def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
+    """Consecutive groups of ``slots`` within :data:`LOGITS_BUDGET` (one rollout at least)."""
+    groups: list[list[_Slot]] = []
+    held = 0
+    for slot in slots:
+        size = len(slot.claim.completion_ids) * vocab
+        if not groups or held + size > LOGITS_BUDGET:
+            groups.append([])
+            held = 0
+        groups[-1].append(slot)
+        held += size
+    return groups
+
+
+def _check_group(
+    group: Sequence[_Slot], backend: PrefillBackend, temperature: float, thresholds: Thresholds
+) -> None:
+    """Prefill a group of rollouts and run the proofs library's checks and the log-probability
+    check on each; the prefill (hidden states, logits) is dropped when done."""
+    pairs = []
+    assignments = []
+    for slot in group:
+        assert slot.assignment is not None
+        assignments.append(slot.assignment)
+        pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
+    prefills = backend.prefill_batch(pairs)
+    reports = verify_rollouts(
+        [s.claim for s in group],
+        assignments,
+        hidden_states=[p.hidden_states for p in prefills],
+        logits=[p.logits for p in prefills],
+        thresholds=thresholds,
+    )
+    for slot, report, prefill in zip(group, reports, prefills, strict=True):
+        slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
+        if report.accepted:
+            slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
 
 
 def _oversized(
