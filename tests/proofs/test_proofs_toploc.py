@@ -187,8 +187,17 @@ def test_malformed_and_mismatched_proofs_are_rejected() -> None:
         toploc.verify_proof(proof, hidden[:20])  # one window's worth of rows, two windows given
     result = toploc.check_toploc(proof[:100], hidden, FLOAT32)
     assert (result.passed, result.reason) == (False, Reason.PROOF_MALFORMED)
+    # Moduli no prover searches (it goes from 65497 down to 2**15) are malformed: otherwise
+    # equivalent proofs could differ, and with them their digests.
     null = b"\x00" * toploc.PROOF_BYTES * 2
-    assert toploc.verify_proof(null, hidden)[0].exp_mismatches == 128
+    with pytest.raises(toploc.ProofFormatError, match="modulus 0"):
+        toploc.verify_proof(null, hidden)
+    for modulus in (65535, 65498, (1 << 15) - 1):
+        stray = modulus.to_bytes(2, "big") + proof[2:]
+        with pytest.raises(toploc.ProofFormatError, match=f"window 0 has modulus {modulus}"):
+            toploc.verify_proof(stray, hidden)
+    floor = (1 << 15).to_bytes(2, "big") + proof[2:]
+    assert len(toploc.verify_proof(floor, hidden)) == 2  # well-formed (its statistics differ)
     # A proof of the wrong size is refused from its length, before it is parsed: a hostile one
     # may be as large as the blob (here 2**18 windows' worth, ~68 MB, costs nothing).
     huge = proof * (1 << 17)

@@ -358,6 +358,14 @@ def verify_proofs(
                     f"needs {len(bounds)} windows of {2 * (k + 1)}"
                 )
             moduli, coefficients = parse_proof(proof, k)
+            # A prover searches moduli from PRIME down to 2**15: any other value (65535, 0, 7)
+            # never comes from one, and would make equivalent proofs with different digests.
+            strays = np.flatnonzero((moduli < _MIN_MODULUS) | (moduli > PRIME))
+            if strays.size:
+                raise ProofFormatError(
+                    f"window {int(strays[0])} has modulus {int(moduli[strays[0]])}, outside "
+                    f"[{_MIN_MODULUS}, {PRIME}]"
+                )
         except ProofFormatError as error:
             results.append(error)
             continue
