@@ -103,6 +103,20 @@ async def test_submission_checks_and_idempotent_receipts(
             assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
 
+        # A completion longer than the task allows (unchecked commitments are credited for
+        # their completion tokens, so the coordinator refuses it itself).
+        long = make_work(worker, leased.task, leased.lease)
+        limit = leased.task.sampling.max_new_tokens
+        long.rollouts[1].completion_token_ids.extend([4] * limit)
+        padded = rollout_pb2.RolloutBatch.FromString(work.batch)
+        padded.rollouts[1].completion_token_ids.extend([4] * limit)
+        long.batch = padded.SerializeToString()
+        blob = (await client.blobs.upload(long.batch, BATCH)).blob
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(commitment_request(worker, long, blob))
+        assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
+        assert f"the task allows {limit}" in refused.value.message
+
         # The honest commitment, then the same call again: the same receipt, nothing new.
         request.request_id = "commit-1"
         first = await client.commitments.submit_commitment(request)

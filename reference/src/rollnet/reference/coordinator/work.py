@@ -166,9 +166,17 @@ class WorkDesk:
             problems.append(f"batch holds {len(batch.rollouts)} rollouts, task asks {expected}")
         if len(request.rollouts) != len(batch.rollouts):
             problems.append("commitment lists a different number of rollouts than the batch")
+        max_new_tokens = int(spec["max_new_tokens"])
         for index, (rollout, digest) in enumerate(
             zip(batch.rollouts, request.rollouts, strict=False)
         ):
+            # Checked here, not only by a validator: a commitment that is not spot-checked is
+            # credited for its completion tokens.
+            if len(rollout.completion_token_ids) > max_new_tokens:
+                problems.append(
+                    f"rollouts[{index}] has {len(rollout.completion_token_ids)} completion "
+                    f"tokens, the task allows {max_new_tokens}"
+                )
             if proof_digest(rollout.toploc_proof) != digest.proof_blake3:
                 problems.append(f"rollouts[{index}].proof_blake3 does not match the batch")
             if rollout.sampling_seed != digest.sampling_seed:
