@@ -15,8 +15,10 @@ import pytest
 from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
+from rollnet.reference.coordinator import work as work_module
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.server import Coordinator
+from rollnet.reference.coordinator.work import slash_amount
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
 from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.errors import ErrorReason, RollnetError
@@ -163,6 +165,32 @@ async def do_task(
     return response, len(rollouts)
 
 
+async def register_roles(
+    clients: tuple[RollnetClient, RollnetClient, RollnetClient],
+    identities: tuple[Identity, Identity, Identity],
+) -> None:
+    """Register a trainer, a validator and a worker, each through its own client."""
+    roles = (common_pb2.ROLE_TRAINER, common_pb2.ROLE_VALIDATOR, common_pb2.ROLE_WORKER)
+    for client, identity, role in zip(clients, identities, roles, strict=True):
+        await register(client, identity, role)
+
+
+async def reject_next_job(validator: RollnetClient, reason: str) -> None:
+    """Pull the next validation job and reject it with ``reason``."""
+    job = await validator.validation.pull_validation_job(
+        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+    )
+    await validator.validation.submit_verdict(
+        validation_service_pb2.SubmitVerdictRequest(
+            job_id=job.job.job_id,
+            lease_id=job.lease.lease_id,
+            fencing_token=job.lease.fencing_token,
+            decision=validation_pb2.Verdict.DECISION_REJECT,
+            reject_reason=reason,
+        )
+    )
+
+
 @pytest.mark.timeout(120)
 async def test_full_loop_credit_slash_eject_and_verify(
     coordinator: Coordinator,
@@ -172,13 +200,10 @@ async def test_full_loop_credit_slash_eject_and_verify(
     db_url: str,
 ) -> None:
     worker = Identity.generate()
-    trainer = connect(coordinator, trainer_identity)
-    validator = connect(coordinator, validator_identity)
-    client = connect(coordinator, worker)
+    identities = (trainer_identity, validator_identity, worker)
+    trainer, validator, client = (connect(coordinator, i) for i in identities)
     try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(client, worker, common_pb2.ROLE_WORKER)
+        await register_roles((trainer, validator, client), identities)
 
         # Demand before any checkpoint is refused with its reason.
         demand = rollout_service_pb2.RequestRolloutsRequest(
@@ -237,18 +262,7 @@ async def test_full_loop_credit_slash_eject_and_verify(
 
         # Work 2: rejected → slashed; the task is requeued for someone else.
         submitted, count = await do_task(client, worker)
-        job = await validator.validation.pull_validation_job(
-            validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
-        )
-        await validator.validation.submit_verdict(
-            validation_service_pb2.SubmitVerdictRequest(
-                job_id=job.job.job_id,
-                lease_id=job.lease.lease_id,
-                fencing_token=job.lease.fencing_token,
-                decision=validation_pb2.Verdict.DECISION_REJECT,
-                reject_reason="EXPONENT_MISMATCH",
-            )
-        )
+        await reject_next_job(validator, "EXPONENT_MISMATCH")
         balance = await client.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
         assert balance.slashed == 6 * count * 2
         assert balance.balance == 0
@@ -380,3 +394,50 @@ async def test_a_temperature_that_is_not_finite_or_outside_its_bounds_is_refused
             assert len(created.task_ids) == 1
     finally:
         await trainer.close()
+
+
+def test_slash_amount_divides_the_work_by_the_check_probability() -> None:
+    assert slash_amount(10, 1.0) == 10
+    assert slash_amount(10, 0.1) == 100
+    assert slash_amount(10, 0.3) == 34  # rounded up
+    assert slash_amount(0, 0.5) == 0
+    for bad in (0.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="not in"):
+            slash_amount(10, bad)
+
+
+@pytest.mark.timeout(120)
+async def test_a_reject_is_slashed_the_work_over_its_check_probability(
+    coordinator: Coordinator,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A trusted node's work is checked with probability p and credited unchecked otherwise; a
+    # reject costs the work / p, so cheating has a non-positive expected value.
+    monkeypatch.setattr(work_module, "spot_check_probability", lambda *_: 0.25)
+    monkeypatch.setattr(work_module, "spot_check_draw", lambda *_: 0.0)  # this one is checked
+    worker = Identity.generate()
+    identities = (trainer_identity, validator_identity, worker)
+    trainer, validator, client = (connect(coordinator, i) for i in identities)
+    try:
+        await register_roles((trainer, validator, client), identities)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await trainer.rollouts.request_rollouts(
+            rollout_service_pb2.RequestRolloutsRequest(
+                rollout_step=1,
+                environment="arithmetic",
+                prompt_count=2,
+                samples_per_prompt=2,
+                sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=8),
+                prompts_per_task=2,
+            )
+        )
+        _, count = await do_task(client, worker)
+        await reject_next_job(validator, "TOKEN_NOT_SAMPLED")
+        balance = await client.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
+        work = 6 * count * 2  # (3 prompt + 3 completion tokens) x 2 MFLOPs per rollout
+        assert balance.slashed == 4 * work
+    finally:
+        for c in (trainer, validator, client):
+            await c.close()

@@ -248,6 +248,9 @@ class ValidationJob(Base):
         _lease_complete(),
         CheckConstraint("attempt >= 0", name="attempt_non_negative"),
         CheckConstraint("fencing_token = attempt", name="fencing_token_is_attempt"),
+        CheckConstraint(
+            "check_probability > 0 AND check_probability <= 1", name="check_probability_range"
+        ),
         Index(None, "state", "created_at", "id"),
     )
 
@@ -259,6 +262,9 @@ class ValidationJob(Base):
     lease_holder: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"))
     lease_deadline: Mapped[datetime | None]
     fencing_token: Mapped[int] = mapped_column(BigInteger)
+    check_probability: Mapped[float] = mapped_column(Float, server_default="1.0")
+    """The probability with which the coordinator chose to validate the commitment (1 for a
+    node without trust): a reject is slashed the claimed work divided by it."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

@@ -36,9 +36,15 @@ class LeasedValidationJob:
 
 
 def enqueue_validation_job(
-    session: Session, *, job_id: str, commitment_id: str, now: datetime
+    session: Session,
+    *,
+    job_id: str,
+    commitment_id: str,
+    now: datetime,
+    check_probability: float = 1.0,
 ) -> None:
-    """Queue the validation of ``commitment_id`` (one job per commitment)."""
+    """Queue the validation of ``commitment_id`` (one job per commitment), chosen for
+    validation with ``check_probability`` (in (0, 1])."""
     _INSERT_JOB.run(
         session,
         {
@@ -47,6 +53,7 @@ def enqueue_validation_job(
             "state": ValidationJobState.QUEUED,
             "attempt": 0,
             "fencing_token": 0,
+            "check_probability": check_probability,
             "created_at": now,
             "updated_at": now,
         },
@@ -327,5 +334,14 @@ def has_queued_validation_job(session: Session) -> bool:
 
 _INSERT_JOB = prepared_insert(
     table_of(ValidationJob),
-    ["id", "commitment_id", "state", "attempt", "fencing_token", "created_at", "updated_at"],
+    [
+        "id",
+        "commitment_id",
+        "state",
+        "attempt",
+        "fencing_token",
+        "check_probability",
+        "created_at",
+        "updated_at",
+    ],
 )

@@ -63,6 +63,19 @@ def spot_check_probability(streak: int, trusted_streak: int, min_rate: float) ->
     return max(min_rate, trusted_streak / max(streak, 1))
 
 
+def slash_amount(units: int, check_probability: float) -> int:
+    """What a rejected commitment costs its node: the claimed work divided by the probability
+    with which it was chosen for checking, rounded up.
+
+    Unchecked commitments are credited, so with a slash of the work alone, cheating on work
+    checked one time in ten would pay nine times over. Divided by p, a cheat's expected value is
+    at most zero: (1 - p) x W credited, p x W / p slashed.
+    """
+    if not 0 < check_probability <= 1:
+        raise ValueError(f"check probability {check_probability} is not in (0, 1]")
+    return -(-units * 10**6 // round(check_probability * 10**6))
+
+
 def spot_check_draw(seed: int, commitment_id: str) -> float:
     """A reproducible uniform draw in [0, 1) for one commitment."""
     digest = hashlib.blake2b(f"{seed}:{commitment_id}".encode(), digest_size=8).digest()
@@ -319,7 +332,11 @@ class WorkDesk:
             check = spot_check_draw(config.seed, commitment_id) < probability
             if check:
                 validation.enqueue_validation_job(
-                    session, job_id=secrets.token_hex(12), commitment_id=commitment_id, now=now
+                    session,
+                    job_id=secrets.token_hex(12),
+                    commitment_id=commitment_id,
+                    now=now,
+                    check_probability=probability,
                 )
             else:
                 self._credit_unchecked(
@@ -577,7 +594,7 @@ class WorkDesk:
                     NewEntry(
                         node_id=commitment.node_id,
                         kind=EntryKind.SLASH,
-                        amount=-units,
+                        amount=-slash_amount(units, job.check_probability),
                         commitment_id=commitment.id,
                         verdict_id=verdict_id,
                         memo=request.reject_reason[:200],
