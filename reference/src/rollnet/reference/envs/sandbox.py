@@ -218,11 +218,12 @@ class _Child:
             # given the caller's import path, talking over a socket pair.
             ours, theirs = socket.socketpair()
             with theirs:
-                command = [sys.executable, "-c", _CHILD, json.dumps(sys.path)]
+                environment = {**os.environ, _PATH_VARIABLE: json.dumps(sys.path)}
                 self.process = subprocess.Popen(
-                    [*command, str(theirs.fileno()), loader],
+                    [sys.executable, "-c", _CHILD, str(theirs.fileno()), loader],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
+                    env=environment,
                 )
             self.conn = Connection(ours.detach())
         return self.conn
@@ -238,10 +239,13 @@ class _Child:
             process.wait(timeout=10)
 
 
+_PATH_VARIABLE = "ROLLNET_REWARD_SANDBOX_PATH"
+"""Carries the caller's import path to the child (in its environment, not its command line)."""
 _CHILD = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "import json, os, sys; "
+    f"sys.path[:] = json.loads(os.environ.pop({_PATH_VARIABLE!r})); "
     "from rollnet.reference.envs.sandbox import _child_main; "
-    "_child_main(int(sys.argv[2]), sys.argv[3])"
+    "_child_main(int(sys.argv[1]), sys.argv[2])"
 )
 
 
