@@ -7,7 +7,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,7 +36,8 @@ from rollnet.ledger.artifacts import (
     record_commitment,
 )
 from rollnet.ledger.enums import TaskState
-from rollnet.ledger.models import IdempotencyRecord, LedgerEntry, Task
+from rollnet.ledger.migrate import alembic_config, check_models_match
+from rollnet.ledger.models import IdempotencyRecord, LedgerEntry, Task, ValidationJob
 from rollnet.ledger.tasks import enqueue_tasks, get_task, transition_task
 from rollnet.ledger.validation import (
     enqueue_validation_job,
@@ -382,3 +385,49 @@ def test_a_validation_job_no_validator_finishes_is_given_up_and_its_work_requeue
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
         # Settling twice changes nothing.
         assert settle_failed_jobs(session, ["j1"], now=now) == []
+
+
+def test_migrations_rebuild_tables_that_rows_reference(
+    sessions: sessionmaker[Session], add_nodes: AddNodes, migrated_engine: Engine
+) -> None:
+    # On SQLite a migration that alters validation_jobs rebuilds it (copy, drop, rename); with
+    # verdicts referencing its rows, the drop failed while foreign keys were enforced, so a
+    # coordinator with any verdict could not upgrade. Down to 0005 and back up, rows kept.
+    (worker,) = add_nodes(1)
+    (validator,) = add_nodes(1, NodeRole.VALIDATOR)
+    commitment_id = _commit_one_task(sessions, worker)
+    with sessions.begin() as session:
+        enqueue_validation_job(
+            session, job_id="j1", commitment_id=commitment_id, now=T0, check_probability=0.25
+        )
+        job = lease_next_validation_job(session, node_id=validator, now=T0, lease_duration=LEASE)
+        assert job is not None
+        assert (
+            submit_verdict(
+                session,
+                job_id="j1",
+                lease_id=job.lease_id,
+                fencing_token=job.fencing_token,
+                validator_id=validator,
+                verdict_id="v1",
+                accepted=False,
+                reasons=["TOKEN_NOT_SAMPLED"],
+                check_figures={},
+                awarded_work=0,
+                now=T0,
+            )
+            is LeaseOutcome.OK
+        )
+    config = alembic_config(migrated_engine)
+    command.downgrade(config, "0005")
+    command.upgrade(config, "head")
+    check_models_match(migrated_engine)
+    with sessions.begin() as session:
+        assert get_verdict_for_commitment(session, commitment_id) is not None
+        # Rows from before 0006 were checked with certainty (the old slash).
+        probability = session.scalar(select(ValidationJob.check_probability))
+        assert probability == 1.0
+    with migrated_engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            assert connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
