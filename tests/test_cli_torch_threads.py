@@ -37,3 +37,37 @@ def test_threads_are_applied(command: str) -> None:
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+@pytest.mark.parametrize(
+    ("flag", "bad"),
+    [
+        ("--reward-time-limit", "0.5"),
+        ("--reward-time-limit", "0"),
+        ("--reward-time-limit", "-1"),
+        ("--reward-time-limit", "abc"),
+        ("--reward-time-limit", "inf"),
+        ("--reward-time-limit", "nan"),
+        ("--keep-checkpoints", "0"),
+        ("--keep-checkpoints", "-1"),
+        ("--pull-wait", "-5"),
+        ("--pull-wait", "nan"),
+        ("--pull-wait", "1e12"),
+    ],
+)
+def test_numbers_are_checked_before_anything_runs(
+    command: str, flag: str, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A usage error (exit 2, the flag named), never a traceback after the node registered.
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*BASE[command], flag, bad])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+def test_sensible_numbers_are_accepted(command: str) -> None:
+    numbers = ["--reward-time-limit", "2.5", "--keep-checkpoints", "1", "--pull-wait", "0"]
+    args = build_parser().parse_args([*BASE[command], *numbers])
+    assert (args.reward_time_limit, args.keep_checkpoints, args.pull_wait) == (2.5, 1, 0.0)

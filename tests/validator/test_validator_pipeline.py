@@ -16,6 +16,7 @@ import pytest
 from validator_testing import NETWORK, seal_job
 
 from rollnet.reference.adversary import CHEATS, Cheat, CheatingGenerator
+from rollnet.reference.envs import RewardResult
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.validator import (
     CheckpointModel,
@@ -375,3 +376,27 @@ async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
         )
         assert dict(one.figures) == pytest.approx(dict(other.figures), rel=1e-5, abs=1e-6)
     assert list(grouped.validated_rewards) == list(whole.validated_rewards)
+
+
+async def test_a_claim_is_not_slashed_when_the_validators_verifier_did_not_finish(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Verifier timing differs between machines (a warm sympy cache, a completion on
+    # math-verify's limit): when the validator's own verifier ran out of time, its value (the
+    # environment's unverifiable_reward, which the trainer gets) proves nothing about the claim.
+    task, lease, rollouts = await generate(bench, None)
+    job, blob = seal_job(task, lease, rollouts)
+
+    def timed_out(environment: Any, items: Any) -> list[RewardResult]:
+        return [
+            RewardResult(environment.unverifiable_reward(problem, count), "time_limit")
+            for problem, _, count in items
+        ]
+
+    monkeypatch.setattr(bench.environments.sandbox, "rewards", timed_out)
+    outcome = judge(bench, job, blob)
+    assert outcome.accepted, [c for c in outcome.checks if not c.passed]
+    rewards = [c for c in outcome.checks if c.check == "reward"]
+    assert all(c.figures["verifier_failed"] == 1.0 for c in rewards)
+    assert all(r.task_reward == 0.0 for r in outcome.validated_rewards)
+    assert any("time_limit" in note for note in outcome.notes)

@@ -1,4 +1,5 @@
-"""Options shared by the commands that run a model (worker, validator).
+"""Options shared by the commands that run a model (worker, validator), and checked argparse
+types for their numbers.
 
 ``--torch-threads``:
 
@@ -14,17 +15,43 @@ avoids that.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} threads: at least 1")
-    return value
+def whole(what: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type: a whole number of ``what``, at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} {what}: at least {minimum}")
+        return value
+
+    return parse
+
+
+def seconds(minimum: float, maximum: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds in ``[minimum, maximum]`` (NaN and inf refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"{text}: must be a number of seconds from {minimum:g} to {maximum:g}"
+            )
+        return value
+
+    return parse
+
+
+_positive = whole("threads")
 
 
 def add_argument(parser: Any) -> None:
@@ -41,23 +68,14 @@ def add_argument(parser: Any) -> None:
     )
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive number of seconds")
-    return value
-
-
 def add_reward_time_limit(parser: Any) -> None:
     """Add ``--reward-time-limit SECONDS`` to ``parser``."""
     from rollnet.reference.envs.sandbox import DEFAULT_TIME_LIMIT_S
 
     parser.add_argument(
         "--reward-time-limit",
-        type=_seconds,
+        # Below a second, verifiers that finish in an honest moment would be cut off.
+        type=seconds(1.0, 86_400.0),
         default=DEFAULT_TIME_LIMIT_S,
         metavar="SECONDS",
         help=(

@@ -51,17 +51,35 @@ def register(subparsers: Any) -> None:
         help="serve only this environment (repeatable; default: any)",
     )
     parser.add_argument(
-        "--max-concurrent-tasks", type=int, default=1, help="leases held at once (default 1)"
+        "--max-concurrent-tasks",
+        type=torch_threads.whole("tasks"),
+        default=1,
+        help="leases held at once (default 1)",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="completions per backend call")
+    parser.add_argument(
+        "--batch-size",
+        type=torch_threads.whole("completions"),
+        default=64,
+        help="completions per backend call",
+    )
     parser.add_argument(
         "--keep-checkpoints",
-        type=int,
+        type=torch_threads.whole("versions"),
         default=3,
         help="checkpoint versions kept on disk: async_level + 1 (default 3)",
     )
-    parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds (default 60)")
-    parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
+    parser.add_argument(
+        "--drain-timeout",
+        type=torch_threads.seconds(0.0, 86_400.0),
+        default=60.0,
+        help="seconds (default 60)",
+    )
+    parser.add_argument(
+        "--pull-wait",
+        type=torch_threads.seconds(0.0, 3600.0),
+        default=20.0,
+        help="long-poll seconds",
+    )
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
     torch_threads.add_reward_time_limit(parser)
     torch_threads.add_argument(parser)

@@ -625,6 +625,14 @@ def _reward_check(
         and claimed.total == expected.total
     )
     target = problem.target_length or 0
+    if not same and result.failure is not None:
+        # The validator's own verifier did not finish (its time limit, an error, a crash): its
+        # value is the environment's unverifiable_reward, which is what the trainer will use,
+        # but it proves nothing about the claim. Verifier timing differs between machines (a
+        # warm sympy cache, a completion on math-verify's limit), so an honest worker's claim
+        # may differ: no slash for that.
+        figures["claimed_task_reward"] = claimed.task_reward
+        return _result(ValidatorCheck.REWARD, True, "", figures, slot.index)
     if not same:
         reason = ValidatorReason.REWARD_MISMATCH
     elif slot.rollout.target_length != target:
