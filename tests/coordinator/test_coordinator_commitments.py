@@ -26,6 +26,7 @@ from google.protobuf import duration_pb2
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.coordinator.work import (
+    count_rollouts,
     spot_check_draw,
     spot_check_probability,
 )
@@ -322,4 +323,76 @@ async def test_a_job_no_validator_finishes_is_given_up_and_its_prompts_queued_ag
     finally:
         for client in (trainer, validator, worker):
             await client.close()
+        await coordinator.stop(grace=0.1)
+
+
+def test_rollouts_are_counted_on_the_wire_without_parsing() -> None:
+    rollouts = [rollout_pb2.Rollout(prompt_index=i, completion_token_ids=[4, 5]) for i in range(5)]
+    data = rollout_pb2.RolloutBatch(
+        task_id="t", lease_id="l", fencing_token=3, node_id="n", rollouts=rollouts
+    ).SerializeToString()
+    assert count_rollouts(data, limit=100) == 5
+    assert count_rollouts(data, limit=3) == 3  # the scan stops at the limit
+    assert count_rollouts(b"", limit=10) == 0
+    assert count_rollouts(data[:-1], limit=100) == -1  # truncated
+    assert count_rollouts(b"\xff\xfe not a protobuf", limit=10) == -1
+    assert count_rollouts(b"\x33", limit=10) == -1  # a group (wire type 3)
+
+
+async def test_a_blob_is_read_only_for_a_lease_that_may_submit(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Reading and parsing a blob costs the coordinator memory and time: a caller without the
+    # task's lease is refused first, and a lease holder's blob of too many (tiny) rollouts is
+    # refused from a count on the wire, before the batch is built.
+    coordinator = await start_coordinator(coordinator_config)
+    worker, stranger = Identity.generate(), Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    client, other = connect(coordinator.address, worker), connect(coordinator.address, stranger)
+    reads: list[bytes] = []
+    blobs = coordinator.ctx.blobs
+    real = blobs.read_range
+
+    def counted(digest: bytes, offset: int, length: int) -> tuple[int, bytes]:
+        reads.append(digest)
+        return real(digest, offset, length)
+
+    monkeypatch.setattr(blobs, "read_range", counted)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await register(other, stranger, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 1, samples_per_prompt=2)
+        leased = await pull(client)
+        work = make_work(worker, leased.task, leased.lease)
+        # The stranger uploads a batch and commits it under the worker's lease.
+        stolen = make_work(stranger, leased.task, leased.lease)
+        uploaded = await other.blobs.upload(stolen.batch, BATCH)
+        with pytest.raises(RollnetError) as refused:
+            await other.commitments.submit_commitment(
+                commitment_request(stranger, stolen, uploaded.blob)
+            )
+        assert refused.value.reason == ErrorReason.LEASE_NOT_FOUND
+        assert reads == []
+        # The lease holder's batch padded with 100,000 empty rollouts (2 bytes each).
+        padded = work.batch + b"\x32\x00" * 100_000
+        uploaded = await client.blobs.upload(padded, BATCH)
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(
+                commitment_request(worker, work, uploaded.blob)
+            )
+        assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
+        assert "more than" in refused.value.message
+        # The honest batch still goes through.
+        uploaded = await client.blobs.upload(work.batch, BATCH)
+        response = await client.commitments.submit_commitment(
+            commitment_request(worker, work, uploaded.blob)
+        )
+        assert response.receipt.signature
+    finally:
+        for c in (trainer, client, other):
+            await c.close()
         await coordinator.stop(grace=0.1)

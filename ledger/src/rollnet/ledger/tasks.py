@@ -160,6 +160,20 @@ def why_not_submitted(
     return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
 
 
+def submission_outcome(
+    session: Session,
+    *,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> LeaseOutcome:
+    """``OK`` when this lease may submit the task now, else why not. A read, for refusing early
+    (before a rollout blob is read); the submission itself checks again in its UPDATE."""
+    return _lease_outcome(session, task_id, lease_id, fencing_token, node_id, now)
+
+
 def _terms_of(row: tuple[Any, ...] | None) -> TaskTerms | None:
     if row is None:
         return None
@@ -346,6 +360,20 @@ def _refusal(
     node_id: str,
     now: datetime,
 ) -> LeaseOutcome:
+    """Why an UPDATE conditioned on this lease matched nothing (read right after it)."""
+    outcome = _lease_outcome(session, task_id, lease_id, fencing_token, node_id, now)
+    # OK here means the UPDATE would have matched: only a race gets here.
+    return LeaseOutcome.NOT_LEASED if outcome is LeaseOutcome.OK else outcome
+
+
+def _lease_outcome(
+    session: Session,
+    task_id: str,
+    lease_id: str,
+    fencing_token: int,
+    node_id: str,
+    now: datetime,
+) -> LeaseOutcome:
     task = session.get(Task, task_id, populate_existing=True)
     if task is None:
         return LeaseOutcome.UNKNOWN
@@ -364,7 +392,7 @@ def _refusal(
         return LeaseOutcome.NOT_LEASED
     if task.lease_deadline is not None and task.lease_deadline <= now:
         return LeaseOutcome.LEASE_EXPIRED
-    return LeaseOutcome.NOT_LEASED  # pragma: no cover - the UPDATE would have matched
+    return LeaseOutcome.OK
 
 
 def extend_lease(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import struct
@@ -61,6 +62,54 @@ def spot_check_probability(streak: int, trusted_streak: int, min_rate: float) ->
     if streak < trusted_streak:
         return 1.0
     return max(min_rate, trusted_streak / max(streak, 1))
+
+
+_ROLLOUTS_FIELD = 6
+"""``RolloutBatch.rollouts``' field number."""
+
+
+def count_rollouts(data: bytes, limit: int) -> int:
+    """The ``rollouts`` entries of a serialized ``RolloutBatch``, counted on the wire up to
+    ``limit`` (the scan stops there) without parsing them; ``-1`` when the bytes are not a
+    well-formed message (a truncated or impossible field)."""
+    view = memoryview(data)
+    position, count, size = 0, 0, len(data)
+
+    def varint() -> int:
+        nonlocal position
+        value, shift = 0, 0
+        while True:
+            if position >= size or shift > 63:
+                raise ValueError("truncated varint")
+            byte = view[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    try:
+        while position < size and count < limit:
+            tag = varint()
+            field, wire = tag >> 3, tag & 7
+            if wire == 0:
+                varint()
+            elif wire == 1:
+                position += 8
+            elif wire == 5:
+                position += 4
+            elif wire == 2:
+                length = varint()  # before the add: varint() moves the position itself
+                position += length
+                if field == _ROLLOUTS_FIELD:
+                    count += 1
+            else:  # groups (3, 4) are not in this schema; 6 and 7 do not exist
+                return -1
+            if position > size:
+                return -1
+    except ValueError:
+        return -1
+    return count
 
 
 def slash_amount(units: int, check_probability: float) -> int:
@@ -146,14 +195,57 @@ class WorkDesk:
             offset += len(data)
 
     # ---------------------------------------------------------------- commitments
-    def _load_batch(self, digest: bytes) -> tuple[rollout_pb2.RolloutBatch, int]:
+    def _precheck(
+        self,
+        session: Session,
+        caller: Caller,
+        request: commitment_service_pb2.SubmitCommitmentRequest,
+    ) -> int:
+        """Before the blob is read: the number of rollouts the task asks for, or a refusal when
+        this lease may not submit it and this is not a repeat of work it committed (a repeat
+        goes on to be answered, request-id checks and all, in the transaction)."""
+        task = tasks.get_terms(session, request.task_id)
+        if task is None:
+            raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
+        existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
+        if (
+            existing is not None
+            and existing.node_id == caller.node_id
+            and existing.lease_id == request.lease_id
+            and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
+        ):
+            return len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+        outcome = tasks.submission_outcome(
+            session,
+            task_id=request.task_id,
+            lease_id=request.lease_id,
+            fencing_token=request.fencing_token,
+            node_id=caller.node_id,
+            now=self.ctx.clock(),
+        )
+        if outcome is not LeaseOutcome.OK:
+            raise lease_outcome_refusal(outcome, f"task {request.task_id}")
+        return len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+
+    def _load_batch(self, digest: bytes, expected: int) -> tuple[rollout_pb2.RolloutBatch, int]:
         _, data = self.ctx.blobs.read_range(digest, 0, 0)
+        # Counted on the wire before anything is built: a blob of many tiny rollouts grows
+        # ~50x when parsed (2 bytes each on the wire, ~110 in memory).
+        count = count_rollouts(data, limit=expected + 1)
+        if count < 0:
+            raise Refusal(ErrorReason.ROLLOUT_BATCH_INVALID, "rollout blob is not a RolloutBatch")
+        if count != expected:
+            more = "more than " if count > expected else ""
+            raise Refusal(
+                ErrorReason.ROLLOUT_BATCH_INVALID,
+                f"batch holds {more}{min(count, expected)} rollouts, task asks {expected}",
+            )
         try:
             return rollout_pb2.RolloutBatch.FromString(data), len(data)
         except DecodeError as error:
             raise Refusal(
                 ErrorReason.ROLLOUT_BATCH_INVALID, f"rollout blob is not a RolloutBatch: {error}"
-            ) from error
+            ) from None
 
     def _check_batch(
         self,
@@ -228,7 +320,19 @@ class WorkDesk:
             )
         if not self.ctx.blobs.exists(request.rollout_batch.blake3):
             raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
-        batch, batch_size = self._load_batch(request.rollout_batch.blake3)
+        try:
+            # The lease (or an earlier answer to replay) first, with one read: a blob is only
+            # read and parsed for a caller that may submit this task now.
+            expected = await self.ctx.run_read(
+                lambda session: self._precheck(session, caller, request)
+            )
+            # Parsed off the event loop: a large batch must not stall every other call.
+            batch, batch_size = await asyncio.to_thread(
+                self._load_batch, request.rollout_batch.blake3, expected
+            )
+        except Refusal as refusal:
+            # Without its traceback, the refusal keeps no frame (and no blob) alive.
+            raise refusal.with_traceback(None) from None
         now = self.ctx.clock()
         # Everything the receipt covers is known now: sign outside the writer's transaction.
         commitment_id = secrets.token_hex(12)
