@@ -2,7 +2,8 @@
 
 ``RewardSandbox(loader="sandbox_probe:load")`` builds it in the child (this directory is on the
 test run's import path, which the sandbox passes on). The completion text picks the behaviour:
-``hang`` loops forever, ``raise`` raises, ``crash`` ends the process, ``pid`` answers with the
+``hang`` loops forever in Python, ``cpow`` computes for minutes inside one C call (``9 ** 9 ** 9``,
+the GIL held throughout), ``raise`` raises, ``crash`` ends the process, ``pid`` answers with the
 child's process id as the task reward; anything else scores 1.0 when it equals the answer.
 """
 
@@ -36,6 +37,8 @@ class ProbeEnvironment(SeededEnvironment):
             raise ValueError("the verifier cannot read this")
         if completion_text == "crash":
             os._exit(3)
+        if completion_text == "cpow":
+            return float(pow(9, 9**9) % 2)
         if completion_text == "pid":
             return float(os.getpid())
         return 1.0 if completion_text == problem.answer else 0.0

@@ -42,6 +42,12 @@ def exited(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.fixture
 def sandbox() -> Iterator[RewardSandbox]:
     with RewardSandbox(loader=PROBE, time_limit_s=1.0) as box:
@@ -168,8 +174,10 @@ def test_close_stops_the_child_and_a_later_call_starts_one(sandbox: RewardSandbo
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_the_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
-    # A parent killed while its child is stuck in a verifier: the child must not run on.
+@pytest.mark.parametrize("stuck", ["hang", "cpow"])
+def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> None:
+    # A parent killed while its child is stuck in a verifier (a Python loop, or one C call that
+    # holds the GIL for minutes): the child must not run on.
     script = textwrap.dedent(
         f"""
         import sys
@@ -180,7 +188,7 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
         box = RewardSandbox(loader={PROBE!r}, time_limit_s=600)
         (result,) = box.rewards(environment, [(environment.prompt(1), "pid", 1)])
         print(int(result.reward.task_reward), flush=True)
-        box.rewards(environment, [(environment.prompt(1), "hang", 1)])
+        box.rewards(environment, [(environment.prompt(1), {stuck!r}, 1)])
         """
     )
     parent = subprocess.Popen(
@@ -189,7 +197,8 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert not exited(child)
+        # Kill the parent once the child is busy in the verifier.
+        wait_for(lambda: cpu_seconds(child) > 1.0)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         wait_for(lambda: exited(child))

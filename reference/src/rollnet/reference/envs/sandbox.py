@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -105,7 +106,7 @@ class RewardSandbox:
         """Children killed or lost so far (each costs a process start and environment load)."""
         self._lock = threading.Lock()
         self._child = _Child()
-        weakref.finalize(self, self._child.stop)
+        weakref.finalize(self, self._child.close)
 
     def rewards(self, environment: Environment, items: Sequence[RewardItem]) -> list[RewardResult]:
         """The reward of every item, in order; see :class:`RewardResult` for failures.
@@ -208,6 +209,10 @@ class _Child:
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
+        # Children are started from this one long-lived thread: on Linux a child asks to be
+        # killed when the thread that started it ends (PR_SET_PDEATHSIG follows the thread,
+        # not the process), and the callers' threads (asyncio's pool) come and go.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="rollnet-reward-sandbox")
 
     def connection(self, loader: str) -> Connection:
         if self.process is not None and self.process.poll() is not None:
@@ -219,14 +224,21 @@ class _Child:
             ours, theirs = socket.socketpair()
             with theirs:
                 environment = {**os.environ, _PATH_VARIABLE: json.dumps(sys.path)}
-                self.process = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD, str(theirs.fileno()), loader],
+                command = [sys.executable, "-c", _CHILD, str(theirs.fileno()), loader]
+                self.process = self._spawner.submit(
+                    subprocess.Popen,
+                    [*command, str(os.getpid())],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
                     env=environment,
-                )
+                ).result()
             self.conn = Connection(ours.detach())
         return self.conn
+
+    def close(self) -> None:
+        """Stop the child and the spawning thread (the sandbox is gone)."""
+        self.stop()
+        self._spawner.shutdown(wait=False)
 
     def stop(self) -> None:
         process, conn = self.process, self.conn
@@ -245,15 +257,23 @@ _CHILD = (
     "import json, os, sys; "
     f"sys.path[:] = json.loads(os.environ.pop({_PATH_VARIABLE!r})); "
     "from rollnet.reference.envs.sandbox import _child_main; "
-    "_child_main(int(sys.argv[1]), sys.argv[2])"
+    "_child_main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))"
 )
+_PR_SET_PDEATHSIG = 1
 
 
-def _child_main(fd: int, loader: str) -> None:
+def _child_main(fd: int, loader: str, parent: int) -> None:
     """Entry point of the child process: serve on the inherited socket until it closes."""
     # Exit when the parent is gone (killed, crashed) even while a verifier is busy: its socket
-    # closing is only noticed between requests. Checked once a second, between bytecodes.
-    parent = os.getppid()
+    # closing is only noticed between requests. On Linux the kernel kills us with it, even in
+    # the middle of one long C call (sympy's big integers); elsewhere a thread checks once a
+    # second, between bytecodes.
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(0)
 
     def watch() -> None:
         while True:
