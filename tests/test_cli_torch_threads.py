@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,3 +73,20 @@ def test_sensible_numbers_are_accepted(command: str) -> None:
     numbers = ["--reward-time-limit", "2.5", "--keep-checkpoints", "1", "--pull-wait", "0"]
     args = build_parser().parse_args([*BASE[command], *numbers])
     assert (args.reward_time_limit, args.keep_checkpoints, args.pull_wait) == (2.5, 1, 0.0)
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+def test_a_bad_key_or_data_dir_is_a_usage_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 2 with the path named, before anything connects: not a traceback at the first job.
+    from rollnet.reference.cli import main
+
+    coordinator = ["--coordinator", "127.0.0.1:1"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    key = ["--key", str(tmp_path / "node.key")]
+    assert main([command, *coordinator, *key, "--data-dir", str(a_file)]) == 2
+    assert f"--data-dir {a_file} is not a writable directory" in capsys.readouterr().err
+    assert main([command, *coordinator, "--key", str(tmp_path), "--data-dir", "d"]) == 2
+    assert f"key file {tmp_path}" in capsys.readouterr().err

@@ -15,7 +15,9 @@ avoids that.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -91,3 +93,41 @@ def apply(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(args.torch_threads)
+
+
+def node_identity(command: str, key: Path, created_hint: str = "") -> Any:
+    """The node's :class:`~rollnet.sdk.identity.Identity` from ``key``, created (0600) when the
+    file does not exist; ``None`` after printing why it cannot be read or written."""
+    from rollnet.sdk.identity import Identity, KeyFileError
+
+    try:
+        if key.exists():
+            return Identity.load(key)
+        identity = Identity.generate()
+        identity.save(key)
+    except KeyFileError as error:
+        print(f"rollnet {command}: {error}", file=sys.stderr)
+        return None
+    except OSError as error:
+        print(f"rollnet {command}: key file {key}: {error.strerror or error}", file=sys.stderr)
+        return None
+    print(f"rollnet {command}: created key {key} (node {identity.node_id}){created_hint}")
+    return identity
+
+
+def ready_data_dir(command: str, path: Path) -> bool:
+    """Create ``path`` (and its parents) if needed; ``False`` after printing why it cannot be a
+    data directory (a file is in the way, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".rollnet-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        print(
+            f"rollnet {command}: --data-dir {path} is not a writable directory: "
+            f"{error.strerror or error}",
+            file=sys.stderr,
+        )
+        return False
+    return True

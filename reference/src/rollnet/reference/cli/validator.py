@@ -67,23 +67,13 @@ def run(args: argparse.Namespace) -> int:
         ValidatorFatalError,
         ValidatorMetrics,
     )
-    from rollnet.sdk.identity import Identity, KeyFileError
     from rollnet.sdk.worker import run_until_signalled
 
     configure_logging(args.log_level)
     torch_threads.apply(args)
-    try:
-        if args.key.exists():
-            identity = Identity.load(args.key)
-        else:
-            identity = Identity.generate()
-            identity.save(args.key)
-            print(
-                f"rollnet validator: created key {args.key} (node {identity.node_id}); "
-                "add the node id to the coordinator's validators allow-list"
-            )
-    except KeyFileError as error:
-        print(f"rollnet validator: {error}", file=sys.stderr)
+    hint = "; add the node id to the coordinator's validators allow-list"
+    identity = torch_threads.node_identity("validator", args.key, hint)
+    if identity is None or not torch_threads.ready_data_dir("validator", args.data_dir):
         return 2
     metrics = ValidatorMetrics()
     if args.metrics_listen:

@@ -92,20 +92,12 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.reference.worker import InferenceGenerator, make_backend
     from rollnet.sdk.checkpoints import CheckpointStore
     from rollnet.sdk.client import TlsConfig
-    from rollnet.sdk.identity import Identity, KeyFileError
     from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
 
     configure_logging(args.log_level)
     torch_threads.apply(args)
-    try:
-        if args.key.exists():
-            identity = Identity.load(args.key)
-        else:
-            identity = Identity.generate()
-            identity.save(args.key)
-            print(f"rollnet worker: created key {args.key} (node {identity.node_id})")
-    except KeyFileError as error:
-        print(f"rollnet worker: {error}", file=sys.stderr)
+    identity = torch_threads.node_identity("worker", args.key)
+    if identity is None or not torch_threads.ready_data_dir("worker", args.data_dir):
         return 2
     device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     checkpoints = CheckpointStore(

@@ -438,7 +438,12 @@ class Validator:
                     lambda: self._models.get(job.task.checkpoint_step, self.client),
                     stoppable=False,
                 )
-            except (RollnetError, CheckpointVerificationError, BlobIntegrityError) as error:
+            except (
+                RollnetError,
+                CheckpointVerificationError,
+                BlobIntegrityError,
+                OSError,
+            ) as error:
                 # Without the blob or a verified checkpoint there is nothing fair to judge. The
                 # lease expires and the job goes back to the queue (perhaps to a validator that
                 # can fetch them).
