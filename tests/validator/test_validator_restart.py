@@ -164,3 +164,55 @@ async def test_a_job_the_validator_cannot_check_is_abandoned_not_fatal(
         await trainer_client.close()
         await coordinator.stop(grace=0.5)
         ledger.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_stop_does_not_wait_forever_for_a_jobs_inputs(
+    tmp_path: Path, sqlite_url: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A coordinator that stops answering while the validator fetches a job's blob: on stop the
+    # validator waits drain_timeout for it, then drops the job (its lease expires) and exits.
+    from dataclasses import replace
+
+    from rollnet.sdk.client import BlobClient
+
+    trainer, identity = Identity.generate(), Identity.generate()
+    coordinator = await start_coordinator(
+        coordinator_config_for(tmp_path, sqlite_url, trainer, identity)
+    )
+    address = coordinator.address
+    ledger = Ledger(sqlite_url)
+    trainer_client = await start_trainer(address, trainer, tiny_model)
+    worker, generator = honest_worker(address, tmp_path / "worker")
+    working = asyncio.create_task(worker.run())
+    validator = None
+    try:
+        await request_tasks(trainer_client, 1)
+        await eventually(lambda: worker.receipts_received == 1, within=60, what="a commitment")
+        worker.request_stop()
+        await asyncio.wait_for(working, 30)
+        fetching = asyncio.Event()
+
+        async def never(*_: Any, **__: Any) -> bytes:
+            fetching.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(BlobClient, "download", never)
+        validator = in_process_validator(address, tmp_path / "validator", identity)
+        validator.config = replace(validator.config, drain_timeout=1.0)
+        running = asyncio.create_task(validator.run())
+        await asyncio.wait_for(fetching.wait(), 60)
+        validator.request_stop()
+        await asyncio.wait_for(running, 30)  # returns: not stuck on the blob
+        assert validator.metrics.abandoned.labels("gave_up")._value.get() == 1
+        assert ledger.verdicts_per_commitment() == {}
+    finally:
+        worker.request_stop()
+        if validator is not None:
+            validator.request_stop()
+        generator.close()
+        await trainer_client.close()
+        await coordinator.stop(grace=0.5)
+        ledger.close()

@@ -91,6 +91,10 @@ class _Stopped(Exception):
     """A stop was requested while waiting to retry."""
 
 
+class _GaveUp(Exception):
+    """The job in hand's inputs are no longer worth waiting for."""
+
+
 @dataclass(frozen=True, slots=True)
 class ValidatorConfig:
     """How a :class:`Validator` reaches its coordinator and runs its model."""
@@ -117,6 +121,8 @@ class ValidatorConfig:
     """Waits between retries of calls that must eventually succeed."""
     heartbeat_jitter: float = 0.1
     """Relative spread of heartbeat intervals."""
+    drain_timeout: float = 60.0
+    """On stop, how long the job in hand may still wait for its blob and checkpoint."""
     deregister_timeout: float = 10.0
     """On stop, how long to keep trying to submit the last verdict and deregister."""
     software_version: str = "rollnet-reference-validator/0.1"
@@ -158,6 +164,7 @@ class Validator:
         self._interval = 10.0
         self._lease: task_pb2.Lease | None = None
         self._lease_lost = False
+        self._lost = asyncio.Event()
         self._fatal: ValidatorFatalError | None = None
 
     @property
@@ -236,6 +243,35 @@ class Validator:
         self._fatal = self._fatal or ValidatorFatalError(message)
         self.request_stop()
         return self._fatal
+
+    async def _fetch(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """:meth:`_persist` for the job in hand's inputs, given up (:class:`_GaveUp`) when the
+        job's lease is lost, or ``drain_timeout`` seconds after a stop request."""
+        fetching = asyncio.ensure_future(self._persist(what, call, stoppable=False))
+        giving_up = asyncio.ensure_future(self._until_given_up())
+        try:
+            await asyncio.wait({fetching, giving_up}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            giving_up.cancel()
+        if not fetching.done():
+            fetching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await fetching
+            raise _GaveUp(f"{what}: lease lost" if self._lost.is_set() else f"{what}: stopping")
+        return fetching.result()
+
+    async def _until_given_up(self) -> None:
+        """Returns when the job in hand is to be dropped (see :meth:`_fetch`)."""
+        lost = asyncio.ensure_future(self._lost.wait())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not lost.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(lost), self.config.drain_timeout)
+        finally:
+            lost.cancel()
+            stop.cancel()
 
     async def _persist(
         self,
@@ -343,6 +379,7 @@ class Validator:
         for status in response.leases:
             if lease is not None and status.lease_id == lease.lease_id and not status.valid:
                 self._lease_lost = True
+                self._lost.set()
                 log.warning("job_lease_lost", lease_id=lease.lease_id)
         for command in response.commands:
             kind = command.WhichOneof("command")
@@ -416,6 +453,7 @@ class Validator:
     async def _handle(self, job: validation_pb2.ValidationJob, lease: task_pb2.Lease) -> None:
         started = time.monotonic()
         self._lease, self._lease_lost = lease, False
+        self._lost.clear()
         self.metrics.busy.set(1)
         commitment = job.commitment
         log.info(
@@ -427,17 +465,20 @@ class Validator:
         )
         try:
             try:
-                blob = await self._persist(
-                    "get_blob",
-                    lambda: self.client.blobs.download(commitment.rollout_batch.blake3),
-                    stoppable=False,
+                blob = await self._fetch(
+                    "get_blob", lambda: self.client.blobs.download(commitment.rollout_batch.blake3)
                 )
                 fetched = time.monotonic()
-                model = await self._persist(
-                    "checkpoint",
-                    lambda: self._models.get(job.task.checkpoint_step, self.client),
-                    stoppable=False,
+                model = await self._fetch(
+                    "checkpoint", lambda: self._models.get(job.task.checkpoint_step, self.client)
                 )
+            except _GaveUp as gave_up:
+                # The lease is gone, or a stop came and the inputs did not arrive within
+                # drain_timeout (a coordinator that stopped answering): drop the job; its lease
+                # expires and it is requeued.
+                self.metrics.abandoned.labels("gave_up").inc()
+                log.warning("job_given_up", job_id=job.job_id, detail=str(gave_up))
+                return
             except (
                 RollnetError,
                 CheckpointVerificationError,
