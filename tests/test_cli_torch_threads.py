@@ -90,3 +90,30 @@ def test_a_bad_key_or_data_dir_is_a_usage_error(
     assert f"--data-dir {a_file} is not a writable directory" in capsys.readouterr().err
     assert main([command, *coordinator, "--key", str(tmp_path), "--data-dir", "d"]) == 2
     assert f"key file {tmp_path}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(BASE))
+@pytest.mark.parametrize("bad", ["localhost", "localhost:", ":7070", "host:0", "host:70000"])
+def test_the_coordinator_address_needs_a_port(
+    command: str, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a if a != "127.0.0.1:1" else bad for a in BASE[command]]
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+    assert build_parser().parse_args(BASE[command]).coordinator == "127.0.0.1:1"
+    ipv6 = [a if a != "127.0.0.1:1" else "[::1]:7070" for a in BASE[command]]
+    assert build_parser().parse_args(ipv6).coordinator == "[::1]:7070"
+
+
+def test_a_worker_for_an_environment_not_installed_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollnet.reference.cli import main
+
+    argv = [*BASE["worker"][:-1], str(tmp_path), "--key", str(tmp_path / "k")]
+    assert main([*argv, "--environment", "arithmetic", "--environment", "nosuchenv"]) == 2
+    err = capsys.readouterr().err
+    assert "--environment nosuchenv: not installed here" in err
+    assert "arithmetic" in err

@@ -24,8 +24,9 @@ _MIB = 1024 * 1024
 def _publish(args: argparse.Namespace) -> int:
     from rollnet.reference.checkpoints import CheckpointDirError, model_files, publish_model_dir
 
-    if args.step < 1:
-        print("rollnet checkpoint publish: --step must be at least 1", file=sys.stderr)
+    if args.step < 0:
+        # 0 is a valid first step (the demo publishes the initial model as checkpoint 0).
+        print("rollnet checkpoint publish: --step must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
     if args.shard_mib <= 0:
         print("rollnet checkpoint publish: --shard-mib must be positive", file=sys.stderr)

@@ -56,6 +56,14 @@ def seconds(minimum: float, maximum: float) -> Callable[[str], float]:
 _positive = whole("threads")
 
 
+def address(text: str) -> str:
+    """An argparse type: ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6), the port 1-65535."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (a port 1-65535 is needed)")
+    return text
+
+
 def add_argument(parser: Any) -> None:
     """Add ``--torch-threads N`` to ``parser``."""
     parser.add_argument(

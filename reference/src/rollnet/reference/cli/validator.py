@@ -24,7 +24,12 @@ def register(subparsers: Any) -> None:
             "submit the verdict. SIGTERM/SIGINT: finish the job in hand, deregister, exit 0."
         ),
     )
-    parser.add_argument("--coordinator", required=True, help="coordinator address HOST:PORT")
+    parser.add_argument(
+        "--coordinator",
+        required=True,
+        type=torch_threads.address,
+        help="coordinator address HOST:PORT",
+    )
     parser.add_argument(
         "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
     )

@@ -22,7 +22,12 @@ def register(subparsers: Any) -> None:
             "SIGTERM/SIGINT: stop pulling, finish or give back leases, deregister, exit 0."
         ),
     )
-    parser.add_argument("--coordinator", required=True, help="coordinator address HOST:PORT")
+    parser.add_argument(
+        "--coordinator",
+        required=True,
+        type=torch_threads.address,
+        help="coordinator address HOST:PORT",
+    )
     parser.add_argument(
         "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
     )
@@ -96,6 +101,17 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     torch_threads.apply(args)
+    from rollnet.reference.envs import available_environments
+
+    installed = available_environments()
+    unknown = sorted(set(args.environment) - set(installed))
+    if unknown:
+        print(
+            f"rollnet worker: --environment {', '.join(unknown)}: not installed here "
+            f"(installed: {', '.join(sorted(installed))})",
+            file=sys.stderr,
+        )
+        return 2
     identity = torch_threads.node_identity("worker", args.key)
     if identity is None or not torch_threads.ready_data_dir("worker", args.data_dir):
         return 2

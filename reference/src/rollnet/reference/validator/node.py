@@ -304,6 +304,8 @@ class Validator:
                     "call_failed_retrying",
                     call=what,
                     code=error.code.name,
+                    target=self.config.target,
+                    detail=(error.message or error.reason)[:200],
                     delay=round(delay, 2),
                 )
             if until is not None and time.monotonic() + delay > until:

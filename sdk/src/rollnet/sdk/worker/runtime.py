@@ -301,7 +301,13 @@ class Worker:
                 _log(
                     logging.WARNING,
                     "call_failed_retrying",
-                    {"call": what, "code": error.code.name, "delay": round(delay, 2)},
+                    {
+                        "call": what,
+                        "code": error.code.name,
+                        "target": self.config.target,
+                        "detail": (error.message or error.reason)[:200],
+                        "delay": round(delay, 2),
+                    },
                 )
             if until is not None and time.monotonic() + delay > until:
                 raise TimeoutError(f"{what}: gave up")
