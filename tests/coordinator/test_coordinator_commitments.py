@@ -31,6 +31,7 @@ from rollnet.reference.coordinator.work import (
     spot_check_probability,
 )
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -386,6 +387,16 @@ async def test_a_blob_is_read_only_for_a_lease_that_may_submit(
             )
         assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
         assert "more than" in refused.value.message
+        # A batch larger than any batch for the task may be: refused from its size, unread.
+        limit = max_batch_bytes(2, leased.task.sampling.max_new_tokens)
+        bulky = work.batch + rollout_pb2.RolloutBatch(task_id="x" * limit).SerializeToString()
+        uploaded = await client.blobs.upload(bulky, BATCH)
+        with pytest.raises(RollnetError) as refused:
+            await client.commitments.submit_commitment(
+                commitment_request(worker, work, uploaded.blob)
+            )
+        assert refused.value.reason == ErrorReason.ROLLOUT_BATCH_INVALID
+        assert f"a batch for this task is at most {limit}" in refused.value.message
         # The honest batch still goes through.
         uploaded = await client.blobs.upload(work.batch, BATCH)
         response = await client.commitments.submit_commitment(

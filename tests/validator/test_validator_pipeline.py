@@ -25,8 +25,10 @@ from rollnet.reference.validator import (
     ValidatorReason,
     validate_job,
 )
+from rollnet.reference.validator.pipeline import refuse_oversized
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
+from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
@@ -400,3 +402,15 @@ async def test_a_claim_is_not_slashed_when_the_validators_verifier_did_not_finis
     assert all(c.figures["verifier_failed"] == 1.0 for c in rewards)
     assert all(r.task_reward == 0.0 for r in outcome.validated_rewards)
     assert any("time_limit" in note for note in outcome.notes)
+
+
+async def test_a_blob_larger_than_any_batch_for_its_task_is_judged_unread(bench: Bench) -> None:
+    task, lease, rollouts = await generate(bench, None)
+    job, _ = seal_job(task, lease, rollouts)
+    assert refuse_oversized(job) is None
+    limit = max_batch_bytes(len(rollouts), task.sampling.max_new_tokens)
+    job.commitment.rollout_batch.size = limit + 1
+    outcome = refuse_oversized(job)
+    assert outcome is not None
+    assert outcome.reject_reason == ValidatorReason.BATCH_TOO_LARGE
+    assert judge(bench, job, b"").reject_reason == ValidatorReason.BATCH_TOO_LARGE

@@ -55,10 +55,39 @@ def verify_receipt(receipt: commitment_pb2.Receipt, coordinator_public_key: byte
     return verify_signature(coordinator_public_key, receipt.signature, message)
 
 
+PROMPT_BYTES_PER_ROLLOUT = 1 << 20
+"""What :func:`max_batch_bytes` allows per rollout for its prompt and fields (1 MiB: prompts of
+~200,000 tokens)."""
+BYTES_PER_COMPLETION_TOKEN = 16
+"""What :func:`max_batch_bytes` allows per completion token: its id (a varint, <= 5 bytes) and
+its behaviour log-probability (4 bytes), with room to spare."""
+
+
+def max_batch_bytes(rollouts: int, max_new_tokens: int) -> int:
+    """The largest ``RolloutBatch`` a task of ``rollouts`` rollouts may be answered with.
+
+    ``rollouts x (1 MiB + 16 B x max_new_tokens + the TOPLOC proof of max_new_tokens) + 64 KiB``.
+    Honest batches are far below it; a larger one is refused without being read (by the
+    coordinator at SubmitCommitment, and by a validator before it downloads the blob), so
+    padding a batch cannot make either parse or hold gigabytes.
+    """
+    from rollnet.sdk.proofs.toploc import proof_size
+
+    per_rollout = (
+        PROMPT_BYTES_PER_ROLLOUT
+        + BYTES_PER_COMPLETION_TOKEN * max_new_tokens
+        + proof_size(max_new_tokens)
+    )
+    return rollouts * per_rollout + (64 << 10)
+
+
 __all__ = [
     "BATCH_BINDING_DOMAIN",
+    "BYTES_PER_COMPLETION_TOKEN",
+    "PROMPT_BYTES_PER_ROLLOUT",
     "RECEIPT_DOMAIN",
     "batch_binding_digest",
+    "max_batch_bytes",
     "receipt_message",
     "verify_receipt",
 ]

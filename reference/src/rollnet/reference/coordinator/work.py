@@ -34,7 +34,7 @@ from rollnet.reference.coordinator.dispatch import (
 )
 from rollnet.reference.coordinator.nodes import Caller, duration, eject_node, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
-from rollnet.sdk.commitments import batch_binding_digest, receipt_message
+from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
@@ -200,8 +200,8 @@ class WorkDesk:
         session: Session,
         caller: Caller,
         request: commitment_service_pb2.SubmitCommitmentRequest,
-    ) -> int:
-        """Before the blob is read: the number of rollouts the task asks for, or a refusal when
+    ) -> tuple[int, int]:
+        """Before the blob is read: the task's batch terms (:meth:`_batch_terms`), or a refusal when
         this lease may not submit it and this is not a repeat of work it committed (a repeat
         goes on to be answered, request-id checks and all, in the transaction)."""
         task = tasks.get_terms(session, request.task_id)
@@ -214,7 +214,7 @@ class WorkDesk:
             and existing.lease_id == request.lease_id
             and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
         ):
-            return len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+            return self._batch_terms(task)
         outcome = tasks.submission_outcome(
             session,
             task_id=request.task_id,
@@ -225,9 +225,24 @@ class WorkDesk:
         )
         if outcome is not LeaseOutcome.OK:
             raise lease_outcome_refusal(outcome, f"task {request.task_id}")
-        return len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+        return self._batch_terms(task)
 
-    def _load_batch(self, digest: bytes, expected: int) -> tuple[rollout_pb2.RolloutBatch, int]:
+    @staticmethod
+    def _batch_terms(task: TaskTerms) -> tuple[int, int]:
+        """The rollouts a task's batch holds, and the most bytes it may take."""
+        rollouts = len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+        return rollouts, max_batch_bytes(rollouts, int(task.sampling["max_new_tokens"]))
+
+    def _load_batch(
+        self, digest: bytes, terms: tuple[int, int]
+    ) -> tuple[rollout_pb2.RolloutBatch, int]:
+        expected, limit = terms
+        size, _ = self.ctx.blobs.read_range(digest, 0, 1)
+        if size > limit:
+            raise Refusal(
+                ErrorReason.ROLLOUT_BATCH_INVALID,
+                f"rollout blob is {size} bytes, a batch for this task is at most {limit}",
+            )
         _, data = self.ctx.blobs.read_range(digest, 0, 0)
         # Counted on the wire before anything is built: a blob of many tiny rollouts grows
         # ~50x when parsed (2 bytes each on the wire, ~110 in memory).
@@ -323,12 +338,12 @@ class WorkDesk:
         try:
             # The lease (or an earlier answer to replay) first, with one read: a blob is only
             # read and parsed for a caller that may submit this task now.
-            expected = await self.ctx.run_read(
+            terms = await self.ctx.run_read(
                 lambda session: self._precheck(session, caller, request)
             )
             # Parsed off the event loop: a large batch must not stall every other call.
             batch, batch_size = await asyncio.to_thread(
-                self._load_batch, request.rollout_batch.blake3, expected
+                self._load_batch, request.rollout_batch.blake3, terms
             )
         except Refusal as refusal:
             # Without its traceback, the refusal keeps no frame (and no blob) alive.

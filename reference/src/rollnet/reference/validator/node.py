@@ -42,6 +42,7 @@ from rollnet.reference.validator.pipeline import (
     EnvironmentCache,
     JobOutcome,
     JobUncheckable,
+    refuse_oversized,
     validate_job,
 )
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
@@ -466,6 +467,11 @@ class Validator:
             lease_id=lease.lease_id,
         )
         try:
+            oversized = refuse_oversized(job)
+            if oversized is not None:
+                # Judged from the declared size: the blob is never downloaded or parsed.
+                await self._submit(job, lease, oversized)
+                return
             try:
                 blob = await self._fetch(
                     "get_blob", lambda: self.client.blobs.download(commitment.rollout_batch.blake3)

@@ -45,6 +45,7 @@ from rollnet.reference.envs import (
     load_environment,
 )
 from rollnet.reference.inference.base import Prefill
+from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import (
     CheckName,
     LeaseBinding,
@@ -87,6 +88,7 @@ class ValidatorReason(StrEnum):
     BLOB_DIGEST_MISMATCH = "BLOB_DIGEST_MISMATCH"
     BATCH_UNDECODABLE = "BATCH_UNDECODABLE"
     BATCH_MISMATCH = "BATCH_MISMATCH"
+    BATCH_TOO_LARGE = "BATCH_TOO_LARGE"
     LOGPROBS_MALFORMED = "LOGPROBS_MALFORMED"
     LOGPROBS_MISMATCH = "LOGPROBS_MISMATCH"
     REWARD_MISMATCH = "REWARD_MISMATCH"
@@ -279,6 +281,9 @@ def validate_job(
     environments: EnvironmentCache,
 ) -> JobOutcome:
     """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs."""
+    oversized = refuse_oversized(job)
+    if oversized is not None:
+        return oversized
     outcome = JobOutcome()
     commitment = job.commitment
     expected = commitment.rollout_batch
@@ -313,9 +318,29 @@ def validate_job(
     if problems:
         outcome.notes.extend(problems)
         return outcome
-    outcome.prefill_tokens = sum(len(r.prompt_token_ids) for r in batch.rollouts)
-    outcome.decode_tokens = sum(len(r.completion_token_ids) for r in batch.rollouts)
     _validate_rollouts(job, batch, model, environments, outcome)
+    return outcome
+
+
+def refuse_oversized(job: validation_pb2.ValidationJob) -> JobOutcome | None:
+    """The verdict on a job whose declared blob is larger than any batch for its task may be
+    (:func:`rollnet.sdk.commitments.max_batch_bytes`), reached without downloading the blob;
+    ``None`` when the size is within bounds."""
+    task = job.task
+    rollouts = len(task.prompt_ids) * task.samples_per_prompt
+    limit = max_batch_bytes(rollouts, task.sampling.max_new_tokens)
+    size = job.commitment.rollout_batch.size
+    if size <= limit:
+        return None
+    outcome = JobOutcome()
+    outcome.checks.append(
+        _result(
+            ValidatorCheck.BATCH,
+            False,
+            ValidatorReason.BATCH_TOO_LARGE,
+            {"declared_bytes": size, "max_bytes": limit},
+        )
+    )
     return outcome
 
 
@@ -422,6 +447,10 @@ def _validate_rollouts(
     )
     for group in _logit_groups(ready, vocab):
         _check_group(group, backend, temperature, model.thresholds)
+    # The work this job's checks covered: the rollouts that were prefilled (all of them in an
+    # honest batch; a padded, refused rollout must not count as validated tokens).
+    outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in ready)
+    outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in ready)
     _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
@@ -659,5 +688,6 @@ __all__ = [
     "PrefillBackend",
     "ValidatorCheck",
     "ValidatorReason",
+    "refuse_oversized",
     "validate_job",
 ]
