@@ -139,3 +139,23 @@ def ready_data_dir(command: str, path: Path) -> bool:
         )
         return False
     return True
+
+
+def add_node_arguments(parser: Any) -> None:
+    """The options every model-running node shares: ``--keep-checkpoints``, ``--pull-wait``,
+    ``--log-level``, ``--reward-time-limit`` and ``--torch-threads``."""
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=whole("versions"),
+        default=3,
+        help="checkpoint versions kept on disk: async_level + 1 (default 3)",
+    )
+    parser.add_argument(
+        "--pull-wait",
+        type=seconds(0.0, 3600.0),
+        default=20.0,
+        help="long-poll seconds (default 20)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    add_reward_time_limit(parser)
+    add_argument(parser)

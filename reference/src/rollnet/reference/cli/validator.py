@@ -43,23 +43,9 @@ def register(subparsers: Any) -> None:
         help="prefill dtype; selects the calibrated thresholds (default float32)",
     )
     parser.add_argument(
-        "--keep-checkpoints",
-        type=torch_threads.whole("versions"),
-        default=3,
-        help="versions kept on disk (default 3)",
-    )
-    parser.add_argument(
-        "--pull-wait",
-        type=torch_threads.seconds(0.0, 3600.0),
-        default=20.0,
-        help="long-poll seconds",
-    )
-    parser.add_argument(
         "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
     )
-    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
-    torch_threads.add_reward_time_limit(parser)
-    torch_threads.add_argument(parser)
+    torch_threads.add_node_arguments(parser)
     parser.set_defaults(handler=run)
 
 

@@ -68,26 +68,12 @@ def register(subparsers: Any) -> None:
         help="completions per backend call",
     )
     parser.add_argument(
-        "--keep-checkpoints",
-        type=torch_threads.whole("versions"),
-        default=3,
-        help="checkpoint versions kept on disk: async_level + 1 (default 3)",
-    )
-    parser.add_argument(
         "--drain-timeout",
         type=torch_threads.seconds(0.0, 86_400.0),
         default=60.0,
         help="seconds (default 60)",
     )
-    parser.add_argument(
-        "--pull-wait",
-        type=torch_threads.seconds(0.0, 3600.0),
-        default=20.0,
-        help="long-poll seconds",
-    )
-    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
-    torch_threads.add_reward_time_limit(parser)
-    torch_threads.add_argument(parser)
+    torch_threads.add_node_arguments(parser)
     parser.set_defaults(handler=run)
 
 

@@ -64,6 +64,25 @@ def spot_check_probability(streak: int, trusted_streak: int, min_rate: float) ->
     return max(min_rate, trusted_streak / max(streak, 1))
 
 
+def _task_and_repeat(
+    session: Session, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
+) -> tuple[TaskTerms, Commitment | None]:
+    """The task's terms (refused when there is no such task), and the commitment this request
+    repeats — the same node, lease and blob already committed — if any."""
+    task = tasks.get_terms(session, request.task_id)
+    if task is None:
+        raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
+    existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
+    if (
+        existing is not None
+        and existing.node_id == caller.node_id
+        and existing.lease_id == request.lease_id
+        and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
+    ):
+        return task, existing
+    return task, None
+
+
 _ROLLOUTS_FIELD = 6
 """``RolloutBatch.rollouts``' field number."""
 
@@ -204,16 +223,8 @@ class WorkDesk:
         """Before the blob is read: the task's batch terms (:meth:`_batch_terms`), or a refusal when
         this lease may not submit it and this is not a repeat of work it committed (a repeat
         goes on to be answered, request-id checks and all, in the transaction)."""
-        task = tasks.get_terms(session, request.task_id)
-        if task is None:
-            raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
-        existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
-        if (
-            existing is not None
-            and existing.node_id == caller.node_id
-            and existing.lease_id == request.lease_id
-            and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
-        ):
+        task, existing = _task_and_repeat(session, caller, request)
+        if existing is not None:
             return self._batch_terms(task)
         outcome = tasks.submission_outcome(
             session,
@@ -366,16 +377,8 @@ class WorkDesk:
         ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
             # Nothing changed. The same work submitted again (a retry whose first answer was
             # lost) is answered with the original commitment and receipt; else say why not.
-            task = tasks.get_terms(session, request.task_id)
-            if task is None:
-                raise Refusal(ErrorReason.LEASE_NOT_FOUND, f"no task {request.task_id}")
-            existing = artifacts.find_commitment(session, request.task_id, request.fencing_token)
-            if (
-                existing is not None
-                and existing.node_id == caller.node_id
-                and existing.lease_id == request.lease_id
-                and existing.rollout_blob_hash == request.rollout_batch.blake3.hex()
-            ):
+            task, existing = _task_and_repeat(session, caller, request)
+            if existing is not None:
                 return self._response(session, existing, request.binding_digest), False
             check_batch(task)
             outcome = tasks.why_not_submitted(
