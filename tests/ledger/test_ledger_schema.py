@@ -155,3 +155,16 @@ def test_timestamps_are_timezone_aware_and_naive_ones_refused(
         with pytest.raises(StatementError, match="naive datetime"):
             session.flush()
         session.rollback()
+
+
+def test_an_in_memory_database_keeps_its_schema_after_migrating() -> None:
+    # The migration's connection is the in-memory database's only one: it must not be
+    # discarded (foreign keys go back on instead).
+    engine = create_engine("sqlite://")
+    try:
+        upgrade_to_head(engine)
+        assert "validation_jobs" in inspect(engine).get_table_names()
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()
