@@ -209,7 +209,7 @@ def test_public_exports_are_snapshotted() -> None:
         "DatasetError", "DrawStream", "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError",
         "EnvironmentRegistryError", "LEVELS", "LengthControl", "MAX_PROMPT_ID", "MathEnvironment",
         "Problem", "Question", "RewardBreakdown", "RewardItem", "RewardResult", "RewardSandbox",
-        "SandboxError", "SeededEnvironment", "UnknownEnvironmentError",
+        "SandboxError", "SeededEnvironment", "UnknownEnvironmentError", "VerifierTimeout",
         "available_environments", "canonical_json", "config_digest", "load_environment",
         "score_integer_answer",
     ]  # fmt: skip

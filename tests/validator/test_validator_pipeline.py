@@ -16,7 +16,7 @@ import pytest
 from validator_testing import NETWORK, seal_job
 
 from rollnet.reference.adversary import CHEATS, Cheat, CheatingGenerator
-from rollnet.reference.envs import RewardResult
+from rollnet.reference.envs import RewardBreakdown, RewardResult
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.validator import (
     CheckpointModel,
@@ -414,3 +414,37 @@ async def test_a_blob_larger_than_any_batch_for_its_task_is_judged_unread(bench:
     assert outcome is not None
     assert outcome.reject_reason == ValidatorReason.BATCH_TOO_LARGE
     assert judge(bench, job, b"").reject_reason == ValidatorReason.BATCH_TOO_LARGE
+
+
+async def test_a_claim_of_the_unverifiable_reward_is_not_slashed(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's verifier hit its limit (there, not here): it claims the environment's
+    # unverifiable_reward; the validator's verifier finishes with another value, which counts.
+    task, lease, rollouts = await generate(bench, None)
+    environment = bench.environments.get("arithmetic", {})
+    for rollout in rollouts:
+        problem = environment.prompt(int(rollout.prompt_id))
+        fallback = environment.unverifiable_reward(problem, len(rollout.completion_token_ids))
+        rollout.claimed_reward.task_reward = fallback.task_reward
+        rollout.claimed_reward.length_penalty = fallback.length_penalty
+        rollout.claimed_reward.total = fallback.total
+    job, blob = seal_job(task, lease, rollouts)
+
+    def solved(environment: Any, items: Any) -> list[RewardResult]:
+        results = []
+        for problem, _, count in items:
+            penalty = environment.unverifiable_reward(problem, count).length_penalty
+            results.append(RewardResult(RewardBreakdown(1.0, penalty, 1.0 - penalty)))
+        return results
+
+    monkeypatch.setattr(bench.environments.sandbox, "rewards", solved)
+    outcome = judge(bench, job, blob)
+    assert outcome.accepted, [c for c in outcome.checks if not c.passed]
+    rewards = [c for c in outcome.checks if c.check == "reward"]
+    assert all(c.figures["claimed_unverifiable"] == 1.0 for c in rewards)
+    assert all(r.task_reward == 1.0 for r in outcome.validated_rewards)
+    # A claim of anything else that differs is still a reject.
+    rollouts[0].claimed_reward.task_reward = 0.5
+    job, blob = seal_job(task, lease, rollouts)
+    assert judge(bench, job, blob).reject_reason == ValidatorReason.REWARD_MISMATCH

@@ -14,6 +14,7 @@ from rollnet.reference.envs.base import (
     Question,
     RewardBreakdown,
     SeededEnvironment,
+    VerifierTimeout,
 )
 from rollnet.reference.envs.config import (
     ConfigReader,
@@ -62,6 +63,7 @@ __all__ = [
     "SandboxError",
     "SeededEnvironment",
     "UnknownEnvironmentError",
+    "VerifierTimeout",
     "available_environments",
     "canonical_json",
     "config_digest",

@@ -27,12 +27,19 @@ __all__ = [
     "Question",
     "RewardBreakdown",
     "SeededEnvironment",
+    "VerifierTimeout",
 ]
 
 #: λ of the length penalty, as in INTELLECT-2 (``r = r_task − 0.0003·|len − target|``).
 DEFAULT_LENGTH_PENALTY = 0.0003
 
 _PLACEHOLDER = re.compile(r"\{(prompt|target)\}")
+
+
+class VerifierTimeout(Exception):
+    """A verifier's own time limit fired: the completion has no reward that every machine would
+    agree on. The reward sandbox scores it :meth:`Environment.unverifiable_reward`, and a
+    validator does not reject a claim over it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import blake3
 
-from rollnet.reference.envs.base import Problem, Question, SeededEnvironment
+from rollnet.reference.envs.base import Problem, Question, SeededEnvironment, VerifierTimeout
 from rollnet.reference.envs.config import ConfigReader
 
 __all__ = ["EXAMPLE_DATASET", "DatasetError", "MathEnvironment", "MathRecord"]
@@ -110,19 +110,33 @@ class MathEnvironment(SeededEnvironment):
         return Question(text=text, answer=record.answer, source_id=record.source_id)
 
     def task_reward(self, problem: Problem, completion_text: str) -> float:
-        """1.0 when ``math_verify.verify(gold, parse(tail))`` holds, else 0.0.
+        """1.0 when ``math_verify.verify(gold, parse(tail))`` holds, else 0.0; raises
+        :class:`~rollnet.reference.envs.VerifierTimeout` when math-verify's time limit fires.
 
         ``tail`` is the last ``max_answer_chars`` characters of the completion; ``parse`` uses
         math-verify's default extraction (LaTeX, ``\\boxed{}`` first, then plain expressions).
         """
         from math_verify import parse, verify
+        from math_verify.errors import TimeoutException
 
         timeout = self._timeout()
         gold = self._gold_answer(problem.prompt_id)
-        predicted = parse(completion_text[-self.max_answer_chars :], parsing_timeout=timeout)
-        if not predicted:
+        # raise_on_error so that a time limit that fired is told apart from an answer that
+        # does not parse or verify (math-verify would return 0 for both): the limit raises
+        # VerifierTimeout, any other error of math-verify's scores 0 as before.
+        try:
+            tail = completion_text[-self.max_answer_chars :]
+            predicted = parse(tail, parsing_timeout=timeout, raise_on_error=True)
+            if not predicted:
+                return 0.0
+            verified = verify(gold, predicted, timeout_seconds=timeout, raise_on_error=True)
+        except TimeoutException as error:
+            raise VerifierTimeout(
+                f"math-verify's time limit (verify_timeout_s = {self.verify_timeout_s}) fired"
+            ) from error
+        except Exception:
             return 0.0
-        return 1.0 if verify(gold, predicted, timeout_seconds=timeout) else 0.0
+        return 1.0 if verified else 0.0
 
     def _gold_answer(self, prompt_id: int) -> list[Any]:
         cached = self._gold.get(prompt_id)

@@ -624,7 +624,7 @@ def _reward_checks(
         assert slot.problem is not None
         if result.failure is not None:
             outcome.notes.append(f"rollouts[{slot.index}].reward: {result.failure}")
-        slot.checks.append(_reward_check(slot, slot.problem, result))
+        slot.checks.append(_reward_check(slot, slot.problem, result, environment))
         expected = result.reward
         outcome.validated_rewards.append(
             common_pb2.Reward(
@@ -636,7 +636,7 @@ def _reward_checks(
 
 
 def _reward_check(
-    slot: _Slot, problem: Problem, result: RewardResult
+    slot: _Slot, problem: Problem, result: RewardResult, environment: Environment
 ) -> validation_pb2.CheckResult:
     """The claimed reward against the recomputed one, exactly (deterministic binary64)."""
     expected = result.reward
@@ -654,22 +654,30 @@ def _reward_check(
         and claimed.total == expected.total
     )
     target = problem.target_length or 0
-    if not same and result.failure is not None:
-        # The validator's own verifier did not finish (its time limit, an error, a crash): its
-        # value is the environment's unverifiable_reward, which is what the trainer will use,
-        # but it proves nothing about the claim. Verifier timing differs between machines (a
-        # warm sympy cache, a completion on math-verify's limit), so an honest worker's claim
-        # may differ: no slash for that.
+    unverifiable = environment.unverifiable_reward(problem, len(slot.claim.completion_ids))
+    claimed_unverifiable = (
+        claimed.task_reward == unverifiable.task_reward
+        and claimed.length_penalty == unverifiable.length_penalty
+        and claimed.total == unverifiable.total
+    )
+    # Verifier timing differs between machines (a warm sympy cache, a completion on
+    # math-verify's limit), so a claim is not rejected over a verifier that did not finish:
+    # neither the worker's (it claimed what a completion that cannot be scored gets) nor this
+    # validator's (its value, the environment's unverifiable_reward, is what the trainer gets,
+    # but proves nothing about the claim).
+    if not same and claimed_unverifiable:
+        figures["claimed_unverifiable"] = True
+    elif not same and result.failure is not None:
         figures["claimed_task_reward"] = claimed.task_reward
+    elif not same:
+        return _result(
+            ValidatorCheck.REWARD, False, ValidatorReason.REWARD_MISMATCH, figures, slot.index
+        )
+    if slot.rollout.target_length == target:
         return _result(ValidatorCheck.REWARD, True, "", figures, slot.index)
-    if not same:
-        reason = ValidatorReason.REWARD_MISMATCH
-    elif slot.rollout.target_length != target:
-        reason = ValidatorReason.TARGET_LENGTH_MISMATCH
-        figures["claimed_target_length"] = slot.rollout.target_length
-        figures["target_length"] = target
-    else:
-        return _result(ValidatorCheck.REWARD, True, "", figures, slot.index)
+    reason = ValidatorReason.TARGET_LENGTH_MISMATCH
+    figures["claimed_target_length"] = slot.rollout.target_length
+    figures["target_length"] = target
     return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
 
 
