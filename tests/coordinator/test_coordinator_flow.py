@@ -401,6 +401,9 @@ def test_slash_amount_divides_the_work_by_the_check_probability() -> None:
     assert slash_amount(10, 0.1) == 100
     assert slash_amount(10, 0.3) == 34  # rounded up
     assert slash_amount(0, 0.5) == 0
+    assert slash_amount(10_000_000, 2 / 3) == 15_000_001  # p as stored, exactly, rounded up
+    assert slash_amount(1, 1 / 3_000_000) == 3_000_000  # tiny p: no division by zero
+    assert slash_amount(5, 7.4e-7) == math.ceil(5 / 7.4e-7)
     for bad in (0.0, -0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="not in"):
             slash_amount(10, bad)

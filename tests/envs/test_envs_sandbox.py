@@ -146,7 +146,7 @@ def test_the_child_must_build_the_callers_environment() -> None:
     with broken, pytest.raises(SandboxError, match="the dataset is not on this host"):
         broken.rewards(probe(), [(probe().prompt(1), "1", 10)])
     missing = RewardSandbox(loader="no_such_module_here:load", load_limit_s=60)
-    with missing, pytest.raises(SandboxError, match="died within 60 s"):
+    with missing, pytest.raises(SandboxError, match="died building it"):
         missing.rewards(probe(), [(probe().prompt(1), "1", 10)])
 
 
@@ -205,3 +205,13 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> Non
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_child_killed_while_idle_is_replaced_on_the_next_call(sandbox: RewardSandbox) -> None:
+    # Whether the death is seen before sending or only when no "ready" comes back, the next
+    # batch goes to a fresh child instead of failing.
+    environment = probe()
+    for _ in range(3):
+        first = child_pid(sandbox, environment)
+        os.kill(first, signal.SIGKILL)
+        assert child_pid(sandbox, environment) != first

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import secrets
 import struct
 from collections.abc import AsyncIterator
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -141,7 +143,9 @@ def slash_amount(units: int, check_probability: float) -> int:
     """
     if not 0 < check_probability <= 1:
         raise ValueError(f"check probability {check_probability} is not in (0, 1]")
-    return -(-units * 10**6 // round(check_probability * 10**6))
+    # Exact rational arithmetic: no rounding of p (a tiny p, after a long streak with
+    # min_validation_rate = 0, must neither divide by zero nor shrink the slash).
+    return math.ceil(Fraction(units) / Fraction(check_probability))
 
 
 def spot_check_draw(seed: int, commitment_id: str) -> float:

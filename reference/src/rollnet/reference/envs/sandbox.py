@@ -136,8 +136,16 @@ class RewardSandbox:
         results: list[RewardResult],
     ) -> None:
         """Score ``pending`` until done or the child is lost (then the rest is left)."""
-        conn = self._send((*request, list(pending)))
-        self._await_ready(conn, environment.name)
+        message = (*request, list(pending))
+        conn = self._send(message)
+        if not self._await_ready(conn, environment.name):
+            # The child died before answering: killed while idle, after the liveness check.
+            # One fresh child; if that one dies too, it is the environment's doing.
+            conn = self._send(message)
+            if not self._await_ready(conn, environment.name):
+                raise SandboxError(
+                    f"environment {environment.name!r}: the reward sandbox died building it (twice)"
+                )
         for problem, _, count in pending:
             kind, value = self._receive(conn, self.time_limit_s)
             if kind == "ok":
@@ -166,7 +174,11 @@ class RewardSandbox:
     def _send(self, message: tuple[Any, ...]) -> Connection:
         """Send to a live child, starting one when there is none (or it died while idle)."""
         for _ in range(2):
-            conn = self._child.connection(self.loader)
+            try:
+                conn = self._child.connection(self.loader)
+            except (OSError, RuntimeError) as error:
+                # RuntimeError: the spawning thread is gone (the interpreter is exiting).
+                raise SandboxError(f"the reward sandbox cannot start a child: {error}") from error
             try:
                 conn.send(message)
                 return conn
@@ -174,16 +186,19 @@ class RewardSandbox:
                 self._lost()
         raise SandboxError("the reward sandbox's child process cannot be started")
 
-    def _await_ready(self, conn: Connection, name: str) -> None:
+    def _await_ready(self, conn: Connection, name: str) -> bool:
+        """True when the child built the environment; False when it died first (restarted)."""
         kind, value = self._receive(conn, self.load_limit_s)
         if kind == "ready":
-            return
+            return True
         if kind == "refused":
             raise SandboxError(f"environment {name!r}: the reward sandbox cannot build it: {value}")
         self._lost()
-        what = "took over" if kind == "time_limit" else "died within"
+        if kind == "crashed":
+            return False
         raise SandboxError(
-            f"environment {name!r}: the reward sandbox {what} {self.load_limit_s:g} s building it"
+            f"environment {name!r}: the reward sandbox took over {self.load_limit_s:g} s "
+            "building it"
         )
 
     @staticmethod

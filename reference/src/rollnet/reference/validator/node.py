@@ -254,10 +254,12 @@ class Validator:
             await asyncio.wait({fetching, giving_up}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             giving_up.cancel()
-        if not fetching.done():
-            fetching.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await fetching
+            if not fetching.done():
+                # Given up, or this coroutine itself was cancelled: the fetch goes too.
+                fetching.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await fetching
+        if fetching.cancelled():
             raise _GaveUp(f"{what}: lease lost" if self._lost.is_set() else f"{what}: stopping")
         return fetching.result()
 
