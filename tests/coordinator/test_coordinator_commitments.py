@@ -369,8 +369,14 @@ async def test_a_blob_is_read_only_for_a_lease_that_may_submit(
         await request_tasks(trainer, 1, samples_per_prompt=2)
         leased = await pull(client)
         work = make_work(worker, leased.task, leased.lease)
-        # The stranger uploads a batch and commits it under the worker's lease.
+        # The stranger uploads a batch over 1 MiB (smaller ones cost less to parse than the
+        # lease read) and commits it under the worker's lease.
         stolen = make_work(stranger, leased.task, leased.lease)
+        stolen.rollouts[0].prompt_token_ids.extend([1 << 21] * 300_000)  # 4 bytes each
+        batch = rollout_pb2.RolloutBatch.FromString(stolen.batch)
+        batch.rollouts[0].prompt_token_ids.extend([1 << 21] * 300_000)
+        stolen.batch = batch.SerializeToString()
+        assert len(stolen.batch) > 1 << 20
         uploaded = await other.blobs.upload(stolen.batch, BATCH)
         with pytest.raises(RollnetError) as refused:
             await other.commitments.submit_commitment(

@@ -96,6 +96,12 @@ class BlobStore:
         """Whether the blob is stored."""
         return digest in self._cache or os.path.isfile(self._path(digest))
 
+    def size(self, digest: bytes) -> int:
+        """The stored blob's size in bytes, without reading it (``FileNotFoundError`` if none)."""
+        with self._lock:
+            data = self._cache.get(digest)
+        return len(data) if data is not None else os.stat(self._path(digest)).st_size
+
     async def write(self, digest: bytes, size: int, chunks: AsyncIterator[bytes]) -> StoredBlob:
         """Store the streamed bytes if they hash to ``digest`` and total ``size``.
 
