@@ -141,6 +141,12 @@ def sampling_margins(
     return np.asarray(chosen_score - scores.max(axis=1), dtype=np.float64)
 
 
+def log_softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``log_softmax`` along the last axis (max-shifted), in the input's float dtype."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return np.asarray(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
+
+
 def token_logprobs(
     logits: npt.ArrayLike, completion_ids: Sequence[int], temperature: float
 ) -> npt.NDArray[np.float64]:
@@ -159,11 +165,9 @@ def token_logprobs(
     step = max(1, _MARGIN_CHUNK_ELEMENTS // max(1, z.shape[1]))
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, ids.size, step):
-            block = z[start : start + step].astype(np.float64) / temperature
-            block -= block.max(axis=1, keepdims=True)
-            norm = np.log(np.exp(block).sum(axis=1))
+            block = log_softmax(z[start : start + step].astype(np.float64) / temperature)
             rows = np.arange(block.shape[0])
-            out[start : start + step] = block[rows, ids[start : start + step]] - norm
+            out[start : start + step] = block[rows, ids[start : start + step]]
     return out
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
+from rollnet.sdk.proofs.sampling import log_softmax
 from rollnet.sdk.proofs.thresholds import Thresholds
 
 FINISH_EOS = "eos"
@@ -16,17 +17,12 @@ FINISH_LENGTH = "length"
 """Finish reason: the completion reached ``max_new_tokens``."""
 
 
-def _log_softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return np.asarray(shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))
-
-
 def eos_probabilities(
     last_logits: npt.ArrayLike, eos_token_ids: Collection[int], temperature: float
 ) -> npt.NDArray[np.float64]:
     """Probability (at ``temperature``) of the EOS tokens under each row of logits ``[N, V]``."""
     rows = np.asarray(last_logits, dtype=np.float64)
-    logprobs = _log_softmax(rows / temperature)
+    logprobs = log_softmax(rows / temperature)
     return np.asarray(np.exp(logprobs[..., list(eos_token_ids)]).sum(axis=-1), dtype=np.float64)
 
 
