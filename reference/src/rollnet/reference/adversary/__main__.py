@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollnet.reference.cli import torch_threads
+from rollnet.reference.cli import node_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
     parser.add_argument("--log-level", default="INFO")
-    torch_threads.add_argument(parser)
+    node_options.add_argument(parser)
     return parser
 
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError, run_until_signalled
 
     configure_logging(args.log_level)
-    torch_threads.apply(args)
+    node_options.apply(args)
     if args.key.exists():
         identity = Identity.load(args.key)
     else:

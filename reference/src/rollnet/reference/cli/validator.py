@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollnet.reference.cli import torch_threads
+from rollnet.reference.cli import node_options
 
 
 def register(subparsers: Any) -> None:
@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--coordinator",
         required=True,
-        type=torch_threads.address,
+        type=node_options.address,
         help="coordinator address HOST:PORT",
     )
     parser.add_argument(
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
     )
-    torch_threads.add_node_arguments(parser)
+    node_options.add_node_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.sdk.worker import run_until_signalled
 
     configure_logging(args.log_level)
-    torch_threads.apply(args)
+    node_options.apply(args)
     hint = "; add the node id to the coordinator's validators allow-list"
-    identity = torch_threads.node_identity("validator", args.key, hint)
-    if identity is None or not torch_threads.ready_data_dir("validator", args.data_dir):
+    identity = node_options.node_identity("validator", args.key, hint)
+    if identity is None or not node_options.ready_data_dir("validator", args.data_dir):
         return 2
     metrics = ValidatorMetrics()
     if args.metrics_listen:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollnet.reference.cli import torch_threads
+from rollnet.reference.cli import node_options
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--coordinator",
         required=True,
-        type=torch_threads.address,
+        type=node_options.address,
         help="coordinator address HOST:PORT",
     )
     parser.add_argument(
@@ -57,23 +57,23 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-concurrent-tasks",
-        type=torch_threads.whole("tasks"),
+        type=node_options.whole("tasks"),
         default=1,
         help="leases held at once (default 1)",
     )
     parser.add_argument(
         "--batch-size",
-        type=torch_threads.whole("completions"),
+        type=node_options.whole("completions"),
         default=64,
         help="completions per backend call",
     )
     parser.add_argument(
         "--drain-timeout",
-        type=torch_threads.seconds(0.0, 86_400.0),
+        type=node_options.seconds(0.0, 86_400.0),
         default=60.0,
         help="seconds (default 60)",
     )
-    torch_threads.add_node_arguments(parser)
+    node_options.add_node_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
 
     configure_logging(args.log_level)
-    torch_threads.apply(args)
+    node_options.apply(args)
     from rollnet.reference.envs import available_environments
 
     installed = available_environments()
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    identity = torch_threads.node_identity("worker", args.key)
-    if identity is None or not torch_threads.ready_data_dir("worker", args.data_dir):
+    identity = node_options.node_identity("worker", args.key)
+    if identity is None or not node_options.ready_data_dir("worker", args.data_dir):
         return 2
     device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     checkpoints = CheckpointStore(

@@ -1,4 +1,5 @@
-"""``--torch-threads`` on the commands that run a model: validated, and applied to PyTorch."""
+"""The options every model-running node shares (`--torch-threads`, `--reward-time-limit`, the
+checked numbers, the key and data directory): validated before anything runs, and applied."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollnet.reference.cli import build_parser, torch_threads
+from rollnet.reference.cli import build_parser, node_options
 
 BASE = {
     "worker": ["worker", "--coordinator", "127.0.0.1:1", "--key", "k", "--data-dir", "d"],
@@ -31,11 +32,11 @@ def test_threads_are_applied(command: str) -> None:
     before = torch.get_num_threads()
     try:
         args = build_parser().parse_args([*BASE[command], "--torch-threads", "1"])
-        torch_threads.apply(args)
+        node_options.apply(args)
         assert torch.get_num_threads() == 1
         unset = build_parser().parse_args(BASE[command])
         torch.set_num_threads(before)
-        torch_threads.apply(unset)  # not given: PyTorch keeps its own choice
+        node_options.apply(unset)  # not given: PyTorch keeps its own choice
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
