@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import grpc
 import pytest
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
-from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient, TlsConfig
+from rollnet.sdk import (
+    ConnectionConfig,
+    Identity,
+    RetryPolicy,
+    RollnetClient,
+    RollnetError,
+    TlsConfig,
+    from_rpc_error,
+)
 from rollnet.sdk.commitments import batch_binding_digest
+from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
@@ -275,3 +285,40 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def upload_header(
+    digest: bytes, size: int, kind: int = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
+) -> blob_service_pb2.UploadBlobRequest:
+    """An UploadBlob header message declaring ``digest`` and ``size``."""
+    return blob_service_pb2.UploadBlobRequest(
+        header=blob_service_pb2.BlobHeader(
+            blob=common_pb2.BlobRef(blake3=digest, size=size), kind=kind
+        )
+    )
+
+
+def upload_chunk(data: bytes) -> blob_service_pb2.UploadBlobRequest:
+    """An UploadBlob chunk message."""
+    return blob_service_pb2.UploadBlobRequest(chunk=data)
+
+
+async def raw_upload(
+    client: RollnetClient, messages: Sequence[blob_service_pb2.UploadBlobRequest]
+) -> RollnetError:
+    """Send exactly ``messages`` (signed) and return the refusal the server must answer with."""
+    call = client.channel.stream_unary(
+        method_path("BlobService", "UploadBlob"),
+        request_serializer=None,
+        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+    )
+
+    async def stream() -> AsyncIterator[bytes]:
+        for message in messages:
+            yield message.SerializeToString(deterministic=True)
+
+    try:
+        await call(stream(), timeout=10)
+    except grpc.aio.AioRpcError as error:
+        return from_rpc_error(error)
+    raise AssertionError("the upload was accepted")

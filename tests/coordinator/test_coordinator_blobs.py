@@ -3,53 +3,17 @@ ranged downloads. Malformed streams are driven through the raw signed channel.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-
 import blake3
 import grpc
 import pytest
-from coordinator_testing import connect, register
+from coordinator_testing import connect, raw_upload, register, upload_chunk, upload_header
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, from_rpc_error
-from rollnet.sdk.methods import method_path
+from rollnet.sdk import ErrorReason, Identity, RollnetError
 from rollnet.v1 import blob_service_pb2, common_pb2
 
 KIND = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
-
-
-def _header(digest: bytes, size: int) -> blob_service_pb2.UploadBlobRequest:
-    return blob_service_pb2.UploadBlobRequest(
-        header=blob_service_pb2.BlobHeader(
-            blob=common_pb2.BlobRef(blake3=digest, size=size), kind=KIND
-        )
-    )
-
-
-def _chunk(data: bytes) -> blob_service_pb2.UploadBlobRequest:
-    return blob_service_pb2.UploadBlobRequest(chunk=data)
-
-
-async def _raw_upload(
-    client: RollnetClient, messages: Sequence[blob_service_pb2.UploadBlobRequest]
-) -> RollnetError:
-    """Send exactly ``messages`` (signed) and return the refusal the server must answer with."""
-    call = client.channel.stream_unary(
-        method_path("BlobService", "UploadBlob"),
-        request_serializer=None,
-        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
-    )
-
-    async def stream() -> AsyncIterator[bytes]:
-        for message in messages:
-            yield message.SerializeToString(deterministic=True)
-
-    try:
-        await call(stream(), timeout=10)
-    except grpc.aio.AioRpcError as error:
-        return from_rpc_error(error)
-    raise AssertionError("the upload was accepted")
 
 
 async def test_blob_upload_rules_and_ranged_download(
@@ -88,28 +52,34 @@ async def test_blob_upload_rules_and_ranged_download(
         other_digest = blake3.blake3(other).digest()
         cases = {
             # Bytes that do not hash to the declared digest.
-            ErrorReason.BLOB_HASH_MISMATCH: [_header(other_digest, len(other)), _chunk(b"y" * 120)],
+            ErrorReason.BLOB_HASH_MISMATCH: [
+                upload_header(other_digest, len(other)),
+                upload_chunk(b"y" * 120),
+            ],
             # Fewer or more bytes than declared.
-            ErrorReason.BLOB_SIZE_MISMATCH: [_header(other_digest, len(other)), _chunk(other[:50])],
+            ErrorReason.BLOB_SIZE_MISMATCH: [
+                upload_header(other_digest, len(other)),
+                upload_chunk(other[:50]),
+            ],
         }
         for reason, messages in cases.items():
-            error = await _raw_upload(client, messages)
+            error = await raw_upload(client, messages)
             assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
-        error = await _raw_upload(client, [_header(other_digest, 5), _chunk(other)])
+        error = await raw_upload(client, [upload_header(other_digest, 5), upload_chunk(other)])
         assert error.reason == ErrorReason.BLOB_SIZE_MISMATCH
         # No header first, a second header, or nothing at all.
         for messages in (
-            [_chunk(other)],
-            [_header(other_digest, len(other)), _header(other_digest, len(other))],
+            [upload_chunk(other)],
+            [upload_header(other_digest, len(other)), upload_header(other_digest, len(other))],
             [],
         ):
-            error = await _raw_upload(client, messages)
+            error = await raw_upload(client, messages)
             assert (error.code, error.reason) == (
                 grpc.StatusCode.INVALID_ARGUMENT,
                 ErrorReason.BLOB_HEADER_INVALID,
             )
         # A malformed header is bad input, with the field named.
-        error = await _raw_upload(client, [_header(b"short", 3), _chunk(b"abc")])
+        error = await raw_upload(client, [upload_header(b"short", 3), upload_chunk(b"abc")])
         assert error.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "header.blob.blake3" in {v.field for v in error.field_violations}
 

@@ -92,6 +92,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """NOT_FOUND: no blob with this digest is stored."""
     ERROR_REASON_BLOB_HEADER_INVALID: _ErrorReason.ValueType  # 54
     """INVALID_ARGUMENT: the first upload message is not a header, or a later one is."""
+    ERROR_REASON_UPLOAD_QUOTA_EXCEEDED: _ErrorReason.ValueType  # 55
+    """The node's uploads that nothing references yet count against its quota until a commitment
+    records them or they are deleted as orphans.
+    RESOURCE_EXHAUSTED: the node's unreferenced uploads would exceed its quota.
+    """
+    ERROR_REASON_STORAGE_FULL: _ErrorReason.ValueType  # 56
+    """RESOURCE_EXHAUSTED: blob storage is down to its free-space reserve; see RetryInfo."""
     ERROR_REASON_COMMITMENT_BINDING_INVALID: _ErrorReason.ValueType  # 60
     """INVALID_ARGUMENT: the commitment does not match its lease, task or blob."""
     ERROR_REASON_ROLLOUT_BATCH_INVALID: _ErrorReason.ValueType  # 61
@@ -188,6 +195,13 @@ ERROR_REASON_BLOB_NOT_FOUND: ErrorReason.ValueType  # 53
 """NOT_FOUND: no blob with this digest is stored."""
 ERROR_REASON_BLOB_HEADER_INVALID: ErrorReason.ValueType  # 54
 """INVALID_ARGUMENT: the first upload message is not a header, or a later one is."""
+ERROR_REASON_UPLOAD_QUOTA_EXCEEDED: ErrorReason.ValueType  # 55
+"""The node's uploads that nothing references yet count against its quota until a commitment
+records them or they are deleted as orphans.
+RESOURCE_EXHAUSTED: the node's unreferenced uploads would exceed its quota.
+"""
+ERROR_REASON_STORAGE_FULL: ErrorReason.ValueType  # 56
+"""RESOURCE_EXHAUSTED: blob storage is down to its free-space reserve; see RetryInfo."""
 ERROR_REASON_COMMITMENT_BINDING_INVALID: ErrorReason.ValueType  # 60
 """INVALID_ARGUMENT: the commitment does not match its lease, task or blob."""
 ERROR_REASON_ROLLOUT_BATCH_INVALID: ErrorReason.ValueType  # 61

@@ -16,7 +16,7 @@ import os
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +186,32 @@ class BlobStore:
         total = len(data)
         start = min(offset, total)
         return total, data[start : start + length] if length else data[start:]
+
+    def remove(self, digest: bytes) -> None:
+        """Delete a stored blob (and its cached copy); a missing one is not an error."""
+        with self._lock:
+            data = self._cache.pop(digest, None)
+            if data is not None:
+                self._cached_bytes -= len(data)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(digest))
+
+    def stored(self) -> Iterator[tuple[bytes, int, float]]:
+        """Every stored blob as ``(digest, size, modification time)``, lazily."""
+        with os.scandir(self._root) as shards:
+            prefixes = sorted(e.name for e in shards if e.is_dir() and len(e.name) == 2)
+        for prefix in prefixes:
+            with os.scandir(os.path.join(self._root, prefix)) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if len(name) != 64 or not name.startswith(prefix):
+                        continue  # temporary files and anything else that is not a blob
+                    try:
+                        digest = bytes.fromhex(name)
+                        stat = entry.stat()
+                    except (ValueError, FileNotFoundError):
+                        continue
+                    yield digest, stat.st_size, stat.st_mtime
 
     def _create(self, final: str) -> tuple[int, str]:
         """Open a new temporary file next to ``final``: ``(fd, path)``."""

@@ -72,6 +72,13 @@ class CoordinatorConfig:
     #: 8 threads leased 100 cycles/s where 3 leased 155.
     database_write_threads: int = 0
     max_blob_bytes: int = 512 * 1024 * 1024
+    #: A worker's uploads that no commitment references yet, in bytes (see coordinator.uploads).
+    upload_quota_bytes: int = 1024 * 1024 * 1024
+    #: Uploads are refused (STORAGE_FULL) when they would leave less free space than this.
+    min_free_disk_bytes: int = 1024 * 1024 * 1024
+    #: An upload that nothing references this long after it arrived is deleted.
+    orphan_blob_ttl: timedelta = timedelta(hours=6)
+    blob_sweep_interval: timedelta = timedelta(seconds=60)
     rate_limit_per_key: float = 200.0
     rate_burst_per_key: int = 400
     registrations_per_ip_per_minute: int = 60
@@ -196,6 +203,18 @@ OPTIONS: tuple[Option, ...] = (
         "PostgreSQL write threads (0: CPU cores + 1, at most 8)",
     ),
     Option("max_blob_bytes", _positive_int, "largest blob upload, bytes"),
+    Option(
+        "upload_quota_bytes",
+        _positive_int,
+        "a worker's uploads not yet referenced by a commitment, bytes",
+    ),
+    Option(
+        "min_free_disk_bytes",
+        _non_negative_int,
+        "free space uploads must leave on the blob store's file system, bytes",
+    ),
+    Option("orphan_blob_ttl", _seconds, "age at which an unreferenced upload is deleted, seconds"),
+    Option("blob_sweep_interval", _seconds, "how often orphan uploads are swept, seconds"),
     Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
     Option("rate_burst_per_key", _positive_int, "burst of calls per key"),
     Option("registrations_per_ip_per_minute", _positive_int, "RegisterNode calls per IP/minute"),
@@ -320,6 +339,11 @@ def _validate(config: CoordinatorConfig) -> None:
         raise ConfigError("offline_after_missed must exceed suspect_after_missed")
     if config.lease_duration <= config.heartbeat_interval:
         raise ConfigError("lease_duration must exceed heartbeat_interval (heartbeats extend it)")
+    if config.orphan_blob_ttl <= config.lease_duration:
+        # An honest worker commits within its lease; a shorter TTL could delete its batch first.
+        raise ConfigError("orphan_blob_ttl must exceed lease_duration")
+    if config.blob_sweep_interval <= timedelta(0):
+        raise ConfigError("blob_sweep_interval must be positive")
     if not config.network_id or len(config.network_id) > 64:
         raise ConfigError("network_id must be 1 to 64 characters")
 

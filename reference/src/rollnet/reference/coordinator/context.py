@@ -22,6 +22,7 @@ from rollnet.ledger.engine import read_only_session, session_factory
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
+from rollnet.reference.coordinator.uploads import PendingUploads
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.verifier import KnownKey
 
@@ -68,10 +69,13 @@ class CoordinatorContext:
     #: Bumped by :meth:`forget_keys`; a look-up begun before a bump does not refill the cache.
     key_cache_generation: int = 0
     sessions: sessionmaker[Session] = field(init=False)
+    #: Uploads no record references yet (quota and orphan sweeping).
+    uploads: PendingUploads = field(init=False)
     _writer: GroupCommitWriter | ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.sessions = session_factory(self.engine)
+        self.uploads = PendingUploads(self.config.upload_quota_bytes)
         # SQLite has one writer: feeding it from one thread avoids its lock convoy (waiters in
         # SQLite's busy handler sleep in steps of up to 100 ms while the database sits idle), and
         # that thread commits whatever queued meanwhile together (one fsync for many calls).

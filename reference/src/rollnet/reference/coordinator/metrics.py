@@ -50,6 +50,27 @@ class CoordinatorMetrics:
             ["decision", "reason"],
             registry=self.registry,
         )
+        self.orphan_blobs_deleted = Counter(
+            "rollnet_orphan_blobs_deleted_total",
+            "Uploads deleted because nothing referenced them within orphan_blob_ttl",
+            registry=self.registry,
+        )
+        self.orphan_bytes_deleted = Counter(
+            "rollnet_orphan_blob_bytes_deleted_total",
+            "Bytes of uploads deleted because nothing referenced them within orphan_blob_ttl",
+            registry=self.registry,
+        )
+        self.pending_upload_bytes = Gauge(
+            "rollnet_pending_upload_bytes",
+            "Bytes of uploads that no commitment or checkpoint references yet",
+            registry=self.registry,
+        )
+        self.uploads_refused = Counter(
+            "rollnet_uploads_refused_total",
+            "Uploads refused before storing, by reason (quota, storage, role)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.work_units = Counter(
             "rollnet_work_units_credited_total", "Work units credited", registry=self.registry
         )

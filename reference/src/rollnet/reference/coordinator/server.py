@@ -21,6 +21,7 @@ from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
 from rollnet.ledger.engine import check_ready, create_engine
 from rollnet.ledger.migrate import upgrade_to_head
+from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import CoordinatorConfig
@@ -200,6 +201,36 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
         )
 
 
+async def sweep_orphan_blobs(ctx: CoordinatorContext) -> tuple[int, int]:
+    """Delete uploads nothing referenced within ``orphan_blob_ttl``; returns (files, bytes)."""
+    files, freed = await asyncio.to_thread(
+        uploads.sweep_orphans,
+        ctx.uploads,
+        ctx.blobs,
+        ctx.sessions,
+        ctx.config.orphan_blob_ttl.total_seconds(),
+    )
+    if files:
+        ctx.metrics.orphan_blobs_deleted.inc(files)
+        ctx.metrics.orphan_bytes_deleted.inc(freed)
+        log.info("orphan uploads deleted", extra={"files": files, "bytes": freed})
+    return files, freed
+
+
+async def _sweep_blobs_forever(ctx: CoordinatorContext) -> None:
+    """Adopt what the last run left unreferenced, then sweep orphans periodically."""
+    try:
+        adopted = await asyncio.to_thread(
+            uploads.adopt_unreferenced, ctx.uploads, ctx.blobs, ctx.sessions
+        )
+    except Exception:  # the database not ready yet, say: newer uploads are still swept
+        log.exception("could not look for unreferenced blobs left by an earlier run")
+    else:
+        if adopted:
+            log.info("unreferenced blobs found on start", extra={"files": adopted})
+    await _every(ctx.config.blob_sweep_interval.total_seconds(), lambda: sweep_orphan_blobs(ctx))
+
+
 async def _every(seconds: float, action: Any) -> None:
     while True:
         try:
@@ -232,6 +263,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     ctx = CoordinatorContext(
         config=config, engine=engine, identity=identity, blobs=blobs, metrics=metrics
     )
+    metrics.pending_upload_bytes.set_function(ctx.uploads.pending_bytes)
 
     keys = KeyDirectory(ctx)
     verifier = RequestVerifier(
@@ -344,6 +376,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     coordinator._tasks.append(
         asyncio.create_task(_every(config.head_sign_interval.total_seconds(), ledger.sign_head))
     )
+    coordinator._tasks.append(asyncio.create_task(_sweep_blobs_forever(ctx)))
     return coordinator
 
 

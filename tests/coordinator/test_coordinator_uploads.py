@@ -1,0 +1,304 @@
+"""Uploads nothing references yet: who may upload what, the per-node quota, the free-space
+reserve, and the sweeping of orphans (live, and those a previous run left behind)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import blake3
+import grpc
+import pytest
+from coordinator_testing import (
+    Work,
+    connect,
+    make_work,
+    pull,
+    raw_upload,
+    register,
+    request_tasks,
+    upload_and_commit,
+    upload_chunk,
+    upload_header,
+    wait_until,
+)
+from coordinator_testing import (
+    publish_checkpoint as publish_test_checkpoint,
+)
+
+from rollnet.reference.coordinator.blobstore import BlobStore
+from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_orphan_blobs
+from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded
+from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.v1 import blob_service_pb2, common_pb2
+
+BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
+SHARD = blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD
+DAY = 86_400.0
+
+
+def _later(coordinator: Coordinator, seconds: float) -> None:
+    """Move the orphan tracker's clock forward (the TTL itself must exceed a lease)."""
+    coordinator.ctx.uploads.clock = lambda: time.time() + seconds
+
+
+async def _refused(client: RollnetClient, data: bytes, kind: int = BATCH) -> RollnetError:
+    with pytest.raises(RollnetError) as refused:
+        await client.blobs.upload(data, kind)
+    return refused.value
+
+
+async def _worker(coordinator: Coordinator) -> tuple[Identity, RollnetClient]:
+    identity = Identity.generate()
+    client = connect(coordinator.address, identity)
+    await register(client, identity, common_pb2.ROLE_WORKER)
+    return identity, client
+
+
+async def _commit_one(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> tuple[Identity, RollnetClient, Work]:
+    """A trainer publishes a checkpoint and asks for one task; a worker leases and commits it."""
+    trainer = connect(coordinator.address, trainer_identity)
+    await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+    await publish_test_checkpoint(trainer, trainer_identity, step=1)
+    await request_tasks(trainer, 1)
+    identity, worker = await _worker(coordinator)
+    pulled = await pull(worker)
+    work = make_work(identity, pulled.task, pulled.lease)
+    await upload_and_commit(worker, identity, work)
+    return identity, worker, work
+
+
+async def test_workers_upload_rollout_batches_only_within_their_quota(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(
+        with_overrides(coordinator_config, upload_quota_bytes=5000)
+    )
+    trainer = connect(coordinator.address, trainer_identity)
+    first_identity, worker = await _worker(coordinator)
+    other_identity, other = await _worker(coordinator)
+    workers = (first_identity, other_identity)
+    uploads = coordinator.ctx.uploads
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        # A worker has no business uploading checkpoint shards (uncharged, unlike its batches).
+        refused = await _refused(worker, b"not really weights", SHARD)
+        assert (refused.code, refused.reason) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            ErrorReason.ROLE_NOT_ALLOWED,
+        )
+
+        first, second = b"a" * 3000, b"b" * 3000
+        await worker.blobs.upload(first, BATCH)
+        assert uploads.pending_bytes(workers[0].node_id) == 3000
+        # 3000 + 3000 > 5000: refused from the header, nothing stored, nothing charged.
+        refused = await _refused(worker, second)
+        assert (refused.code, refused.reason) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ErrorReason.UPLOAD_QUOTA_EXCEEDED,
+        )
+        assert "quota of 5000 bytes" in refused.message
+        assert refused.retry_after is None, "the node's own orphans: waiting does not help soon"
+        assert not coordinator.ctx.blobs.exists(blake3.blake3(second).digest())
+        assert uploads.pending_bytes(workers[0].node_id) == 3000
+        # Content already stored costs nothing, and another node has its own quota.
+        again = await worker.blobs.upload(first, BATCH)
+        assert again.already_present
+        await other.blobs.upload(second, BATCH)
+        assert uploads.pending_bytes(workers[1].node_id) == 3000
+        assert uploads.pending_bytes(workers[0].node_id) == 3000
+        # A failed upload (bytes that do not hash to the declared digest) charges nothing.
+        declared = blake3.blake3(b"c" * 1000).digest()
+        messages = [upload_header(declared, 1000), upload_chunk(b"d" * 1000)]
+        failed = await raw_upload(worker, messages)
+        assert failed.reason == ErrorReason.BLOB_HASH_MISMATCH
+        assert uploads.pending_bytes(workers[0].node_id) == 3000
+        assert uploads.pending_bytes() == 6000
+        # Trainers are trusted: their shards are not charged.
+        await trainer.blobs.upload(b"w" * 4000, SHARD)
+        assert uploads.pending_bytes() == 6000
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_a_commitment_frees_its_batch_from_the_quota(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    uploads = coordinator.ctx.uploads
+    try:
+        identity, _, work = await _commit_one(coordinator, trainer_identity)
+        digest = blake3.blake3(work.batch).digest()
+        assert uploads.pending_bytes(identity.node_id) == 0
+        assert not uploads.is_pending(digest)
+        # Recorded blobs are never swept, however old.
+        _later(coordinator, 10 * DAY)
+        assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)
+        assert coordinator.ctx.blobs.exists(digest)
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_uploads_keep_the_free_space_reserve(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    trainer = connect(coordinator.address, trainer_identity)
+    _, worker = await _worker(coordinator)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        stored = b"stored before the disk filled up"
+        await worker.blobs.upload(stored, BATCH)
+        # No file system has 2**62 bytes free: every new upload would breach the reserve.
+        coordinator.ctx.config = with_overrides(coordinator.ctx.config, min_free_disk_bytes=2**62)
+        for client, kind in ((worker, BATCH), (trainer, SHARD)):
+            refused = await _refused(client, b"new bytes" * 10, kind)
+            assert (refused.code, refused.reason) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ErrorReason.STORAGE_FULL,
+            )
+            assert refused.retry_after is not None
+            assert refused.retry_after > 0
+        # Nothing new to store: allowed.
+        assert (await worker.blobs.upload(stored, BATCH)).already_present
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(
+        with_overrides(coordinator_config, upload_quota_bytes=4000)
+    )
+    trainer = connect(coordinator.address, trainer_identity)
+    identity, worker = await _worker(coordinator)
+    workers = (identity,)
+    ctx = coordinator.ctx
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        orphan, pinned = b"o" * 1500, b"p" * 1500
+        await worker.blobs.upload(orphan, BATCH)
+        await worker.blobs.upload(pinned, BATCH)
+        # A worker's batch whose bytes a trainer then uploads as a shard is the trainer's.
+        shard = b"s" * 900
+        await worker.blobs.upload(shard, BATCH)
+        await trainer.blobs.upload(shard, SHARD)
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == 3000
+        assert (await sweep_orphan_blobs(ctx)) == (0, 0), "younger than the TTL"
+
+        _later(coordinator, ctx.config.orphan_blob_ttl.total_seconds() + 1)
+        digests = {data: blake3.blake3(data).digest() for data in (orphan, pinned, shard)}
+        with ctx.uploads.pin((digests[pinned],)):  # a commitment being recorded right now
+            files, freed = await sweep_orphan_blobs(ctx)
+        assert (files, freed) == (1, 1500)
+        assert not ctx.blobs.exists(digests[orphan])
+        assert ctx.blobs.exists(digests[pinned])
+        assert ctx.blobs.exists(digests[shard])
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == 1500
+        assert ctx.metrics.orphan_blobs_deleted._value.get() == 1
+        # Gone: uploading it again stores it anew, young (and charged) again.
+        assert not (await worker.blobs.upload(orphan, BATCH)).already_present
+        # Unpinned, the other orphan goes on the next sweep.
+        assert await sweep_orphan_blobs(ctx) == (1, 1500)
+        assert not ctx.blobs.exists(digests[pinned])
+        assert ctx.blobs.exists(digests[orphan])
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == 1500
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_a_restart_finds_and_sweeps_orphans_of_the_previous_run(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    try:
+        _, worker, work = await _commit_one(coordinator, trainer_identity)
+        orphan = b"left behind by a crash" * 50
+        await worker.blobs.upload(orphan, BATCH)
+    finally:
+        await coordinator.stop(grace=0.5)
+    blobs = coordinator.ctx.blobs
+    kept = {blake3.blake3(work.batch).digest(), *_shard_digests(blobs.root, exclude=work.batch)}
+    orphan_digest = blake3.blake3(orphan).digest()
+    kept.discard(orphan_digest)
+    assert len(kept) == 2, "the committed batch and the checkpoint's shard"
+
+    restarted = await start_coordinator(coordinator_config)
+    try:
+        uploads = restarted.ctx.uploads
+        # Adopted on start from the files and the database (a background task).
+        await wait_until(_now(lambda: uploads.is_pending(orphan_digest)), what="adoption")
+        assert all(not uploads.is_pending(digest) for digest in kept)
+        assert uploads.pending_bytes() == len(orphan)
+        _later(restarted, restarted.ctx.config.orphan_blob_ttl.total_seconds() + 1)
+        assert await sweep_orphan_blobs(restarted.ctx) == (1, len(orphan))
+        assert not restarted.ctx.blobs.exists(orphan_digest)
+        assert all(restarted.ctx.blobs.exists(digest) for digest in kept)
+    finally:
+        await restarted.stop(grace=0.5)
+
+
+def _shard_digests(root: Path, exclude: bytes) -> set[bytes]:
+    store = BlobStore(root, max_bytes=1 << 20)
+    return {digest for digest, _, _ in store.stored()} - {blake3.blake3(exclude).digest()}
+
+
+def _now(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked
+
+
+def test_the_store_lists_blobs_only(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path, max_bytes=1 << 20)
+    digest = bytes(range(32))
+    path = store.path_of(digest)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x" * 7)
+    (path.parent / (path.name + ".abc.partial")).write_bytes(b"partial")
+    (path.parent / "README").write_text("not a blob")
+    (tmp_path / "notes").mkdir()
+    listed = list(store.stored())
+    assert [(d, size) for d, size, _ in listed] == [(digest, 7)]
+    assert abs(listed[0][2] - os.stat(path).st_mtime) < 1e-6
+    store.remove(digest)
+    store.remove(digest)  # already gone: not an error
+    assert not store.exists(digest)
+
+
+def test_the_tracker_never_deletes_what_changed_since_it_was_listed(tmp_path: Path) -> None:
+    now = [1000.0]
+    pending = PendingUploads(quota_bytes=100, clock=lambda: now[0])
+    store = BlobStore(tmp_path, max_bytes=1 << 20)
+    digests = [bytes([i]) * 32 for i in range(4)]
+    for digest in digests:
+        store.path_of(digest).parent.mkdir(parents=True, exist_ok=True)
+        store.path_of(digest).write_bytes(b"1234567890")
+        assert pending.reserve("node", digest, 10)
+    assert not pending.reserve("other", digests[0], 10), "first uploader carries it"
+    with pytest.raises(QuotaExceeded):
+        pending.reserve("node", bytes([9]) * 32, 61)
+    now[0] += 50
+    candidates = pending.expired(ttl=50)
+    assert candidates == digests
+    pending.settle([digests[0]])  # recorded meanwhile
+    pending.release(digests[1])
+    pending.reserve("node", digests[1], 10)  # uploaded again meanwhile: young again
+    now[0] += 10
+    with pending.pin([digests[2]]):
+        assert pending.delete_unreferenced(store, candidates, ttl=50) == (1, 10)
+    assert [store.exists(d) for d in digests] == [True, True, True, False]
+    assert pending.pending_bytes("node") == 20
+    assert pending.pending_bytes() == 20
+
+
+def test_the_orphan_ttl_must_outlast_a_lease(coordinator_config: CoordinatorConfig) -> None:
+    with pytest.raises(ConfigError, match="orphan_blob_ttl must exceed lease_duration"):
+        with_overrides(coordinator_config, orphan_blob_ttl=coordinator_config.lease_duration)
