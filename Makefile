@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: dev demo test lint codegen check-codegen clean
 
-$(STAMP): requirements/dev.txt sdk/pyproject.toml ledger/pyproject.toml reference/pyproject.toml
+$(STAMP): requirements/dev.txt sdk/pyproject.toml sdk/hatch_build.py sdk/src/rollnet/sdk/proofs/_field_kernel.c \
+		ledger/pyproject.toml reference/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, from the pinned CPU build, so nothing later pulls a CUDA build.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -39,8 +41,73 @@ def slow_evaluate(coefficients: list[int], x: int) -> int:
     return value
 
 
+REQUIRE_KERNEL = os.environ.get("ROLLNET_REQUIRE_FIELD_KERNEL") == "1"
+
+
+@pytest.fixture(params=["kernel", "numpy"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the compiled field kernel, then with numpy alone."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_field, "KERNEL", None)
+    elif _field.KERNEL is None:
+        assert not REQUIRE_KERNEL, "ROLLNET_REQUIRE_FIELD_KERNEL=1 but the kernel was not built"
+        pytest.skip("the field kernel was not built (no C compiler at install)")
+    return str(request.param)
+
+
+def test_the_field_kernel_is_built_where_required() -> None:
+    # CI installs with a C compiler: the kernel must be there (a broken build hook would
+    # otherwise pass unnoticed, every test falling back to numpy).
+    if REQUIRE_KERNEL:
+        assert _field.KERNEL is not None
+    elif _field.KERNEL is None:
+        pytest.skip("the field kernel was not built (no C compiler at install)")
+
+
+def test_kernel_and_numpy_interpolate_identically(implementation: str) -> None:
+    rng = np.random.default_rng(7)
+    for k in (1, 2, 5, 31, 127, 128, 200, 256):
+        x = np.stack([rng.choice(P, size=k, replace=False) for _ in range(4)])
+        x[0, 0] = 0  # the root 0 and the largest residue are edge cases of "-x mod p"
+        if k > 1:
+            x[0, 1] = P - 1
+        y = rng.integers(0, 1 << 16, size=(4, k))
+        expected = _field.interpolate_numpy(_field.mod(x), _field.mod(y))
+        assert np.array_equal(_field.interpolate(x, y), expected), (implementation, k)
+    # No rows, and more rows than one chunk of commitments.
+    assert _field.interpolate(np.zeros((0, 8), np.int64), np.zeros((0, 8), np.int64)).shape == (
+        0,
+        8,
+    )
+    x = np.stack([rng.choice(P, size=128, replace=False) for _ in range(70)])
+    y = rng.integers(0, 1 << 16, size=(70, 128))
+    assert np.array_equal(
+        _field.interpolate(x, y), _field.interpolate_numpy(_field.mod(x), _field.mod(y))
+    )
+
+
+@pytest.mark.parametrize("width", [1, 5, 127, 128, 129, 2048, 65496, 65497, 70000])
+def test_kernel_and_numpy_commit_identical_windows(
+    width: int, implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole windows (top-k with ties, moduli, interpolation, bytes) from either code path."""
+    rng = np.random.default_rng(width)
+    rows = [
+        rng.standard_normal(width).astype(np.float32),
+        np.round(rng.standard_normal(width) * 4).astype(np.float32) / 4,  # many equal magnitudes
+        np.ones(width, dtype=np.float32),  # every magnitude equal: the lowest indices win
+        np.where(np.arange(width) % 3 == 0, 0.0, rng.standard_normal(width) * 1e-30),
+    ]
+    bits = np.stack([toploc.bf16_bits(row) for row in rows])
+    bits[3, : min(width, 10)] = 0xFFFF  # NaN patterns and the largest residues
+    bits[3, -1:] = 0x7F80  # +inf
+    committed = toploc.encode_windows(bits)
+    monkeypatch.setattr(_field, "KERNEL", None)
+    assert committed == toploc.encode_windows(bits), implementation
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 17, 64, 128])
-def test_interpolation_matches_slow_reference(k: int) -> None:
+def test_interpolation_matches_slow_reference(k: int, implementation: str) -> None:
     rng = np.random.default_rng(k)
     x = np.stack([rng.choice(P, size=k, replace=False) for _ in range(3)])
     y = rng.integers(0, 1 << 16, size=(3, k))
@@ -50,7 +117,7 @@ def test_interpolation_matches_slow_reference(k: int) -> None:
     assert np.array_equal(_field.evaluate(fast, x), y % P)
 
 
-def test_interpolation_is_exact_at_extreme_values() -> None:
+def test_interpolation_is_exact_at_extreme_values(implementation: str) -> None:
     # The largest residues and patterns stress the float64 FFT and matmul exactness bounds.
     x = np.arange(P - 128, P, dtype=np.int64)[None, :]
     y = np.full((1, 128), P - 1)

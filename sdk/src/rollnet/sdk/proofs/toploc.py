@@ -176,6 +176,13 @@ _ENCODE_CHUNK = 32
 
 
 def _encode_uniform(bits: UInt16Array, k: int) -> list[bytes]:
+    kernel = _field.KERNEL
+    if kernel is not None and bits.shape[0]:
+        # Compiled: top-k, interpolation and serialization of every window in one call.
+        raw = kernel.encode(bits, k)
+        if raw is not None:
+            size = 2 * (k + 1)
+            return [raw[i * size : (i + 1) * size] for i in range(bits.shape[0])]
     if bits.shape[0] > _ENCODE_CHUNK:
         return [
             proof
