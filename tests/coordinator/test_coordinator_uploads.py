@@ -140,6 +140,14 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
         _later(coordinator, 10 * DAY)
         assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)
         assert coordinator.ctx.blobs.exists(digest)
+        # An upload this replica saw but another replica (sharing the blob directory) recorded
+        # the commitment of: the sweep finds the row, keeps the file and stops charging for it.
+        uploads.clock = time.time
+        uploads.reserve(identity.node_id, digest, len(work.batch))
+        _later(coordinator, 10 * DAY)
+        assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)
+        assert coordinator.ctx.blobs.exists(digest)
+        assert uploads.pending_bytes(identity.node_id) == 0
     finally:
         await coordinator.stop(grace=0.5)
 

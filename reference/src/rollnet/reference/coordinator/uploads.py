@@ -236,6 +236,10 @@ def sweep_orphans(
         if left:
             shards = checkpoint_shards(session)
             left = [d for d in left if d not in shards]
+    # Referenced after all: recorded by another replica sharing this blob directory (this one
+    # saw the upload, not the commitment), or by a checkpoint. No longer an orphan to track.
+    unknown = set(left)
+    pending.settle(d for d in candidates if d not in unknown)
     return pending.delete_unreferenced(store, left, ttl)
 
 
