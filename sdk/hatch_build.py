@@ -8,6 +8,7 @@ install builds the library next to its source; a wheel carries it and is tagged 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shlex
@@ -52,11 +53,17 @@ def build_kernel(root: Path, out: Path) -> str | None:
     compiler = _compiler()
     if compiler is None:
         return "no C compiler found (set CC)"
-    flags = list(FLAGS)
+    source = root / SOURCE
+    # A failed build must not leave an older library behind to be loaded.
+    out.unlink(missing_ok=True)
+    # The loader checks this against the source next to the library: a library built from
+    # another version of the source is not used.
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    flags = [*FLAGS, f'-DROLLNET_KERNEL_SOURCE="{digest}"']
     if platform.machine().lower() in ("x86_64", "amd64"):
         # One build for every x86-64: AVX-512, AVX2 and baseline versions, picked at load time.
         flags.append("-DROLLNET_TARGET_CLONES")
-    command = [*compiler, *flags, "-o", str(out), str(root / SOURCE), "-lm"]
+    command = [*compiler, *flags, "-o", str(out), str(source), "-lm"]
     try:
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as error:

@@ -3,9 +3,11 @@ reserve, and the sweeping of orphans (live, and those a previous run left behind
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import blake3
@@ -30,9 +32,11 @@ from coordinator_testing import (
 
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.context import run_to_completion
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_orphan_blobs
 from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.methods import method_path
 from rollnet.v1 import blob_service_pb2, common_pb2
 
 BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
@@ -93,10 +97,10 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
             ErrorReason.ROLE_NOT_ALLOWED,
         )
 
-        first, second = b"a" * 3000, b"b" * 3000
+        first, second = b"a" * 2000, b"b" * 3500
         await worker.blobs.upload(first, BATCH)
-        assert uploads.pending_bytes(workers[0].node_id) == 3000
-        # 3000 + 3000 > 5000: refused from the header, nothing stored, nothing charged.
+        assert uploads.pending_bytes(workers[0].node_id) == 2000
+        # 2000 + 3500 > 5000: refused from the header, nothing stored, nothing charged.
         refused = await _refused(worker, second)
         assert (refused.code, refused.reason) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -105,23 +109,26 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
         assert "quota of 5000 bytes" in refused.message
         assert refused.retry_after is None, "the node's own orphans: waiting does not help soon"
         assert not coordinator.ctx.blobs.exists(blake3.blake3(second).digest())
-        assert uploads.pending_bytes(workers[0].node_id) == 3000
-        # Content already stored costs nothing, and another node has its own quota.
+        assert uploads.pending_bytes(workers[0].node_id) == 2000
+        # Content already stored needs room while it streams, and costs nothing once it ends;
+        # another node has its own quota.
         again = await worker.blobs.upload(first, BATCH)
         assert again.already_present
         await other.blobs.upload(second, BATCH)
-        assert uploads.pending_bytes(workers[1].node_id) == 3000
-        assert uploads.pending_bytes(workers[0].node_id) == 3000
+        assert uploads.pending_bytes(workers[1].node_id) == 3500
+        assert uploads.pending_bytes(workers[0].node_id) == 2000
         # A failed upload (bytes that do not hash to the declared digest) charges nothing.
         declared = blake3.blake3(b"c" * 1000).digest()
         messages = [upload_header(declared, 1000), upload_chunk(b"d" * 1000)]
         failed = await raw_upload(worker, messages)
         assert failed.reason == ErrorReason.BLOB_HASH_MISMATCH
-        assert uploads.pending_bytes(workers[0].node_id) == 3000
-        assert uploads.pending_bytes() == 6000
-        # Trainers are trusted: their shards are not charged.
+        assert uploads.pending_bytes(workers[0].node_id) == 2000
+        assert uploads.pending_bytes() == 5500
+        assert uploads.streaming_bytes() == 0
+        # Trainers are trusted: their shards are not charged (but swept if never published).
         await trainer.blobs.upload(b"w" * 4000, SHARD)
-        assert uploads.pending_bytes() == 6000
+        assert uploads.pending_bytes(trainer_identity.node_id) == 0
+        assert uploads.pending_bytes() == 9500
     finally:
         await coordinator.stop(grace=0.5)
 
@@ -143,9 +150,10 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
         # An upload this replica saw but another replica (sharing the blob directory) recorded
         # the commitment of: the sweep finds the row, keeps the file and stops charging for it.
         uploads.clock = time.time
-        uploads.reserve(identity.node_id, digest, len(work.batch))
-        _later(coordinator, 10 * DAY)
-        assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)
+        reservation = uploads.begin(identity.node_id, digest, len(work.batch))
+        uploads.finish(reservation, created=True)
+        assert uploads.pending_bytes(identity.node_id) == len(work.batch)
+        assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)  # young: looked up all the same
         assert coordinator.ctx.blobs.exists(digest)
         assert uploads.pending_bytes(identity.node_id) == 0
     finally:
@@ -193,7 +201,8 @@ async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
         orphan, pinned = b"o" * 1500, b"p" * 1500
         await worker.blobs.upload(orphan, BATCH)
         await worker.blobs.upload(pinned, BATCH)
-        # A worker's batch whose bytes a trainer then uploads as a shard is the trainer's.
+        # A worker's batch whose bytes a trainer then uploads as a shard is the trainer's (not
+        # charged; still an orphan if no manifest names it).
         shard = b"s" * 900
         await worker.blobs.upload(shard, BATCH)
         await trainer.blobs.upload(shard, SHARD)
@@ -204,12 +213,12 @@ async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
         digests = {data: blake3.blake3(data).digest() for data in (orphan, pinned, shard)}
         with ctx.uploads.pin((digests[pinned],)):  # a commitment being recorded right now
             files, freed = await sweep_orphan_blobs(ctx)
-        assert (files, freed) == (1, 1500)
+        assert (files, freed) == (2, 2400)
         assert not ctx.blobs.exists(digests[orphan])
+        assert not ctx.blobs.exists(digests[shard]), "never published"
         assert ctx.blobs.exists(digests[pinned])
-        assert ctx.blobs.exists(digests[shard])
         assert ctx.uploads.pending_bytes(workers[0].node_id) == 1500
-        assert ctx.metrics.orphan_blobs_deleted._value.get() == 1
+        assert ctx.metrics.orphan_blobs_deleted._value.get() == 2
         # Gone: uploading it again stores it anew, young (and charged) again.
         assert not (await worker.blobs.upload(orphan, BATCH)).already_present
         # Unpinned, the other orphan goes on the next sweep.
@@ -281,6 +290,10 @@ def test_the_store_lists_blobs_only(tmp_path: Path) -> None:
     assert not store.exists(digest)
 
 
+def _upload(pending: PendingUploads, node: str | None, digest: bytes, created: bool) -> None:
+    pending.finish(pending.begin(node, digest, 10), created=created)
+
+
 def test_the_tracker_never_deletes_what_changed_since_it_was_listed(tmp_path: Path) -> None:
     now = [1000.0]
     pending = PendingUploads(quota_bytes=100, clock=lambda: now[0])
@@ -289,22 +302,135 @@ def test_the_tracker_never_deletes_what_changed_since_it_was_listed(tmp_path: Pa
     for digest in digests:
         store.path_of(digest).parent.mkdir(parents=True, exist_ok=True)
         store.path_of(digest).write_bytes(b"1234567890")
-        assert pending.reserve("node", digest, 10)
-    assert not pending.reserve("other", digests[0], 10), "first uploader carries it"
+        _upload(pending, "node", digest, created=True)
+    _upload(pending, "other", digests[0], created=False)  # already stored: the creator owns it
+    assert pending.pending_bytes("other") == 0
     with pytest.raises(QuotaExceeded):
-        pending.reserve("node", bytes([9]) * 32, 61)
+        pending.begin("node", bytes([9]) * 32, 61)
     now[0] += 50
-    candidates = pending.expired(ttl=50)
+    candidates = pending.tracked()
     assert candidates == digests
     pending.settle([digests[0]])  # recorded meanwhile
-    pending.release(digests[1])
-    pending.reserve("node", digests[1], 10)  # uploaded again meanwhile: young again
+    pending.settle([digests[1]])
+    _upload(pending, "node", digests[1], created=True)  # swept and uploaded again: young again
     now[0] += 10
     with pending.pin([digests[2]]):
         assert pending.delete_unreferenced(store, candidates, ttl=50) == (1, 10)
     assert [store.exists(d) for d in digests] == [True, True, True, False]
     assert pending.pending_bytes("node") == 20
     assert pending.pending_bytes() == 20
+    assert not list(tmp_path.rglob("*.partial")), "the renamed file was unlinked"
+
+
+def test_two_streams_of_one_content_leave_one_owner_and_no_untracked_file() -> None:
+    pending = PendingUploads(quota_bytes=15)
+    digest = bytes(32)
+    first = pending.begin("a", digest, 10)
+    second = pending.begin("b", digest, 10)  # both charged while they stream
+    assert (pending.pending_bytes("a"), pending.pending_bytes("b")) == (10, 10)
+    assert pending.streaming_bytes() == 20
+    with pytest.raises(QuotaExceeded):
+        pending.begin("a", bytes([1]) * 32, 10)
+    # The second stream stores the file; the first then finds it stored (or fails): the file is
+    # tracked and charged to the second, the first is charged nothing.
+    pending.finish(second, created=True)
+    pending.finish(first, created=False)
+    assert pending.is_pending(digest)
+    assert (pending.pending_bytes("a"), pending.pending_bytes("b")) == (0, 10)
+    assert pending.streaming_bytes() == 0
+    # A trusted upload of the same content takes it over, uncharged.
+    _upload(pending, None, digest, created=False)
+    assert pending.is_pending(digest)
+    assert pending.pending_bytes("b") == 0
+    assert pending.pending_bytes() == 10
+
+
+async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    ctx = coordinator.ctx
+    identity, worker = await _worker(coordinator)
+    try:
+        data = b"swept while a second upload of it streams" * 20
+        digest = blake3.blake3(data).digest()
+        await worker.blobs.upload(data, BATCH)
+        # A second upload of the same bytes sends its header while the file is there ...
+        go_on = asyncio.Event()
+        call = worker.channel.stream_unary(
+            method_path("BlobService", "UploadBlob"),
+            request_serializer=None,
+            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        )
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield upload_header(digest, len(data)).SerializeToString()
+            await go_on.wait()
+            yield upload_chunk(data).SerializeToString()
+
+        answer = asyncio.ensure_future(call(stream(), timeout=10))
+        await wait_until(_now(lambda: ctx.uploads.streaming_bytes() > 0), what="the header")
+        # ... the sweep deletes it meanwhile, and the stream then stores it again.
+        _later(coordinator, ctx.config.orphan_blob_ttl.total_seconds() + 1)
+        assert await sweep_orphan_blobs(ctx) == (1, len(data))
+        go_on.set()
+        response = await answer
+        assert not response.already_present
+        assert ctx.blobs.exists(digest)
+        assert ctx.uploads.is_pending(digest), "a stored, unreferenced file is always tracked"
+        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_the_free_space_reserve_counts_uploads_in_flight(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    ctx = coordinator.ctx
+    _, worker = await _worker(coordinator)
+    try:
+        free = shutil.disk_usage(ctx.blobs.root).free
+        reserve = max(free - (512 << 20), 0)
+        ctx.config = with_overrides(ctx.config, min_free_disk_bytes=reserve)
+        await worker.blobs.upload(b"fits while nothing else is in flight", BATCH)
+        in_flight = ctx.uploads.begin(None, bytes(32), 1 << 30)  # a 1 GiB upload streaming
+        refused = await _refused(worker, b"does not fit beside the one in flight")
+        assert refused.reason == ErrorReason.STORAGE_FULL
+        ctx.uploads.finish(in_flight, created=False)
+        await worker.blobs.upload(b"does not fit beside the one in flight", BATCH)
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_a_commitment_is_recorded_even_if_its_caller_goes_away() -> None:
+    finished: list[str] = []
+
+    async def recording() -> str:
+        await asyncio.sleep(0)  # the writer thread's commit, which a cancellation cannot stop
+        await asyncio.sleep(0)
+        finished.append("recorded")
+        return "receipt"
+
+    caller = asyncio.ensure_future(run_to_completion(recording()))
+    await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await wait_until(_now(lambda: finished == ["recorded"]), what="the recording to finish")
+
+
+def test_a_read_racing_a_deletion_does_not_cache_the_blob_again(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path, max_bytes=1 << 20)
+    digest = bytes(range(32))
+    store.path_of(digest).parent.mkdir(parents=True)
+    store.path_of(digest).write_bytes(b"old bytes")
+    doomed = store.detach(digest)
+    assert doomed is not None
+    assert not store.exists(digest)
+    store._remember(digest, b"old bytes", stored_only=True)  # a read that opened it before
+    assert not store.exists(digest)
+    assert store.detach(digest) is None
 
 
 def test_the_orphan_ttl_must_outlast_a_lease(coordinator_config: CoordinatorConfig) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,6 +64,26 @@ def test_the_field_kernel_is_built_where_required() -> None:
         assert _field.KERNEL is not None
     elif _field.KERNEL is None:
         pytest.skip("the field kernel was not built (no C compiler at install)")
+
+
+def test_a_kernel_built_from_another_source_is_not_loaded(tmp_path: Path) -> None:
+    if _field.KERNEL is None:
+        pytest.skip("the field kernel was not built (no C compiler at install)")
+    built = Path(_field.__file__).with_name("_field_kernel.so")
+    source = built.with_suffix(".c")
+    copy = tmp_path / built.name
+    shutil.copyfile(built, copy)
+    shutil.copyfile(source, copy.with_suffix(".c"))
+    _field._Kernel(copy)  # the source it was built from: loads
+    copy.with_suffix(".c").write_text(source.read_text() + "/* edited, not rebuilt */\n")
+    with pytest.raises(OSError, match="another version"):
+        _field._Kernel(copy)
+
+
+def test_interpolation_refuses_mismatched_shapes(implementation: str) -> None:
+    x = np.arange(128, dtype=np.int64)[None, :].repeat(4, axis=0)
+    with pytest.raises(ValueError, match="one shape"):
+        _field.interpolate(x, np.zeros((1, 128), dtype=np.int64))
 
 
 def test_kernel_and_numpy_interpolate_identically(implementation: str) -> None:

@@ -182,19 +182,36 @@ class BlobStore:
                     blob.seek(min(offset, total))
                     return total, blob.read(length if length else -1)
                 data = blob.read()
-            self._remember(digest, data)
+            self._remember(digest, data, stored_only=True)
         total = len(data)
         start = min(offset, total)
         return total, data[start : start + length] if length else data[start:]
 
-    def remove(self, digest: bytes) -> None:
-        """Delete a stored blob (and its cached copy); a missing one is not an error."""
+    def detach(self, digest: bytes) -> str | None:
+        """Take a blob out of the store at once: renamed to a temporary name (removed on the next
+        start if the caller does not unlink it) and dropped from the cache. Returns the new path,
+        or None if the blob was not stored. Renaming is a metadata change; the caller unlinks
+        the returned path when it likes (freeing a large file's blocks takes a while)."""
+        final = self._path(digest)
+        doomed = f"{final}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
+        try:
+            os.rename(final, doomed)
+        except FileNotFoundError:
+            doomed = ""
+        # After the rename: a read that opened the file before it cannot cache it again
+        # (_remember checks the name under the same lock).
         with self._lock:
             data = self._cache.pop(digest, None)
             if data is not None:
                 self._cached_bytes -= len(data)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(digest))
+        return doomed or None
+
+    def remove(self, digest: bytes) -> None:
+        """Delete a stored blob (and its cached copy); a missing one is not an error."""
+        doomed = self.detach(digest)
+        if doomed is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(doomed)
 
     def stored(self) -> Iterator[tuple[bytes, int, float]]:
         """Every stored blob as ``(digest, size, modification time)``, lazily."""
@@ -230,9 +247,13 @@ class BlobStore:
     def _path(self, digest: bytes) -> str:
         return os.path.join(self._root, self.location_of(digest))
 
-    def _remember(self, digest: bytes, data: bytes) -> None:
+    def _remember(self, digest: bytes, data: bytes, *, stored_only: bool = False) -> None:
+        """Cache ``data``; with ``stored_only``, only if the blob is still stored (a read that
+        raced with :meth:`detach` must not bring the blob back)."""
         with self._lock:
             if digest in self._cache:
+                return
+            if stored_only and not os.path.isfile(self._path(digest)):
                 return
             self._cache[digest] = data
             self._cached_bytes += len(data)

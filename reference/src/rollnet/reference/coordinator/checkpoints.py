@@ -11,7 +11,11 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import artifacts
 from rollnet.ledger.artifacts import ConflictError
 from rollnet.ledger.models import Checkpoint as CheckpointRow
-from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.context import (
+    CoordinatorContext,
+    run_to_completion,
+    wait_for,
+)
 from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
 from rollnet.sdk.errors import ErrorReason
@@ -86,53 +90,62 @@ class CheckpointDesk:
                 ErrorReason.CHECKPOINT_SIGNATURE_INVALID,
                 "signature does not verify over 'rollnet-checkpoint-v1\\n' || manifest",
             )
-        shards = [shard.blake3 for item in manifest.files for shard in item.shards]
-        # Pinned from the existence checks until the manifest is recorded: the orphan sweeper
-        # does not delete a shard a checkpoint is being published with.
-        with self.ctx.uploads.pin(shards):
-            for item in manifest.files:
-                for shard in item.shards:
-                    if not self.ctx.blobs.exists(shard.blake3):
-                        raise Refusal(
-                            ErrorReason.CHECKPOINT_SHARD_MISSING,
-                            f"shard {shard.blake3.hex()} of {item.path} is not uploaded",
-                        )
-            now = self.ctx.clock()
-            manifest_hash = blake3.blake3(request.manifest).hexdigest()
+        now = self.ctx.clock()
+        manifest_hash = blake3.blake3(request.manifest).hexdigest()
 
-            def work(session: Session) -> checkpoint_service_pb2.PublishCheckpointResponse:
-                latest = artifacts.latest_checkpoint(session)
-                if latest is not None and manifest.step <= latest.step:
-                    if latest.step == manifest.step and latest.manifest_hash == manifest_hash:
-                        return checkpoint_service_pb2.PublishCheckpointResponse(
-                            checkpoint=checkpoint_to_proto(latest)
-                        )
-                    raise Refusal(
-                        ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC,
-                        f"step {manifest.step} is not after the latest published step "
-                        f"{latest.step}",
+        def work(session: Session) -> checkpoint_service_pb2.PublishCheckpointResponse:
+            latest = artifacts.latest_checkpoint(session)
+            if latest is not None and manifest.step <= latest.step:
+                if latest.step == manifest.step and latest.manifest_hash == manifest_hash:
+                    return checkpoint_service_pb2.PublishCheckpointResponse(
+                        checkpoint=checkpoint_to_proto(latest)
                     )
-                try:
-                    row = artifacts.record_checkpoint(
-                        session,
-                        step=manifest.step,
-                        manifest=request.manifest,
-                        manifest_hash=manifest_hash,
-                        signature=request.signature,
-                        signer_public_key=caller.public_key,
-                        publisher_id=caller.node_id,
-                        now=now,
-                    )
-                except ConflictError as error:
-                    raise Refusal(ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC, str(error)) from error
-                return checkpoint_service_pb2.PublishCheckpointResponse(
-                    checkpoint=checkpoint_to_proto(row)
+                raise Refusal(
+                    ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC,
+                    f"step {manifest.step} is not after the latest published step {latest.step}",
                 )
+            try:
+                row = artifacts.record_checkpoint(
+                    session,
+                    step=manifest.step,
+                    manifest=request.manifest,
+                    manifest_hash=manifest_hash,
+                    signature=request.signature,
+                    signer_public_key=caller.public_key,
+                    publisher_id=caller.node_id,
+                    now=now,
+                )
+            except ConflictError as error:
+                raise Refusal(ErrorReason.CHECKPOINT_STEP_NOT_MONOTONIC, str(error)) from error
+            return checkpoint_service_pb2.PublishCheckpointResponse(
+                checkpoint=checkpoint_to_proto(row)
+            )
 
-            response = await self.ctx.run_in_transaction(work)
-            self.ctx.uploads.settle(shards)
+        shards = [shard.blake3 for item in manifest.files for shard in item.shards]
+        uploads = self.ctx.uploads
+
+        async def record() -> checkpoint_service_pb2.PublishCheckpointResponse:
+            # Pinned from the existence checks until the manifest is recorded: the orphan
+            # sweeper does not delete a shard a checkpoint is being published with.
+            with uploads.pin(shards):
+                self._check_shards_stored(manifest)
+                recorded = await self.ctx.run_in_transaction(work)
+                uploads.settle(shards)
+                return recorded
+
+        # To its end even if the caller goes away: the pin must outlive the transaction.
+        response = await run_to_completion(record())
         self.ctx.signals.fire(self.ctx.signals.checkpoint_published)
         return response
+
+    def _check_shards_stored(self, manifest: checkpoint_pb2.CheckpointManifest) -> None:
+        for item in manifest.files:
+            for shard in item.shards:
+                if not self.ctx.blobs.exists(shard.blake3):
+                    raise Refusal(
+                        ErrorReason.CHECKPOINT_SHARD_MISSING,
+                        f"shard {shard.blake3.hex()} of {item.path} is not uploaded",
+                    )
 
     async def latest(self) -> checkpoint_pb2.Checkpoint | None:
         """The newest checkpoint, if any."""

@@ -7,7 +7,7 @@ import contextlib
 import contextvars
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +30,23 @@ T = TypeVar("T")
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0
+
+
+async def run_to_completion(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Await ``coroutine`` as a task that runs to its end even if the caller is cancelled.
+
+    The caller's cancellation still propagates to the caller; the task finishes on its own (and
+    its outcome is consumed, so an error is not reported as never retrieved). For work whose
+    bookkeeping must follow a database write that a cancellation cannot stop anyway.
+    """
+    task = asyncio.ensure_future(coroutine)
+    task.add_done_callback(_consume_outcome)
+    return await asyncio.shield(task)
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def utc_now() -> datetime:

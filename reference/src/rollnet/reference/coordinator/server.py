@@ -218,17 +218,20 @@ async def sweep_orphan_blobs(ctx: CoordinatorContext) -> tuple[int, int]:
 
 
 async def _sweep_blobs_forever(ctx: CoordinatorContext) -> None:
-    """Adopt what the last run left unreferenced, then sweep orphans periodically."""
-    try:
-        adopted = await asyncio.to_thread(
-            uploads.adopt_unreferenced, ctx.uploads, ctx.blobs, ctx.sessions
-        )
-    except Exception:  # the database not ready yet, say: newer uploads are still swept
-        log.exception("could not look for unreferenced blobs left by an earlier run")
-    else:
-        if adopted:
-            log.info("unreferenced blobs found on start", extra={"files": adopted})
-    await _every(ctx.config.blob_sweep_interval.total_seconds(), lambda: sweep_orphan_blobs(ctx))
+    """Adopt what the last run left unreferenced (retried until it succeeds), and sweep."""
+    adopted: int | None = None
+
+    async def sweep() -> None:
+        nonlocal adopted
+        if adopted is None:
+            adopted = await asyncio.to_thread(
+                uploads.adopt_unreferenced, ctx.uploads, ctx.blobs, ctx.sessions
+            )
+            if adopted:
+                log.info("unreferenced blobs found on start", extra={"files": adopted})
+        await sweep_orphan_blobs(ctx)
+
+    await _every(ctx.config.blob_sweep_interval.total_seconds(), sweep)
 
 
 async def _every(seconds: float, action: Any) -> None:

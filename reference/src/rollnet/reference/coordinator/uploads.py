@@ -5,24 +5,27 @@ so between an upload and that transaction the file belongs to nobody. Without bo
 registered node could fill the coordinator's disk with blobs it never commits (or whose
 commitments are refused). :class:`PendingUploads` closes that:
 
-* a worker's uploads that nothing references yet count against its quota
-  (``upload_quota_bytes``; refused ``UPLOAD_QUOTA_EXCEEDED`` beyond it), and stop counting once a
-  commitment records them (:meth:`PendingUploads.settle`);
-* no upload may take the store's file system below ``min_free_disk_bytes`` (``STORAGE_FULL``,
-  with a retry hint);
-* an upload nothing references ``orphan_blob_ttl`` after it arrived is deleted by
-  :func:`sweep_orphans`, which also frees its uploader's quota.
+* a worker is charged, against ``upload_quota_bytes``, for every upload it is streaming (from
+  the header, whatever the content: it may be swept before the stream ends) and for every file
+  its uploads created that nothing references yet (refused ``UPLOAD_QUOTA_EXCEEDED`` beyond it).
+  The stream that creates a file owns it; a commitment that records it frees it
+  (:meth:`PendingUploads.settle`);
+* no upload may take the store's file system below ``min_free_disk_bytes``, counting the bytes
+  of every upload still streaming (``STORAGE_FULL``, with a retry hint);
+* every tracked file is looked up at each sweep (:func:`sweep_orphans`): one a record references
+  is settled (another replica may have recorded it), one nothing references ``orphan_blob_ttl``
+  after it arrived is deleted, freeing its uploader's quota.
 
-Trusted uploaders (trainers, whose checkpoint shards are referenced by their manifest only when
-published) are not charged: only the reserve applies to them. On start, files that no blob row
-and no checkpoint manifest references are adopted as uploads of unknown origin
-(:func:`adopt_unreferenced`), aged from their modification time, so orphans left by a previous
-run are swept too.
+Trusted uploaders (trainers) are not charged, but their files are tracked all the same: a shard
+no published manifest names is an orphan too. On start, files that no blob row and no manifest
+references are adopted as uploads of unknown origin (:func:`adopt_unreferenced`), aged from
+their modification time, so orphans left by a previous run are swept too.
 
-Deleting races with committing: a commitment (or checkpoint) *pins* the digests it is about to
-record (:meth:`PendingUploads.pin`) before it checks that they exist, and a pinned or settled
-digest is never deleted. The sweeper deletes under the same lock, so a commitment either finds
-the blob gone (``BLOB_NOT_FOUND``) or keeps it.
+Deleting races with recording: a commitment (or checkpoint) *pins* the digests it is about to
+record (:meth:`PendingUploads.pin`) before it checks that they exist, until its row is written
+(the recording runs to its end even if its caller goes away), and a pinned or settled digest is
+never deleted. The sweeper takes a file away under the same lock (a rename), so a commitment
+either finds the blob gone (``BLOB_NOT_FOUND``) or keeps it.
 """
 
 from __future__ import annotations
@@ -53,8 +56,6 @@ UNKNOWN_UPLOADER = ""
 
 _CHECK_CHUNK = 500
 """Digests per reference query (well under SQLite's bound-parameter limit)."""
-_DELETE_CHUNK = 64
-"""Files deleted per hold of the lock (a commitment waiting to pin waits at most that long)."""
 
 
 class QuotaExceeded(Exception):
@@ -63,50 +64,77 @@ class QuotaExceeded(Exception):
 
 @dataclass(eq=False, slots=True)
 class _Pending:
-    node_id: str
+    node_id: str  # UNKNOWN_UPLOADER: charged to nobody (a trainer's upload, or found on start)
     size: int
     since: float  # wall-clock seconds, comparable with file modification times
 
 
+@dataclass(eq=False, slots=True)
+class Reservation:
+    """One upload stream's claim, from its header until :meth:`PendingUploads.finish`."""
+
+    node_id: str | None  # None: not charged (a trusted uploader)
+    digest: bytes
+    size: int
+
+
 class PendingUploads:
-    """Uploads no record references yet, by digest, with each uploader's total."""
+    """Stored uploads no record references yet, by digest, and every node's charge.
+
+    A node is charged for the uploads it is streaming and for the files its uploads created that
+    nothing references yet. Accounting is per stream, not per digest: two streams of the same
+    content are both charged while they run, and whichever creates the file owns it.
+    """
 
     def __init__(self, quota_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self.quota_bytes = quota_bytes
         self.clock = clock
         self._pending: dict[bytes, _Pending] = {}
-        self._by_node: Counter[str] = Counter()
+        self._charged: Counter[str] = Counter()  # streaming + pending bytes, per node
         self._pins: Counter[bytes] = Counter()
-        self._total = 0
+        self._total = 0  # pending bytes
+        self._streaming = 0  # bytes of every upload still streaming (charged or not)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ accounting
-    def reserve(self, node_id: str, digest: bytes, size: int) -> bool:
-        """Charge an upload to ``node_id`` before its bytes arrive.
+    def begin(self, node_id: str | None, digest: bytes, size: int) -> Reservation:
+        """Claim room for an upload before its bytes arrive (``node_id`` None: not charged).
 
-        Returns whether a charge was made (False when the digest is already pending: whoever
-        uploaded it first carries it). Raises :class:`QuotaExceeded` when the node's pending
-        bytes plus ``size`` would exceed the quota.
+        Raises :class:`QuotaExceeded` when the node's charge plus ``size`` would exceed the
+        quota. Every reservation must end with :meth:`finish`.
         """
         with self._lock:
-            if digest in self._pending:
-                return False
-            used = self._by_node[node_id]
-            if used + size > self.quota_bytes:
-                raise QuotaExceeded(
-                    f"{used} bytes of this node's uploads are not referenced by any commitment "
-                    f"yet; {size} more would exceed its quota of {self.quota_bytes} bytes "
-                    f"(unreferenced uploads are deleted after the orphan TTL)"
-                )
-            self._pending[digest] = _Pending(node_id, size, self.clock())
-            self._by_node[node_id] += size
-            self._total += size
-            return True
+            if node_id is not None:
+                used = self._charged[node_id]
+                if used + size > self.quota_bytes:
+                    raise QuotaExceeded(
+                        f"{used} bytes of this node's uploads are in flight or not referenced "
+                        f"by any commitment yet; {size} more would exceed its quota of "
+                        f"{self.quota_bytes} bytes (unreferenced uploads are deleted after the "
+                        f"orphan TTL)"
+                    )
+                self._charged[node_id] += size
+            self._streaming += size
+            return Reservation(node_id, digest, size)
 
-    def release(self, digest: bytes) -> None:
-        """Undo a reservation whose upload failed or found the content already stored."""
+    def finish(self, reservation: Reservation, *, created: bool) -> None:
+        """End a stream: ``created`` when its bytes are now a stored file they were not before.
+
+        A created file is tracked (charged to its uploader unless trusted) until a record
+        references it or it is swept. A trusted upload also takes over a tracked file of the same
+        content (a trainer's shard a worker happened to upload first): uncharged, aged anew.
+        """
         with self._lock:
-            self._drop(digest)
+            self._streaming -= reservation.size
+            if reservation.node_id is not None:
+                self._uncharge(reservation.node_id, reservation.size)
+            digest, trusted = reservation.digest, reservation.node_id is None
+            if trusted and digest in self._pending:
+                self._drop(digest)
+                created = True
+            if created and digest not in self._pending:
+                owner = UNKNOWN_UPLOADER if reservation.node_id is None else reservation.node_id
+                self._track(digest, _Pending(owner, reservation.size, self.clock()))
 
     def settle(self, digests: Iterable[bytes]) -> None:
         """These blobs are referenced now: they stop counting and are never swept."""
@@ -118,26 +146,45 @@ class PendingUploads:
         """Track a file of unknown origin (found unreferenced on start) for sweeping."""
         with self._lock:
             if digest not in self._pending:
-                self._pending[digest] = _Pending(UNKNOWN_UPLOADER, size, since)
-                self._total += size
+                self._track(digest, _Pending(UNKNOWN_UPLOADER, size, since))
 
     def pending_bytes(self, node_id: str | None = None) -> int:
-        """Unreferenced bytes of one node, or of all tracked uploads."""
+        """A node's charge (streaming and unreferenced), or all tracked unreferenced bytes."""
         with self._lock:
-            return self._total if node_id is None else self._by_node[node_id]
+            return self._total if node_id is None else self._charged[node_id]
+
+    def streaming_bytes(self) -> int:
+        """Bytes of the uploads still streaming: the disk must have room for them too."""
+        with self._lock:
+            return self._streaming
 
     def is_pending(self, digest: bytes) -> bool:
-        """Whether ``digest`` is an upload nothing references yet."""
+        """Whether ``digest`` is a stored upload nothing references yet."""
         with self._lock:
             return digest in self._pending
+
+    def tracked(self) -> list[bytes]:
+        """Every tracked digest."""
+        with self._lock:
+            return list(self._pending)
+
+    def _track(self, digest: bytes, entry: _Pending) -> None:
+        self._pending[digest] = entry
+        self._total += entry.size
+        if entry.node_id != UNKNOWN_UPLOADER:
+            self._charged[entry.node_id] += entry.size
 
     def _drop(self, digest: bytes) -> None:
         entry = self._pending.pop(digest, None)
         if entry is not None:
             self._total -= entry.size
-            self._by_node[entry.node_id] -= entry.size
-            if self._by_node[entry.node_id] <= 0:
-                del self._by_node[entry.node_id]
+            if entry.node_id != UNKNOWN_UPLOADER:
+                self._uncharge(entry.node_id, entry.size)
+
+    def _uncharge(self, node_id: str, size: int) -> None:
+        self._charged[node_id] -= size
+        if self._charged[node_id] <= 0:
+            del self._charged[node_id]
 
     # ------------------------------------------------------------------ pins
     @contextlib.contextmanager
@@ -156,44 +203,32 @@ class PendingUploads:
                         del self._pins[digest]
 
     # ------------------------------------------------------------------ sweeping
-    def expired(self, ttl: float) -> list[bytes]:
-        """Digests tracked for at least ``ttl`` seconds (candidates: still to be checked)."""
-        cutoff = self.clock() - ttl
-        with self._lock:
-            return [d for d, entry in self._pending.items() if entry.since <= cutoff]
-
     def delete_unreferenced(
         self, store: BlobStore, candidates: Iterable[bytes], ttl: float
     ) -> tuple[int, int]:
-        """Delete candidates still tracked, expired and unpinned; returns (files, bytes).
+        """Delete candidates still tracked, at least ``ttl`` old and unpinned: (files, bytes).
 
-        The caller has checked that no row references the candidates; one that was settled,
-        re-reserved or pinned since is kept.
+        The caller has checked that no row references the candidates; one settled, replaced or
+        pinned since is kept. Under the lock a file is only renamed away (a metadata change):
+        unlinking a large file can take milliseconds, and the lock is taken on the event loop.
         """
         files = freed = 0
-        chunk: list[bytes] = []
-        for digest in candidates:
-            chunk.append(digest)
-            if len(chunk) == _DELETE_CHUNK:
-                deleted, size = self._delete_chunk(store, chunk, ttl)
-                files, freed, chunk = files + deleted, freed + size, []
-        if chunk:
-            deleted, size = self._delete_chunk(store, chunk, ttl)
-            files, freed = files + deleted, freed + size
-        return files, freed
-
-    def _delete_chunk(self, store: BlobStore, digests: list[bytes], ttl: float) -> tuple[int, int]:
+        doomed: list[str] = []
         cutoff = self.clock() - ttl
-        files = freed = 0
-        with self._lock:
-            for digest in digests:
+        for digest in candidates:
+            with self._lock:
                 entry = self._pending.get(digest)
                 if entry is None or entry.since > cutoff or self._pins[digest] > 0:
                     continue
-                store.remove(digest)
+                detached = store.detach(digest)
                 self._drop(digest)
-                files += 1
-                freed += entry.size
+            files += 1
+            freed += entry.size
+            if detached is not None:
+                doomed.append(detached)
+        for path in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         return files, freed
 
 
@@ -224,11 +259,13 @@ def checkpoint_shards(session: Session) -> set[bytes]:
 def sweep_orphans(
     pending: PendingUploads, store: BlobStore, session_factory: Callable[[], Session], ttl: float
 ) -> tuple[int, int]:
-    """Delete tracked uploads older than ``ttl`` that nothing references; (files, bytes).
+    """Settle tracked uploads a record references, delete those ``ttl`` old that none does.
 
-    Blocking: run it on a thread.
+    Every tracked upload is looked up, not only the old ones: one whose commitment another
+    replica recorded (or whose answer was replayed from the idempotency record) is settled at
+    the next sweep instead of staying charged. Blocking: run it on a thread.
     """
-    candidates = pending.expired(ttl)
+    candidates = pending.tracked()
     if not candidates:
         return 0, 0
     with session_factory() as session:
@@ -236,8 +273,6 @@ def sweep_orphans(
         if left:
             shards = checkpoint_shards(session)
             left = [d for d in left if d not in shards]
-    # Referenced after all: recorded by another replica sharing this blob directory (this one
-    # saw the upload, not the commitment), or by a checkpoint. No longer an orphan to track.
     unknown = set(left)
     pending.settle(d for d in candidates if d not in unknown)
     return pending.delete_unreferenced(store, left, ttl)
@@ -265,5 +300,6 @@ def adopt_unreferenced(
 
 
 def has_room(store_root: str | os.PathLike[str], size: int, reserve: int) -> bool:
-    """Whether storing ``size`` more bytes leaves at least ``reserve`` bytes free."""
+    """Whether storing ``size`` more bytes leaves at least ``reserve`` bytes free (the caller
+    counts the uploads still streaming in ``size``)."""
     return reserve <= 0 or shutil.disk_usage(store_root).free - size >= reserve

@@ -29,7 +29,11 @@ from rollnet.reference.coordinator.blobstore import (
     BlobTooLarge,
     StoredBlob,
 )
-from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
+from rollnet.reference.coordinator.context import (
+    CoordinatorContext,
+    run_to_completion,
+    wait_for,
+)
 from rollnet.reference.coordinator.dispatch import (
     TASK_STATE_TO_PROTO,
     lease_outcome_refusal,
@@ -193,40 +197,39 @@ class WorkDesk:
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
         uploads = self.ctx.uploads
+        room = size + uploads.streaming_bytes()
         present = self.ctx.blobs.exists(digest)
-        if not present and not has_room(self.ctx.blobs.root, size, config.min_free_disk_bytes):
+        if not present and not has_room(self.ctx.blobs.root, room, config.min_free_disk_bytes):
             refused.labels("storage").inc()
             raise Refusal(
                 ErrorReason.STORAGE_FULL,
-                f"storing {size} bytes would leave less than the reserve of "
-                f"{config.min_free_disk_bytes} bytes free",
+                f"storing {size} bytes (with the uploads in flight) would leave less than the "
+                f"reserve of {config.min_free_disk_bytes} bytes free",
                 retry_after=config.blob_sweep_interval.total_seconds(),
             )
-        charged = False
-        if not trusted and not present:
-            try:
-                charged = uploads.reserve(caller.node_id, digest, size)
-            except QuotaExceeded as error:
-                refused.labels("quota").inc()
-                raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
+        # Charged from the header, whether or not the content is stored already (it may be
+        # swept before the stream ends): the stream that creates the file owns it.
+        try:
+            reservation = uploads.begin(None if trusted else caller.node_id, digest, size)
+        except QuotaExceeded as error:
+            refused.labels("quota").inc()
+            raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
+        created = False
         try:
             stored: StoredBlob = await self.ctx.blobs.write(digest, size, chunks)
-        except BaseException as error:
-            if charged:
-                uploads.release(digest)  # nothing was stored: nothing to answer for
-            if isinstance(error, BlobTooLarge):
-                raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
-            if isinstance(error, BlobSizeMismatch):
-                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
-            if isinstance(error, BlobDigestMismatch):
-                raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
-            raise
-        if charged and stored.already_present:
-            uploads.release(digest)  # stored by someone else meanwhile: theirs to answer for
-        elif trusted:
-            # A trainer's upload (a shard its manifest will name) is not an orphan to sweep,
-            # even if the same bytes arrived earlier from a worker.
-            uploads.settle((digest,))
+            created = not stored.already_present
+        except BlobTooLarge as error:
+            raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
+        except BlobSizeMismatch as error:
+            raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
+        except BlobDigestMismatch as error:
+            raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
+        finally:
+            # Cancelled while the file was being written, it may be stored all the same: a file
+            # that was not there at the header and is now is tracked (finish skips a digest
+            # another stream tracked first).
+            created = created or (not present and self.ctx.blobs.exists(digest))
+            uploads.finish(reservation, created=created)
         # No database write here: the file is the blob. Its row is written in the transaction
         # of the commitment (or checkpoint) that references it, saving a commit per upload.
         return blob_service_pb2.UploadBlobResponse(
@@ -402,146 +405,160 @@ class WorkDesk:
                 "binding_digest does not bind this network, node, task, lease and blob",
             )
         uploads = self.ctx.uploads
-        # Pinned from the existence check until the row is written: the orphan sweeper does
-        # not delete a batch a commitment is being recorded for.
-        with uploads.pin((request.rollout_batch.blake3,)):
-            if not self.ctx.blobs.exists(request.rollout_batch.blake3):
-                raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
-            try:
-                digest = request.rollout_batch.blake3
-                if self.ctx.blobs.size(digest) <= _PRECHECKED_BYTES:
-                    # Cheaper to parse here than to hand over to a thread (or read the lease for).
-                    terms = (len(request.rollouts), _PRECHECKED_BYTES)
-                    batch, batch_size = self._load_batch(digest, terms)
-                else:
-                    batch, batch_size = await asyncio.to_thread(
-                        self._checked_batch, caller, request
-                    )
-            except Refusal as refusal:
-                # Without its traceback, the refusal keeps no frame (and no blob) alive.
-                raise refusal.with_traceback(None) from None
-            now = self.ctx.clock()
-            # Everything the receipt covers is known now: sign outside the writer's transaction.
-            commitment_id = secrets.token_hex(12)
-            signature = self.ctx.identity.sign(
-                receipt_message(commitment_id, request.binding_digest, now)
+        digest = request.rollout_batch.blake3
+
+        async def record() -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+            # Pinned from the existence check until the row is written: the orphan sweeper
+            # does not delete a batch a commitment is being recorded for.
+            with uploads.pin((digest,)):
+                return await self._record_commitment(caller, request)
+
+        # To its end even if the caller goes away: the row may be committing on the writer's
+        # thread, and the pin must outlive it (and the settle follow it).
+        response, queued = await run_to_completion(record())
+        signals = self.ctx.signals
+        signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
+        return response
+
+    async def _record_commitment(
+        self, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
+    ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+        """Check the stored batch and record the commitment (its blob pinned by the caller);
+        returns the response and whether a validation job was queued."""
+        config = self.ctx.config
+        if not self.ctx.blobs.exists(request.rollout_batch.blake3):
+            raise Refusal(ErrorReason.BLOB_NOT_FOUND, "upload the rollout batch first")
+        try:
+            digest = request.rollout_batch.blake3
+            if self.ctx.blobs.size(digest) <= _PRECHECKED_BYTES:
+                # Cheaper to parse here than to hand over to a thread (or read the lease for).
+                terms = (len(request.rollouts), _PRECHECKED_BYTES)
+                batch, batch_size = self._load_batch(digest, terms)
+            else:
+                batch, batch_size = await asyncio.to_thread(self._checked_batch, caller, request)
+        except Refusal as refusal:
+            # Without its traceback, the refusal keeps no frame (and no blob) alive.
+            raise refusal.with_traceback(None) from None
+        now = self.ctx.clock()
+        # Everything the receipt covers is known now: sign outside the writer's transaction.
+        commitment_id = secrets.token_hex(12)
+        signature = self.ctx.identity.sign(
+            receipt_message(commitment_id, request.binding_digest, now)
+        )
+        blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
+
+        def check_batch(task: TaskTerms) -> None:
+            if batch_size != request.rollout_batch.size:
+                raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
+            self._check_batch(batch, request, caller, task)
+
+        def refused_or_repeated(
+            session: Session,
+        ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+            # Nothing changed. The same work submitted again (a retry whose first answer was
+            # lost) is answered with the original commitment and receipt; else say why not.
+            task, existing = _task_and_repeat(session, caller, request)
+            if existing is not None:
+                return self._response(session, existing, request.binding_digest), False
+            check_batch(task)
+            outcome = tasks.why_not_submitted(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
             )
-            blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
+            raise lease_outcome_refusal(outcome, f"task {request.task_id}")
 
-            def check_batch(task: TaskTerms) -> None:
-                if batch_size != request.rollout_batch.size:
-                    raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, "rollout_batch.size is wrong")
-                self._check_batch(batch, request, caller, task)
-
-            def refused_or_repeated(
-                session: Session,
-            ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
-                # Nothing changed. The same work submitted again (a retry whose first answer was
-                # lost) is answered with the original commitment and receipt; else say why not.
-                task, existing = _task_and_repeat(session, caller, request)
-                if existing is not None:
-                    return self._response(session, existing, request.binding_digest), False
-                check_batch(task)
-                outcome = tasks.why_not_submitted(
-                    session,
-                    task_id=request.task_id,
-                    lease_id=request.lease_id,
-                    fencing_token=request.fencing_token,
-                    node_id=caller.node_id,
-                    now=now,
-                )
-                raise lease_outcome_refusal(outcome, f"task {request.task_id}")
-
-            def work(
-                session: Session,
-            ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
-                # The common case in one statement: the lease allows it, the task becomes SUBMITTED
-                # and its terms come back. Any refusal below rolls that back with the rest.
-                task = tasks.submit_and_get_terms(
-                    session,
-                    task_id=request.task_id,
-                    lease_id=request.lease_id,
-                    fencing_token=request.fencing_token,
-                    node_id=caller.node_id,
-                    now=now,
-                )
-                if task is None:
-                    return refused_or_repeated(session)
-                check_batch(task)
-                artifacts.record_blob(
-                    session,
-                    blake3_hex=request.rollout_batch.blake3.hex(),
-                    size=batch_size,
-                    location=blob_location,
-                    uploader_id=caller.node_id,
-                    now=now,
-                )
-                prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
-                decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
-                record = commitment_pb2.Commitment(
+        def work(
+            session: Session,
+        ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+            # The common case in one statement: the lease allows it, the task becomes SUBMITTED
+            # and its terms come back. Any refusal below rolls that back with the rest.
+            task = tasks.submit_and_get_terms(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+            )
+            if task is None:
+                return refused_or_repeated(session)
+            check_batch(task)
+            artifacts.record_blob(
+                session,
+                blake3_hex=request.rollout_batch.blake3.hex(),
+                size=batch_size,
+                location=blob_location,
+                uploader_id=caller.node_id,
+                now=now,
+            )
+            prefill = sum(len(r.prompt_token_ids) for r in batch.rollouts)
+            decode = sum(len(r.completion_token_ids) for r in batch.rollouts)
+            record = commitment_pb2.Commitment(
+                commitment_id=commitment_id,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                rollout_batch=request.rollout_batch,
+                checkpoint_step=task.checkpoint_step,
+                rollouts=request.rollouts,
+                claimed_work=request.claimed_work,
+                binding_digest=request.binding_digest,
+                received_at=timestamp(now),
+            )
+            artifacts.record_commitment(
+                session,
+                NewCommitment(
                     commitment_id=commitment_id,
                     task_id=request.task_id,
+                    node_id=caller.node_id,
                     lease_id=request.lease_id,
                     fencing_token=request.fencing_token,
-                    node_id=caller.node_id,
-                    rollout_batch=request.rollout_batch,
-                    checkpoint_step=task.checkpoint_step,
-                    rollouts=request.rollouts,
-                    claimed_work=request.claimed_work,
-                    binding_digest=request.binding_digest,
-                    received_at=timestamp(now),
-                )
-                artifacts.record_commitment(
+                    rollout_blob_hash=request.rollout_batch.blake3.hex(),
+                    proof_blob_hash=None,
+                    sampling_seed=task.seed,
+                    claimed_work=prefill + decode,
+                    request_id=request.request_id,
+                    signature=signature,
+                    record=record.SerializeToString(deterministic=True),
+                ),
+                now=now,
+            )
+            node = nodes.get_standing(session, caller.node_id)
+            assert node is not None
+            probability = spot_check_probability(
+                node.accepted_streak, config.trusted_streak, config.min_validation_rate
+            )
+            check = spot_check_draw(config.seed, commitment_id) < probability
+            if check:
+                validation.enqueue_validation_job(
                     session,
-                    NewCommitment(
-                        commitment_id=commitment_id,
-                        task_id=request.task_id,
-                        node_id=caller.node_id,
-                        lease_id=request.lease_id,
-                        fencing_token=request.fencing_token,
-                        rollout_blob_hash=request.rollout_batch.blake3.hex(),
-                        proof_blob_hash=None,
-                        sampling_seed=task.seed,
-                        claimed_work=prefill + decode,
-                        request_id=request.request_id,
-                        signature=signature,
-                        record=record.SerializeToString(deterministic=True),
-                    ),
+                    job_id=secrets.token_hex(12),
+                    commitment_id=commitment_id,
                     now=now,
+                    check_probability=probability,
                 )
-                node = nodes.get_standing(session, caller.node_id)
-                assert node is not None
-                probability = spot_check_probability(
-                    node.accepted_streak, config.trusted_streak, config.min_validation_rate
+            else:
+                self._credit_unchecked(
+                    session, task, commitment_id, caller.node_id, prefill, decode, now
                 )
-                check = spot_check_draw(config.seed, commitment_id) < probability
-                if check:
-                    validation.enqueue_validation_job(
-                        session,
-                        job_id=secrets.token_hex(12),
-                        commitment_id=commitment_id,
-                        now=now,
-                        check_probability=probability,
-                    )
-                else:
-                    self._credit_unchecked(
-                        session, task, commitment_id, caller.node_id, prefill, decode, now
-                    )
-                # A fresh commitment's state is known without reading it back: PENDING while its
-                # validation is queued, ACCEPTED when the spot check skipped it.
-                record.state = (
-                    commitment_pb2.Commitment.STATE_PENDING
-                    if check
-                    else commitment_pb2.Commitment.STATE_ACCEPTED
-                )
-                return self._receipted(record, request.binding_digest, signature, now), check
+            # A fresh commitment's state is known without reading it back: PENDING while its
+            # validation is queued, ACCEPTED when the spot check skipped it.
+            record.state = (
+                commitment_pb2.Commitment.STATE_PENDING
+                if check
+                else commitment_pb2.Commitment.STATE_ACCEPTED
+            )
+            return self._receipted(record, request.binding_digest, signature, now), check
 
-            response, queued = await self.ctx.run_in_transaction(work)
-            # Recorded: the batch is no longer its uploader's to answer for, nor an orphan.
-            uploads.settle((request.rollout_batch.blake3,))
-            signals = self.ctx.signals
-            signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
-            return response
+        response, queued = await self.ctx.run_in_transaction(work)
+        # Recorded: the batch is no longer its uploader's to answer for, nor an orphan.
+        self.ctx.uploads.settle((request.rollout_batch.blake3,))
+        return response, queued
 
     def _response(
         self, session: Session, row: Commitment, binding_digest: bytes

@@ -21,8 +21,10 @@ compiler is present and loaded with ctypes): ~5x faster per window, bit-identica
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,12 @@ class _Kernel:
             ctypes.POINTER(ctypes.c_uint8),
         ]
         self._encode.restype = ctypes.c_int
+        library.rollnet_kernel_source.restype = ctypes.c_char_p
+        source = path.with_suffix(".c")
+        if source.is_file():
+            built_from = library.rollnet_kernel_source().decode()
+            if built_from != hashlib.sha256(source.read_bytes()).hexdigest():
+                raise OSError(f"{path.name} was built from another version of {source.name}")
         library.rollnet_scratch_doubles.restype = ctypes.c_int
         self._scratch_size = int(library.rollnet_scratch_doubles())
         self._local = threading.local()
@@ -231,6 +239,8 @@ class _Kernel:
         """Residue rows ``x``, ``y`` [B, k] (x distinct per row) -> coefficients [B, k]."""
         x = np.ascontiguousarray(x, dtype=np.int64)
         y = np.ascontiguousarray(y, dtype=np.int64)
+        if x.ndim != 2 or x.shape != y.shape:
+            raise ValueError(f"x and y must be [B, k] of one shape, not {x.shape} and {y.shape}")
         out = np.empty_like(x)
         i64 = ctypes.POINTER(ctypes.c_int64)
         status = self._interpolate(
@@ -275,7 +285,13 @@ def _load_kernel() -> _Kernel | None:
         return None
     try:
         return _Kernel(path)
-    except (OSError, AttributeError):  # built for another platform, or a stale build
+    except (OSError, AttributeError) as error:  # another platform's build, or a stale one
+        warnings.warn(
+            f"rollnet: the compiled field kernel is not used ({error}); reinstall rollnet-sdk "
+            "to rebuild it. Proofs are built with numpy meanwhile (same results, slower).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
@@ -291,6 +307,8 @@ def interpolate(x: Int64Array, y: Int64Array) -> Int64Array:
     """
     x = mod(np.asarray(x, dtype=np.int64))
     y = mod(np.asarray(y, dtype=np.int64))
+    if x.ndim != 2 or x.shape != y.shape:
+        raise ValueError(f"x and y must be [B, k] of one shape, not {x.shape} and {y.shape}")
     k = x.shape[1]
     if x.shape[0] == 0:
         return np.zeros_like(x)

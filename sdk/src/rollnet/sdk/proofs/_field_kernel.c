@@ -98,6 +98,12 @@ static inline __attribute__((always_inline)) void interpolate_one(const double *
 
 int rollnet_scratch_doubles(void) { return SCRATCH_DOUBLES; }
 
+#ifndef ROLLNET_KERNEL_SOURCE
+#define ROLLNET_KERNEL_SOURCE ""
+#endif
+/* SHA-256 of this file as built (see hatch_build.py): the loader refuses a stale library. */
+const char *rollnet_kernel_source(void) { return ROLLNET_KERNEL_SOURCE; }
+
 CLONES int rollnet_interpolate(const int64_t *xs, const int64_t *ys, int64_t *out, int64_t batch,
                                int64_t k, const int64_t *inverse, double *scratch) {
     /* xs, ys, out: [batch, k] row-major; x distinct residues in [0, P), y residues in [0, P).
