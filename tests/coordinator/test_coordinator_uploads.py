@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 
 import blake3
@@ -42,6 +43,17 @@ from rollnet.v1 import blob_service_pb2, common_pb2
 BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
 SHARD = blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD
 DAY = 86_400.0
+
+
+async def _start(config: CoordinatorConfig, **overrides: object) -> Coordinator:
+    """A coordinator whose own sweeper has run its start-up pass and waits an hour for the next:
+    the tests sweep when they choose (a background sweep would race them)."""
+    coordinator = await start_coordinator(
+        with_overrides(config, blob_sweep_interval=timedelta(hours=1), **overrides)
+    )
+    uploads = coordinator.ctx.uploads
+    await wait_until(_now(lambda: uploads.sweeps > 0), what="the start-up sweep")
+    return coordinator
 
 
 def _later(coordinator: Coordinator, seconds: float) -> None:
@@ -80,9 +92,7 @@ async def _commit_one(
 async def test_workers_upload_rollout_batches_only_within_their_quota(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(
-        with_overrides(coordinator_config, upload_quota_bytes=5000)
-    )
+    coordinator = await _start(coordinator_config, upload_quota_bytes=5000)
     trainer = connect(coordinator.address, trainer_identity)
     first_identity, worker = await _worker(coordinator)
     other_identity, other = await _worker(coordinator)
@@ -136,7 +146,7 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
 async def test_a_commitment_frees_its_batch_from_the_quota(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
+    coordinator = await _start(coordinator_config)
     uploads = coordinator.ctx.uploads
     try:
         identity, _, work = await _commit_one(coordinator, trainer_identity)
@@ -163,7 +173,7 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
 async def test_uploads_keep_the_free_space_reserve(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
+    coordinator = await _start(coordinator_config)
     trainer = connect(coordinator.address, trainer_identity)
     _, worker = await _worker(coordinator)
     try:
@@ -189,9 +199,7 @@ async def test_uploads_keep_the_free_space_reserve(
 async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(
-        with_overrides(coordinator_config, upload_quota_bytes=4000)
-    )
+    coordinator = await _start(coordinator_config, upload_quota_bytes=4000)
     trainer = connect(coordinator.address, trainer_identity)
     identity, worker = await _worker(coordinator)
     workers = (identity,)
@@ -233,7 +241,7 @@ async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
 async def test_a_restart_finds_and_sweeps_orphans_of_the_previous_run(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
+    coordinator = await _start(coordinator_config)
     try:
         _, worker, work = await _commit_one(coordinator, trainer_identity)
         orphan = b"left behind by a crash" * 50
@@ -246,11 +254,11 @@ async def test_a_restart_finds_and_sweeps_orphans_of_the_previous_run(
     kept.discard(orphan_digest)
     assert len(kept) == 2, "the committed batch and the checkpoint's shard"
 
-    restarted = await start_coordinator(coordinator_config)
+    restarted = await _start(coordinator_config)
     try:
         uploads = restarted.ctx.uploads
-        # Adopted on start from the files and the database (a background task).
-        await wait_until(_now(lambda: uploads.is_pending(orphan_digest)), what="adoption")
+        # Adopted on start from the files and the database (before the start-up sweep).
+        assert uploads.is_pending(orphan_digest)
         assert all(not uploads.is_pending(digest) for digest in kept)
         assert uploads.pending_bytes() == len(orphan)
         _later(restarted, restarted.ctx.config.orphan_blob_ttl.total_seconds() + 1)
@@ -348,7 +356,7 @@ def test_two_streams_of_one_content_leave_one_owner_and_no_untracked_file() -> N
 async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
     coordinator_config: CoordinatorConfig,
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
+    coordinator = await _start(coordinator_config)
     ctx = coordinator.ctx
     identity, worker = await _worker(coordinator)
     try:
@@ -386,7 +394,7 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
 async def test_the_free_space_reserve_counts_uploads_in_flight(
     coordinator_config: CoordinatorConfig,
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
+    coordinator = await _start(coordinator_config)
     ctx = coordinator.ctx
     _, worker = await _worker(coordinator)
     try:

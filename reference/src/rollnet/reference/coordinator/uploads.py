@@ -95,6 +95,8 @@ class PendingUploads:
         self._total = 0  # pending bytes
         self._streaming = 0  # bytes of every upload still streaming (charged or not)
         self._lock = threading.Lock()
+        #: Sweeps completed (the first one follows the adoption on start).
+        self.sweeps = 0
 
     # ------------------------------------------------------------------ accounting
     def begin(self, node_id: str | None, digest: bytes, size: int) -> Reservation:
@@ -265,6 +267,15 @@ def sweep_orphans(
     replica recorded (or whose answer was replayed from the idempotency record) is settled at
     the next sweep instead of staying charged. Blocking: run it on a thread.
     """
+    try:
+        return _sweep(pending, store, session_factory, ttl)
+    finally:
+        pending.sweeps += 1
+
+
+def _sweep(
+    pending: PendingUploads, store: BlobStore, session_factory: Callable[[], Session], ttl: float
+) -> tuple[int, int]:
     candidates = pending.tracked()
     if not candidates:
         return 0, 0
