@@ -128,6 +128,46 @@ def test_kernel_and_numpy_commit_identical_windows(
     assert committed == toploc.encode_windows(bits), implementation
 
 
+@pytest.mark.parametrize("width", [2, 129, 2048, 65496, 65536, 70000])
+def test_kernel_and_numpy_pick_the_same_top_k(
+    width: int, implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(width)
+    rows = np.stack(
+        [
+            toploc.bf16_bits(rng.standard_normal(width).astype(np.float32)),
+            toploc.bf16_bits(np.round(rng.standard_normal(width) * 2).astype(np.float32)),
+            np.full(width, 0x3F80, dtype=np.uint16),
+            rng.integers(0, 1 << 16, width).astype(np.uint16),  # NaN, inf, -0 and all the rest
+        ]
+    )
+    k = min(128, width - 1)
+    picked = toploc.top_k_indices(rows, k)
+    monkeypatch.setattr(_field, "KERNEL", None)
+    expected = toploc.top_k_indices(rows, k)
+    assert np.array_equal(np.sort(picked, axis=1), np.sort(expected, axis=1)), implementation
+
+
+def test_kernel_and_numpy_evaluate_and_verify_identically(
+    implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(3)
+    coefficients = rng.integers(0, P, size=(5, 128))
+    points = rng.integers(0, P, size=(5, 128))
+    evaluated = _field.evaluate(coefficients, points)
+    # Honest, tampered and malformed proofs over several rollouts of different lengths.
+    hidden = [rng.standard_normal((n, 64)).astype(np.float32) for n in (5, 32, 70, 64)]
+    proofs = [toploc.build_proof(h) for h in hidden]
+    proofs[1] = proofs[1][:10] + bytes([proofs[1][10] ^ 0xFF]) + proofs[1][11:]
+    proofs[2] = proofs[2][:-1]
+    tampered = hidden[3] * np.float32(1.01)
+    checked = toploc.verify_proofs(proofs, [*hidden[:3], tampered])
+    monkeypatch.setattr(_field, "KERNEL", None)
+    assert np.array_equal(evaluated, _field.evaluate(coefficients, points))
+    again = toploc.verify_proofs(proofs, [*hidden[:3], tampered])
+    assert repr(checked) == repr(again), implementation
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 17, 64, 128])
 def test_interpolation_matches_slow_reference(k: int, implementation: str) -> None:
     rng = np.random.default_rng(k)

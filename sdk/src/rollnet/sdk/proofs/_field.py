@@ -216,6 +216,19 @@ class _Kernel:
             ctypes.POINTER(ctypes.c_uint8),
         ]
         self._encode.restype = ctypes.c_int
+        self._top_k = library.rollnet_top_k
+        self._top_k.argtypes = [
+            ctypes.POINTER(ctypes.c_uint16),
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            f64,
+            i64,
+        ]
+        self._top_k.restype = ctypes.c_int
+        self._evaluate = library.rollnet_evaluate
+        self._evaluate.argtypes = [i64, i64, i64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+        self._evaluate.restype = ctypes.c_int
         library.rollnet_kernel_source.restype = ctypes.c_char_p
         source = path.with_suffix(".c")
         if source.is_file():
@@ -275,6 +288,46 @@ class _Kernel:
         )
         return out.tobytes() if status == 0 else None
 
+    def top_k(self, bits: npt.NDArray[np.uint16], k: int) -> Int64Array | None:
+        """Each row's top-k flat indices (the set ``toploc.top_k_indices`` picks, ascending);
+        None when not 0 < k < n <= 65536."""
+        bits = np.ascontiguousarray(bits, dtype=np.uint16)
+        batch, n = bits.shape
+        if not 0 < k < n <= 1 << 16:
+            return None
+        out = np.empty((batch, k), dtype=np.int64)
+        status = self._top_k(
+            bits.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+            batch,
+            n,
+            k,
+            self._scratch(),
+            out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+        )
+        return out if status == 0 else None
+
+    def evaluate(self, coefficients: Int64Array, x: Int64Array) -> Int64Array | None:
+        """Residue polynomials [B, n] at residue points [B, q], q <= 256; None out of range."""
+        coefficients = np.ascontiguousarray(coefficients, dtype=np.int64)
+        x = np.ascontiguousarray(x, dtype=np.int64)
+        if coefficients.ndim != 2 or x.ndim != 2 or coefficients.shape[0] != x.shape[0]:
+            raise ValueError("coefficients [B, n] and points [B, q] must have the same rows")
+        batch, count = coefficients.shape
+        points = x.shape[1]
+        if not (count >= 1 and 1 <= points <= self.MAX_K):
+            return None
+        out = np.empty((batch, points), dtype=np.int64)
+        i64 = ctypes.POINTER(ctypes.c_int64)
+        status = self._evaluate(
+            coefficients.ctypes.data_as(i64),
+            x.ctypes.data_as(i64),
+            out.ctypes.data_as(i64),
+            batch,
+            count,
+            points,
+        )
+        return out if status == 0 else None
+
 
 def _load_kernel() -> _Kernel | None:
     """The compiled kernel, or None (not built, or ``ROLLNET_FIELD_KERNEL=0``)."""
@@ -332,6 +385,10 @@ def interpolate_numpy(x: Int64Array, y: Int64Array) -> Int64Array:
 
 def evaluate(coefficients: Int64Array, x: Int64Array) -> Int64Array:
     """Evaluate polynomials [B, n] at points [B, q]: returns [B, q] in [0, p)."""
-    return _evaluate_many(
-        mod(np.asarray(coefficients, dtype=np.int64)), np.asarray(x, dtype=np.int64)
-    )
+    coefficients = mod(np.asarray(coefficients, dtype=np.int64))
+    x = np.asarray(x, dtype=np.int64)
+    if KERNEL is not None and x.ndim == 2 and x.shape[0]:
+        evaluated = KERNEL.evaluate(coefficients, mod(x))
+        if evaluated is not None:
+            return evaluated
+    return _evaluate_many(coefficients, x)

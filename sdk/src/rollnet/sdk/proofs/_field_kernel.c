@@ -201,3 +201,34 @@ CLONES int rollnet_encode(const uint16_t *bits, int64_t batch, int64_t n, int64_
     }
     return 0;
 }
+
+CLONES int rollnet_top_k(const uint16_t *bits, int64_t batch, int64_t n, int64_t k,
+                         double *scratch, int64_t *out) {
+    /* out[batch, k]: each row's top-k flat indices (toploc.top_k_indices' set), ascending.
+     * 0 < k < n <= 65536. Returns 0, or -1 if out of range. */
+    if (k < 1 || k >= n || n > 65536) return -1;
+    for (int64_t b = 0; b < batch; b++)
+        top_k(bits + b * n, n, k, (int32_t *)(scratch + MAX_K * MAX_K), out + b * k);
+    return 0;
+}
+
+CLONES int rollnet_evaluate(const int64_t *coefficients, const int64_t *xs, int64_t *out,
+                            int64_t batch, int64_t count, int64_t points) {
+    /* out[b, j] = sum_e coefficients[b, e] * xs[b, j]^e mod P (Horner), for residues in [0, P).
+     * Returns 0, or -1 if count or points is out of range. */
+    double x[MAX_K], acc[MAX_K];
+    if (count < 1 || points < 1 || points > MAX_K) return -1;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *c = coefficients + b * count;
+        for (int64_t j = 0; j < points; j++) {
+            x[j] = (double)xs[b * points + j];
+            acc[j] = 0.0;
+        }
+        for (int64_t e = count - 1; e >= 0; e--) {
+            const double ce = (double)c[e];
+            for (int64_t j = 0; j < points; j++) acc[j] = reduce(acc[j] * x[j] + ce);
+        }
+        for (int64_t j = 0; j < points; j++) out[b * points + j] = (int64_t)acc[j];
+    }
+    return 0;
+}
