@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -31,6 +32,7 @@ from coordinator_testing import (
     publish_checkpoint as publish_test_checkpoint,
 )
 
+from rollnet.reference.coordinator import blobstore
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
@@ -161,7 +163,8 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
         # the commitment of: the sweep finds the row, keeps the file and stops charging for it.
         uploads.clock = time.time
         reservation = uploads.begin(identity.node_id, digest, len(work.batch))
-        uploads.finish(reservation, created=True)
+        uploads.created(reservation, len(work.batch))
+        uploads.finish(reservation, stored=True)
         assert uploads.pending_bytes(identity.node_id) == len(work.batch)
         assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)  # young: looked up all the same
         assert coordinator.ctx.blobs.exists(digest)
@@ -299,7 +302,10 @@ def test_the_store_lists_blobs_only(tmp_path: Path) -> None:
 
 
 def _upload(pending: PendingUploads, node: str | None, digest: bytes, created: bool) -> None:
-    pending.finish(pending.begin(node, digest, 10), created=created)
+    reservation = pending.begin(node, digest, 10)
+    if created:
+        pending.created(reservation, 10)
+    pending.finish(reservation, stored=True)
 
 
 def test_the_tracker_never_deletes_what_changed_since_it_was_listed(tmp_path: Path) -> None:
@@ -336,21 +342,34 @@ def test_two_streams_of_one_content_leave_one_owner_and_no_untracked_file() -> N
     first = pending.begin("a", digest, 10)
     second = pending.begin("b", digest, 10)  # both charged while they stream
     assert (pending.pending_bytes("a"), pending.pending_bytes("b")) == (10, 10)
-    assert pending.streaming_bytes() == 20
     with pytest.raises(QuotaExceeded):
         pending.begin("a", bytes([1]) * 32, 10)
-    # The second stream stores the file; the first then finds it stored (or fails): the file is
-    # tracked and charged to the second, the first is charged nothing.
-    pending.finish(second, created=True)
-    pending.finish(first, created=False)
+    pending.received(first, 4)
+    pending.received(second, 10)
+    assert pending.streaming_bytes() == 14, "bytes received, not declared"
+    # The second stream's bytes become the file; the first then finds it stored (or fails):
+    # the file is tracked and charged to the second, the first is charged nothing.
+    pending.created(second, 10)
+    pending.finish(second, stored=True)
+    pending.finish(first, stored=False)
     assert pending.is_pending(digest)
     assert (pending.pending_bytes("a"), pending.pending_bytes("b")) == (0, 10)
     assert pending.streaming_bytes() == 0
+    # Re-sending a file it owns (a retry whose answer was lost) costs its owner nothing more.
+    retry = pending.begin("b", digest, 10)
+    assert pending.pending_bytes("b") == 10
+    pending.finish(retry, stored=True)
+    # A cancelled stream: the rename (and its report) comes after the caller's finish.
+    late = pending.begin("a", bytes([2]) * 32, 5)
+    pending.finish(late, stored=False)
+    pending.created(late, 5)
+    assert pending.is_pending(bytes([2]) * 32)
+    assert pending.pending_bytes("a") == 5
     # A trusted upload of the same content takes it over, uncharged.
     _upload(pending, None, digest, created=False)
     assert pending.is_pending(digest)
     assert pending.pending_bytes("b") == 0
-    assert pending.pending_bytes() == 10
+    assert pending.pending_bytes() == 15
 
 
 async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
@@ -358,14 +377,15 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
 ) -> None:
     coordinator = await _start(coordinator_config)
     ctx = coordinator.ctx
-    identity, worker = await _worker(coordinator)
+    _, first = await _worker(coordinator)
+    identity, second = await _worker(coordinator)
     try:
         data = b"swept while a second upload of it streams" * 20
         digest = blake3.blake3(data).digest()
-        await worker.blobs.upload(data, BATCH)
-        # A second upload of the same bytes sends its header while the file is there ...
+        await first.blobs.upload(data, BATCH)
+        # Another node's upload of the same bytes sends its header while the file is there ...
         go_on = asyncio.Event()
-        call = worker.channel.stream_unary(
+        call = second.channel.stream_unary(
             method_path("BlobService", "UploadBlob"),
             request_serializer=None,
             response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
@@ -377,7 +397,8 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
             yield upload_chunk(data).SerializeToString()
 
         answer = asyncio.ensure_future(call(stream(), timeout=10))
-        await wait_until(_now(lambda: ctx.uploads.streaming_bytes() > 0), what="the header")
+        charged = _now(lambda: ctx.uploads.pending_bytes(identity.node_id) > 0)
+        await wait_until(charged, what="the header")
         # ... the sweep deletes it meanwhile, and the stream then stores it again.
         _later(coordinator, ctx.config.orphan_blob_ttl.total_seconds() + 1)
         assert await sweep_orphan_blobs(ctx) == (1, len(data))
@@ -388,6 +409,50 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
         assert ctx.uploads.is_pending(digest), "a stored, unreferenced file is always tracked"
         assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
     finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
+    coordinator_config: CoordinatorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = await _start(coordinator_config)
+    ctx = coordinator.ctx
+    identity, worker = await _worker(coordinator)
+    # A busy disk: the store's fsync waits until the test lets it go.
+    syncing, release = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        syncing.set()
+        release.wait(10)
+        fsync(fd)
+
+    monkeypatch.setattr(blobstore.os, "fsync", slow_fsync)
+    try:
+        data = os.urandom(10_000)
+        digest = blake3.blake3(data).digest()
+        call = worker.channel.stream_unary(
+            method_path("BlobService", "UploadBlob"),
+            request_serializer=None,
+            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        )
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield upload_header(digest, len(data)).SerializeToString()
+            yield upload_chunk(data).SerializeToString()
+
+        upload = call(stream(), timeout=10)
+        await wait_until(_now(syncing.is_set), what="the store's fsync")
+        upload.cancel()  # the worker gives up while the file is being written
+        with pytest.raises(asyncio.CancelledError):
+            await upload
+        await wait_until(_now(lambda: ctx.uploads.streaming_bytes() == 0), what="the handler")
+        release.set()
+        await wait_until(_now(lambda: ctx.blobs.exists(digest)), what="the rename")
+        await wait_until(_now(lambda: ctx.uploads.is_pending(digest)), what="tracking")
+        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
+    finally:
+        release.set()
         await coordinator.stop(grace=0.5)
 
 
@@ -402,10 +467,11 @@ async def test_the_free_space_reserve_counts_uploads_in_flight(
         reserve = max(free - (512 << 20), 0)
         ctx.config = with_overrides(ctx.config, min_free_disk_bytes=reserve)
         await worker.blobs.upload(b"fits while nothing else is in flight", BATCH)
-        in_flight = ctx.uploads.begin(None, bytes(32), 1 << 30)  # a 1 GiB upload streaming
+        in_flight = ctx.uploads.begin(None, bytes(32), 2 << 30)  # a 2 GiB upload streaming,
+        ctx.uploads.received(in_flight, 1 << 30)  # half of it received so far
         refused = await _refused(worker, b"does not fit beside the one in flight")
         assert refused.reason == ErrorReason.STORAGE_FULL
-        ctx.uploads.finish(in_flight, created=False)
+        ctx.uploads.finish(in_flight, stored=False)
         await worker.blobs.upload(b"does not fit beside the one in flight", BATCH)
     finally:
         await coordinator.stop(grace=0.5)

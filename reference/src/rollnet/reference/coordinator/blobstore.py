@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
 _TMP_SUFFIX = ".partial"
+
+log = logging.getLogger(__name__)
 
 
 class BlobDigestMismatch(ValueError):
@@ -102,11 +105,20 @@ class BlobStore:
             data = self._cache.get(digest)
         return len(data) if data is not None else os.stat(self._path(digest)).st_size
 
-    async def write(self, digest: bytes, size: int, chunks: AsyncIterator[bytes]) -> StoredBlob:
+    async def write(
+        self,
+        digest: bytes,
+        size: int,
+        chunks: AsyncIterator[bytes],
+        on_created: Callable[[int], None] | None = None,
+    ) -> StoredBlob:
         """Store the streamed bytes if they hash to ``digest`` and total ``size``.
 
         Raises :class:`BlobTooLarge`, :class:`BlobSizeMismatch` or :class:`BlobDigestMismatch`;
         nothing is stored then. Content already stored is drained and not rewritten.
+        ``on_created(size)`` is called (on a worker thread) the moment the file gets its final
+        name: also when the caller was cancelled meanwhile, since the thread that fsyncs and
+        renames cannot be stopped and finishes the store on its own.
         """
         if size > self.max_bytes:
             raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
@@ -120,7 +132,7 @@ class BlobStore:
         gather = size <= self._cache_blob_limit
         kept: list[bytes] = []
         fd, temporary = (-1, "") if gather else self._create(final)
-        renamed = False
+        handed_off = False  # the file is the worker thread's to settle or clean up
         try:
             async for chunk in chunks:
                 received += len(chunk)
@@ -139,35 +151,34 @@ class BlobStore:
                 )
             if self.exists(digest):
                 return StoredBlob(digest, size, already_present=True)
+            handed_off = True
             if gather:
                 data = b"".join(kept)
-                await asyncio.to_thread(self._store, final, data)
+                await asyncio.to_thread(self._store, final, data, on_created)
                 self._remember(digest, data)
             else:
                 # The fsync waits on the disk for milliseconds: not on the event loop.
-                await asyncio.to_thread(_settle, fd, temporary, final)
-                renamed = True
+                await asyncio.to_thread(_settle_and_close, fd, temporary, final, size, on_created)
         finally:
-            if not gather:
+            if not gather and not handed_off:
                 os.close(fd)
-                if not renamed:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temporary)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
         return StoredBlob(digest, size, already_present=False)
 
-    def _store(self, final: str, data: bytes) -> None:
+    def _store(
+        self, final: str, data: bytes, on_created: Callable[[int], None] | None = None
+    ) -> None:
         """Write ``data`` to a temporary file, fsync it and rename it to ``final`` (blocking)."""
         fd, path = self._create(final)
-        renamed = False
         try:
             _write_all(fd, data)
-            _settle(fd, path, final)
-            renamed = True
-        finally:
+        except BaseException:
             os.close(fd)
-            if not renamed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        _settle_and_close(fd, path, final, len(data), on_created)
 
     def read_range(self, digest: bytes, offset: int, length: int) -> tuple[int, bytes]:
         """Return ``(total size, bytes[offset:offset+length])``; length 0 means to the end."""
@@ -214,21 +225,30 @@ class BlobStore:
                 os.unlink(doomed)
 
     def stored(self) -> Iterator[tuple[bytes, int, float]]:
-        """Every stored blob as ``(digest, size, modification time)``, lazily."""
+        """Every stored blob as ``(digest, size, modification time)``, lazily. An entry or
+        directory that cannot be read is skipped (and logged), not fatal."""
         with os.scandir(self._root) as shards:
             prefixes = sorted(e.name for e in shards if e.is_dir() and len(e.name) == 2)
         for prefix in prefixes:
-            with os.scandir(os.path.join(self._root, prefix)) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if len(name) != 64 or not name.startswith(prefix):
-                        continue  # temporary files and anything else that is not a blob
-                    try:
-                        digest = bytes.fromhex(name)
-                        stat = entry.stat()
-                    except (ValueError, FileNotFoundError):
-                        continue
-                    yield digest, stat.st_size, stat.st_mtime
+            try:
+                with os.scandir(os.path.join(self._root, prefix)) as entries:
+                    listed = [(e.name, e) for e in entries]
+            except OSError as error:
+                log.warning("blob directory %s/%s unreadable: %s", self._root, prefix, error)
+                continue
+            for name, entry in listed:
+                if len(name) != 64 or not name.startswith(prefix):
+                    continue  # temporary files and anything else that is not a blob
+                try:
+                    digest = bytes.fromhex(name)
+                    stat = entry.stat()
+                except ValueError:
+                    continue
+                except OSError as error:
+                    if not isinstance(error, FileNotFoundError):
+                        log.warning("blob %s unreadable: %s", name, error)
+                    continue
+                yield digest, stat.st_size, stat.st_mtime
 
     def _create(self, final: str) -> tuple[int, str]:
         """Open a new temporary file next to ``final``: ``(fd, path)``."""
@@ -262,10 +282,23 @@ class BlobStore:
                 self._cached_bytes -= len(evicted)
 
 
-def _settle(fd: int, temporary: str, final: str) -> None:
-    """Make the written file durable, then give it its final name."""
-    os.fsync(fd)
-    os.replace(temporary, final)
+def _settle_and_close(
+    fd: int, temporary: str, final: str, size: int, on_created: Callable[[int], None] | None
+) -> None:
+    """Make the written file durable, give it its final name and close it (or, failing, remove
+    it); then tell ``on_created``. Owns ``fd`` and the temporary file from the call on."""
+    renamed = False
+    try:
+        os.fsync(fd)
+        os.replace(temporary, final)
+        renamed = True
+    finally:
+        os.close(fd)
+        if not renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+    if on_created is not None:
+        on_created(size)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -131,12 +131,11 @@ class CheckpointDesk:
                 self._check_shards_stored(manifest)
                 recorded = await self.ctx.run_in_transaction(work)
                 uploads.settle(shards)
-                return recorded
+            self.ctx.signals.fire(self.ctx.signals.checkpoint_published)
+            return recorded
 
         # To its end even if the caller goes away: the pin must outlive the transaction.
-        response = await run_to_completion(record())
-        self.ctx.signals.fire(self.ctx.signals.checkpoint_published)
-        return response
+        return await run_to_completion(record())
 
     def _check_shards_stored(self, manifest: checkpoint_pb2.CheckpointManifest) -> None:
         for item in manifest.files:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import queue
 import threading
 from collections.abc import Callable, Coroutine
@@ -28,6 +29,8 @@ from rollnet.sdk.verifier import KnownKey
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0
 
@@ -35,18 +38,28 @@ PROTOCOL_MINOR = 0
 async def run_to_completion(coroutine: Coroutine[Any, Any, T]) -> T:
     """Await ``coroutine`` as a task that runs to its end even if the caller is cancelled.
 
-    The caller's cancellation still propagates to the caller; the task finishes on its own (and
-    its outcome is consumed, so an error is not reported as never retrieved). For work whose
-    bookkeeping must follow a database write that a cancellation cannot stop anyway.
+    The caller's cancellation still propagates to the caller; the task finishes on its own, and
+    an error it ends with then (nobody left to answer) is logged. For work whose bookkeeping
+    must follow a database write that a cancellation cannot stop anyway.
     """
     task = asyncio.ensure_future(coroutine)
-    task.add_done_callback(_consume_outcome)
-    return await asyncio.shield(task)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_orphaned_outcome)
+        raise
 
 
-def _consume_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+def _log_orphaned_outcome(task: asyncio.Future[Any]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.warning(
+            "work finished after its caller went away, with an error: %r",
+            error,
+            exc_info=error if not hasattr(error, "reason") else None,
+        )
 
 
 def utc_now() -> datetime:

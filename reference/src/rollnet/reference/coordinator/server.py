@@ -218,17 +218,23 @@ async def sweep_orphan_blobs(ctx: CoordinatorContext) -> tuple[int, int]:
 
 
 async def _sweep_blobs_forever(ctx: CoordinatorContext) -> None:
-    """Adopt what the last run left unreferenced (retried until it succeeds), and sweep."""
-    adopted: int | None = None
+    """Adopt what the last run left unreferenced (tried again at each sweep until it succeeds;
+    sweeping goes on meanwhile), and sweep."""
+    adopted = False
 
     async def sweep() -> None:
         nonlocal adopted
-        if adopted is None:
-            adopted = await asyncio.to_thread(
-                uploads.adopt_unreferenced, ctx.uploads, ctx.blobs, ctx.sessions
-            )
-            if adopted:
-                log.info("unreferenced blobs found on start", extra={"files": adopted})
+        if not adopted:
+            try:
+                found = await asyncio.to_thread(
+                    uploads.adopt_unreferenced, ctx.uploads, ctx.blobs, ctx.sessions
+                )
+            except Exception:
+                log.exception("could not look for unreferenced blobs left by an earlier run")
+            else:
+                adopted = True
+                if found:
+                    log.info("unreferenced blobs found on start", extra={"files": found})
         await sweep_orphan_blobs(ctx)
 
     await _every(ctx.config.blob_sweep_interval.total_seconds(), sweep)

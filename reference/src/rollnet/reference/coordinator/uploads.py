@@ -73,17 +73,21 @@ class _Pending:
 class Reservation:
     """One upload stream's claim, from its header until :meth:`PendingUploads.finish`."""
 
-    node_id: str | None  # None: not charged (a trusted uploader)
+    node_id: str | None  # None: a trusted uploader (never charged)
     digest: bytes
     size: int
+    charged: bool  # whether ``size`` was charged to ``node_id`` at the header
+    received: int = 0
 
 
 class PendingUploads:
     """Stored uploads no record references yet, by digest, and every node's charge.
 
-    A node is charged for the uploads it is streaming and for the files its uploads created that
-    nothing references yet. Accounting is per stream, not per digest: two streams of the same
-    content are both charged while they run, and whichever creates the file owns it.
+    A node is charged for the uploads it is streaming (their declared size, from the header) and
+    for the files its uploads created that nothing references yet. Accounting is per stream, not
+    per digest: two streams of the same content are both charged while they run, and the one
+    whose bytes become the file owns it. Re-sending a file the node already owns (a retry whose
+    answer was lost) is not charged again.
     """
 
     def __init__(self, quota_bytes: int, clock: Callable[[], float] = time.time) -> None:
@@ -93,20 +97,22 @@ class PendingUploads:
         self._charged: Counter[str] = Counter()  # streaming + pending bytes, per node
         self._pins: Counter[bytes] = Counter()
         self._total = 0  # pending bytes
-        self._streaming = 0  # bytes of every upload still streaming (charged or not)
+        self._streaming = 0  # bytes received so far by the uploads still streaming
         self._lock = threading.Lock()
         #: Sweeps completed (the first one follows the adoption on start).
         self.sweeps = 0
 
     # ------------------------------------------------------------------ accounting
     def begin(self, node_id: str | None, digest: bytes, size: int) -> Reservation:
-        """Claim room for an upload before its bytes arrive (``node_id`` None: not charged).
+        """Claim room for an upload before its bytes arrive (``node_id`` None: trusted).
 
         Raises :class:`QuotaExceeded` when the node's charge plus ``size`` would exceed the
         quota. Every reservation must end with :meth:`finish`.
         """
         with self._lock:
-            if node_id is not None:
+            charged = False
+            owned = self._pending.get(digest)
+            if node_id is not None and (owned is None or owned.node_id != node_id):
                 used = self._charged[node_id]
                 if used + size > self.quota_bytes:
                     raise QuotaExceeded(
@@ -116,27 +122,40 @@ class PendingUploads:
                         f"orphan TTL)"
                     )
                 self._charged[node_id] += size
-            self._streaming += size
-            return Reservation(node_id, digest, size)
+                charged = True
+            return Reservation(node_id, digest, size, charged)
 
-    def finish(self, reservation: Reservation, *, created: bool) -> None:
-        """End a stream: ``created`` when its bytes are now a stored file they were not before.
+    def received(self, reservation: Reservation, count: int) -> None:
+        """``count`` more bytes of the stream arrived."""
+        with self._lock:
+            reservation.received += count
+            self._streaming += count
 
-        A created file is tracked (charged to its uploader unless trusted) until a record
-        references it or it is swept. A trusted upload also takes over a tracked file of the same
-        content (a trainer's shard a worker happened to upload first): uncharged, aged anew.
+    def created(self, reservation: Reservation, size: int) -> None:
+        """The stream's bytes became the stored file (called on the thread that renamed it,
+        possibly after :meth:`finish` if the caller was cancelled): it is tracked, charged to
+        its uploader unless trusted, until a record references it or it is swept."""
+        with self._lock:
+            if reservation.digest not in self._pending:
+                owner = UNKNOWN_UPLOADER if reservation.node_id is None else reservation.node_id
+                self._track(reservation.digest, _Pending(owner, size, self.clock()))
+
+    def finish(self, reservation: Reservation, *, stored: bool) -> None:
+        """End a stream (``stored``: it completed, its content is stored now).
+
+        A trusted upload that completed takes over a tracked file of the same content (a
+        trainer's shard a worker happened to upload first): uncharged, aged anew.
         """
         with self._lock:
-            self._streaming -= reservation.size
-            if reservation.node_id is not None:
+            self._streaming -= reservation.received
+            if reservation.charged and reservation.node_id is not None:
                 self._uncharge(reservation.node_id, reservation.size)
-            digest, trusted = reservation.digest, reservation.node_id is None
-            if trusted and digest in self._pending:
-                self._drop(digest)
-                created = True
-            if created and digest not in self._pending:
-                owner = UNKNOWN_UPLOADER if reservation.node_id is None else reservation.node_id
-                self._track(digest, _Pending(owner, reservation.size, self.clock()))
+            entry = self._pending.get(reservation.digest)
+            if stored and reservation.node_id is None and entry is not None:
+                self._drop(reservation.digest)
+                self._track(
+                    reservation.digest, _Pending(UNKNOWN_UPLOADER, entry.size, self.clock())
+                )
 
     def settle(self, digests: Iterable[bytes]) -> None:
         """These blobs are referenced now: they stop counting and are never swept."""
@@ -156,7 +175,9 @@ class PendingUploads:
             return self._total if node_id is None else self._charged[node_id]
 
     def streaming_bytes(self) -> int:
-        """Bytes of the uploads still streaming: the disk must have room for them too."""
+        """Bytes received so far by the uploads still streaming (held in memory, or in temporary
+        files the disk's free space already shows): counted against the reserve. A stream that
+        sent its header and nothing else holds no room."""
         with self._lock:
             return self._streaming
 
@@ -222,15 +243,23 @@ class PendingUploads:
                 entry = self._pending.get(digest)
                 if entry is None or entry.since > cutoff or self._pins[digest] > 0:
                     continue
-                detached = store.detach(digest)
+                try:
+                    detached = store.detach(digest)
+                except OSError as error:  # kept, and tried again at the next sweep
+                    log.warning("orphan blob %s not deleted: %s", digest.hex(), error)
+                    continue
                 self._drop(digest)
             files += 1
             freed += entry.size
             if detached is not None:
                 doomed.append(detached)
         for path in doomed:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:  # a renamed-away file: removed on the next start
+                log.warning("could not unlink %s: %s", path, error)
         return files, freed
 
 

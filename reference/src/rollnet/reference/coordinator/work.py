@@ -198,26 +198,36 @@ class WorkDesk:
             )
         uploads = self.ctx.uploads
         room = size + uploads.streaming_bytes()
-        present = self.ctx.blobs.exists(digest)
-        if not present and not has_room(self.ctx.blobs.root, room, config.min_free_disk_bytes):
+        if not self.ctx.blobs.exists(digest) and not has_room(
+            self.ctx.blobs.root, room, config.min_free_disk_bytes
+        ):
             refused.labels("storage").inc()
             raise Refusal(
                 ErrorReason.STORAGE_FULL,
-                f"storing {size} bytes (with the uploads in flight) would leave less than the "
-                f"reserve of {config.min_free_disk_bytes} bytes free",
+                f"storing {size} bytes (with what uploads in flight have sent) would leave less "
+                f"than the reserve of {config.min_free_disk_bytes} bytes free",
                 retry_after=config.blob_sweep_interval.total_seconds(),
             )
         # Charged from the header, whether or not the content is stored already (it may be
-        # swept before the stream ends): the stream that creates the file owns it.
+        # swept before the stream ends); the stream whose bytes become the file owns it, told
+        # by the thread that renames it into place (even if this call is cancelled meanwhile).
         try:
             reservation = uploads.begin(None if trusted else caller.node_id, digest, size)
         except QuotaExceeded as error:
             refused.labels("quota").inc()
             raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
-        created = False
+
+        async def counted() -> AsyncIterator[bytes]:
+            async for chunk in chunks:
+                uploads.received(reservation, len(chunk))
+                yield chunk
+
+        completed = False
         try:
-            stored: StoredBlob = await self.ctx.blobs.write(digest, size, chunks)
-            created = not stored.already_present
+            stored: StoredBlob = await self.ctx.blobs.write(
+                digest, size, counted(), lambda actual: uploads.created(reservation, actual)
+            )
+            completed = True
         except BlobTooLarge as error:
             raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
         except BlobSizeMismatch as error:
@@ -225,11 +235,7 @@ class WorkDesk:
         except BlobDigestMismatch as error:
             raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
         finally:
-            # Cancelled while the file was being written, it may be stored all the same: a file
-            # that was not there at the header and is now is tracked (finish skips a digest
-            # another stream tracked first).
-            created = created or (not present and self.ctx.blobs.exists(digest))
-            uploads.finish(reservation, created=created)
+            uploads.finish(reservation, stored=completed)
         # No database write here: the file is the blob. Its row is written in the transaction
         # of the commitment (or checkpoint) that references it, saving a commit per upload.
         return blob_service_pb2.UploadBlobResponse(
@@ -407,18 +413,18 @@ class WorkDesk:
         uploads = self.ctx.uploads
         digest = request.rollout_batch.blake3
 
-        async def record() -> tuple[commitment_service_pb2.SubmitCommitmentResponse, bool]:
+        async def record() -> commitment_service_pb2.SubmitCommitmentResponse:
             # Pinned from the existence check until the row is written: the orphan sweeper
             # does not delete a batch a commitment is being recorded for.
             with uploads.pin((digest,)):
-                return await self._record_commitment(caller, request)
+                response, queued = await self._record_commitment(caller, request)
+            signals = self.ctx.signals
+            signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
+            return response
 
         # To its end even if the caller goes away: the row may be committing on the writer's
-        # thread, and the pin must outlive it (and the settle follow it).
-        response, queued = await run_to_completion(record())
-        signals = self.ctx.signals
-        signals.fire(signals.jobs_available if queued else signals.rollouts_accepted)
-        return response
+        # thread, and the pin must outlive it (and the settle and wake-ups follow it).
+        return await run_to_completion(record())
 
     async def _record_commitment(
         self, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
