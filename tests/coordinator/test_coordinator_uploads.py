@@ -32,7 +32,7 @@ from coordinator_testing import (
     publish_checkpoint as publish_test_checkpoint,
 )
 
-from rollnet.reference.coordinator import blobstore
+from rollnet.reference.coordinator import blobstore, work
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
@@ -277,6 +277,10 @@ def _shard_digests(root: Path, exclude: bytes) -> set[bytes]:
     return {digest for digest, _, _ in store.stored()} - {blake3.blake3(exclude).digest()}
 
 
+def _partials(root: Path) -> list[Path]:
+    return list(root.rglob("*.partial"))
+
+
 def _now(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     async def checked() -> bool:
         return check()
@@ -454,6 +458,91 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
     finally:
         release.set()
         await coordinator.stop(grace=0.5)
+
+
+def test_a_free_re_send_is_one_at_a_time_of_the_same_size_and_charged_if_it_stores() -> None:
+    pending = PendingUploads(quota_bytes=25)
+    digest = bytes(32)
+    _upload(pending, "b", digest, created=True)  # b owns a 10-byte file
+    resend = pending.begin("b", digest, 10)
+    assert pending.pending_bytes("b") == 10, "a retry of a lost answer is free"
+    concurrent = pending.begin("b", digest, 10)  # a second re-send at once is charged
+    assert pending.pending_bytes("b") == 20
+    with pytest.raises(QuotaExceeded):
+        pending.begin("b", digest, 64 << 20)  # another size is another upload: charged
+    # The file was swept meanwhile (b now answers for the concurrent re-send and another
+    # upload): the free re-send would store it anew, and is charged first.
+    pending.settle([digest])
+    other = pending.begin("b", bytes([5]) * 32, 10)
+    assert pending.pending_bytes("b") == 20
+    with pytest.raises(QuotaExceeded):
+        pending.admit(resend)  # 20 + 10 > 25: refused, nothing stored
+    pending.finish(other, stored=False)
+    pending.finish(concurrent, stored=False)
+    pending.admit(resend)
+    assert pending.pending_bytes("b") == 10
+    pending.created(resend, 10)
+    pending.finish(resend, stored=True)
+    assert pending.pending_bytes("b") == 10
+    assert pending.is_pending(digest)
+
+
+async def test_a_large_upload_stops_when_the_disk_reaches_the_reserve(
+    coordinator_config: CoordinatorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = await _start(coordinator_config)
+    ctx = coordinator.ctx
+    identity, worker = await _worker(coordinator)
+    checks: list[int] = []
+
+    def disk_fills(root: object, size: int, reserve: int) -> bool:
+        checks.append(size)
+        return len(checks) == 1  # room at the header, none once bytes have arrived
+
+    monkeypatch.setattr(work, "has_room", disk_fills)
+    try:
+        data = os.urandom(9 << 20)
+        refused = await _refused(worker, data)
+        assert (refused.reason, refused.retry_after is not None) == (ErrorReason.STORAGE_FULL, True)
+        assert len(checks) == 2, "checked at the header, then again mid-stream"
+        assert not ctx.blobs.exists(blake3.blake3(data).digest())
+        assert not _partials(ctx.blobs.root), "the temporary file is removed"
+        assert ctx.uploads.pending_bytes(identity.node_id) == 0
+        assert ctx.uploads.streaming_bytes() == 0
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_a_store_cancelled_before_its_thread_starts_still_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BlobStore(tmp_path, max_bytes=16 << 20, cache_blob_bytes=1 << 20)
+    # A busy executor: the fsync-and-rename job waits in the queue.
+    queued, start = asyncio.Event(), asyncio.Event()
+    to_thread = asyncio.to_thread
+
+    async def busy_executor(function: Callable[..., object], *args: object) -> object:
+        queued.set()
+        await start.wait()
+        return await to_thread(function, *args)
+
+    monkeypatch.setattr(blobstore.asyncio, "to_thread", busy_executor)
+    created: list[int] = []
+    data = os.urandom(3 << 20)  # streamed to a temporary file
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield data
+
+    digest = blake3.blake3(data).digest()
+    writing = asyncio.ensure_future(store.write(digest, len(data), chunks(), created.append))
+    await wait_until(_now(queued.is_set), what="the job to be queued")
+    writing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    start.set()
+    await wait_until(_now(lambda: created == [len(data)]), what="the store to complete")
+    assert store.path_of(digest).read_bytes() == data
+    assert not _partials(tmp_path)
 
 
 async def test_the_free_space_reserve_counts_uploads_in_flight(

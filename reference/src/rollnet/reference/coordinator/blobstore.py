@@ -95,6 +95,11 @@ class BlobStore:
             removed += 1
         return removed
 
+    def streams_to_disk(self, size: int) -> bool:
+        """Whether a blob of ``size`` bytes is written to its temporary file as it arrives
+        (larger than the in-memory limit) rather than gathered in memory."""
+        return size > self._cache_blob_limit
+
     def exists(self, digest: bytes) -> bool:
         """Whether the blob is stored."""
         return digest in self._cache or os.path.isfile(self._path(digest))
@@ -111,6 +116,7 @@ class BlobStore:
         size: int,
         chunks: AsyncIterator[bytes],
         on_created: Callable[[int], None] | None = None,
+        admit: Callable[[int], None] | None = None,
     ) -> StoredBlob:
         """Store the streamed bytes if they hash to ``digest`` and total ``size``.
 
@@ -118,7 +124,9 @@ class BlobStore:
         nothing is stored then. Content already stored is drained and not rewritten.
         ``on_created(size)`` is called (on a worker thread) the moment the file gets its final
         name: also when the caller was cancelled meanwhile, since the thread that fsyncs and
-        renames cannot be stopped and finishes the store on its own.
+        renames cannot be stopped and finishes the store on its own. ``admit(size)``, called on
+        the event loop just before a new file is stored (not for content already stored), may
+        raise to refuse it.
         """
         if size > self.max_bytes:
             raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
@@ -129,7 +137,7 @@ class BlobStore:
         # worker thread: creating, writing, fsyncing and renaming a file each wait on the file
         # system (whose journal the database's fsyncs share), never on the event loop. Large
         # ones stream into their temporary file as they arrive.
-        gather = size <= self._cache_blob_limit
+        gather = not self.streams_to_disk(size)
         kept: list[bytes] = []
         fd, temporary = (-1, "") if gather else self._create(final)
         handed_off = False  # the file is the worker thread's to settle or clean up
@@ -151,14 +159,23 @@ class BlobStore:
                 )
             if self.exists(digest):
                 return StoredBlob(digest, size, already_present=True)
+            if admit is not None:
+                admit(size)  # may refuse (raises): nothing is stored then
             handed_off = True
+            # Shielded: once handed to the executor, the job runs to its end even if this call
+            # is cancelled (a cancelled job that had not started would leave the file open).
             if gather:
                 data = b"".join(kept)
-                await asyncio.to_thread(self._store, final, data, on_created)
+                await asyncio.shield(
+                    asyncio.ensure_future(asyncio.to_thread(self._store, final, data, on_created))
+                )
                 self._remember(digest, data)
             else:
                 # The fsync waits on the disk for milliseconds: not on the event loop.
-                await asyncio.to_thread(_settle_and_close, fd, temporary, final, size, on_created)
+                settle = asyncio.to_thread(
+                    _settle_and_close, fd, temporary, final, size, on_created
+                )
+                await asyncio.shield(asyncio.ensure_future(settle))
         finally:
             if not gather and not handed_off:
                 os.close(fd)
@@ -293,12 +310,18 @@ def _settle_and_close(
         os.replace(temporary, final)
         renamed = True
     finally:
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError as error:  # after a successful fsync and rename, the blob is stored
+            log.warning("closing %s: %s", temporary, error)
         if not renamed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
     if on_created is not None:
-        on_created(size)
+        try:
+            on_created(size)
+        except Exception:  # the blob is stored all the same: say so, do not fail the upload
+            log.exception("recording the new blob %s failed", os.path.basename(final))
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -76,7 +76,8 @@ class Reservation:
     node_id: str | None  # None: a trusted uploader (never charged)
     digest: bytes
     size: int
-    charged: bool  # whether ``size`` was charged to ``node_id`` at the header
+    charged: bool  # whether ``size`` is charged to ``node_id`` for this stream
+    resend: bool = False  # a free re-send of a file the node owns
     received: int = 0
 
 
@@ -87,7 +88,8 @@ class PendingUploads:
     for the files its uploads created that nothing references yet. Accounting is per stream, not
     per digest: two streams of the same content are both charged while they run, and the one
     whose bytes become the file owns it. Re-sending a file the node already owns (a retry whose
-    answer was lost) is not charged again.
+    answer was lost: same digest, same size, one at a time) is not charged again, unless the
+    file is gone by the end and the re-send would store it anew.
     """
 
     def __init__(self, quota_bytes: int, clock: Callable[[], float] = time.time) -> None:
@@ -98,6 +100,7 @@ class PendingUploads:
         self._pins: Counter[bytes] = Counter()
         self._total = 0  # pending bytes
         self._streaming = 0  # bytes received so far by the uploads still streaming
+        self._resending: set[bytes] = set()  # files a free re-send is streaming for
         self._lock = threading.Lock()
         #: Sweeps completed (the first one follows the adoption on start).
         self.sweeps = 0
@@ -110,20 +113,41 @@ class PendingUploads:
         quota. Every reservation must end with :meth:`finish`.
         """
         with self._lock:
-            charged = False
+            if node_id is None:
+                return Reservation(None, digest, size, charged=False)
             owned = self._pending.get(digest)
-            if node_id is not None and (owned is None or owned.node_id != node_id):
-                used = self._charged[node_id]
-                if used + size > self.quota_bytes:
-                    raise QuotaExceeded(
-                        f"{used} bytes of this node's uploads are in flight or not referenced "
-                        f"by any commitment yet; {size} more would exceed its quota of "
-                        f"{self.quota_bytes} bytes (unreferenced uploads are deleted after the "
-                        f"orphan TTL)"
-                    )
-                self._charged[node_id] += size
-                charged = True
-            return Reservation(node_id, digest, size, charged)
+            if (
+                owned is not None
+                and owned.node_id == node_id
+                and owned.size == size
+                and digest not in self._resending
+            ):
+                # A re-send of a file the node owns (a retry whose answer was lost): free, one at
+                # a time per file; should the file be swept meanwhile, :meth:`admit` charges the
+                # new one before it is stored.
+                self._resending.add(digest)
+                return Reservation(node_id, digest, size, charged=False, resend=True)
+            self._charge(node_id, size)
+            return Reservation(node_id, digest, size, charged=True)
+
+    def admit(self, reservation: Reservation) -> None:
+        """A new file is about to be stored from this stream: a free re-send is charged now
+        (raises :class:`QuotaExceeded` if that does not fit), anything else already was."""
+        if reservation.node_id is None or reservation.charged:
+            return
+        with self._lock:
+            self._charge(reservation.node_id, reservation.size)
+            reservation.charged = True
+
+    def _charge(self, node_id: str, size: int) -> None:
+        used = self._charged[node_id]
+        if used + size > self.quota_bytes:
+            raise QuotaExceeded(
+                f"{used} bytes of this node's uploads are in flight or not referenced by any "
+                f"commitment yet; {size} more would exceed its quota of {self.quota_bytes} bytes "
+                f"(unreferenced uploads are deleted after the orphan TTL)"
+            )
+        self._charged[node_id] += size
 
     def received(self, reservation: Reservation, count: int) -> None:
         """``count`` more bytes of the stream arrived."""
@@ -148,6 +172,8 @@ class PendingUploads:
         """
         with self._lock:
             self._streaming -= reservation.received
+            if reservation.resend:
+                self._resending.discard(reservation.digest)
             if reservation.charged and reservation.node_id is not None:
                 self._uncharge(reservation.node_id, reservation.size)
             entry = self._pending.get(reservation.digest)

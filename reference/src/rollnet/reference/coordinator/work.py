@@ -164,6 +164,10 @@ def spot_check_draw(seed: int, commitment_id: str) -> float:
     return value / 2**64
 
 
+_RESERVE_CHECK_BYTES = 4 << 20
+"""A large upload checks the free-space reserve again every this many bytes received."""
+
+
 class WorkDesk:
     """Receives uploads and commitments, routes validation, records verdicts."""
 
@@ -217,17 +221,39 @@ class WorkDesk:
             refused.labels("quota").inc()
             raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
 
+        to_disk = self.ctx.blobs.streams_to_disk(size)
+
         async def counted() -> AsyncIterator[bytes]:
+            checked = 0
             async for chunk in chunks:
                 uploads.received(reservation, len(chunk))
+                if to_disk and reservation.received - checked >= _RESERVE_CHECK_BYTES:
+                    # A large upload's bytes land in its temporary file as they come: the reserve
+                    # is checked again as the disk fills, not only at the header.
+                    checked = reservation.received
+                    if not has_room(self.ctx.blobs.root, 0, config.min_free_disk_bytes):
+                        refused.labels("storage").inc()
+                        raise Refusal(
+                            ErrorReason.STORAGE_FULL,
+                            f"the disk reached the reserve of {config.min_free_disk_bytes} "
+                            f"bytes free during the upload",
+                            retry_after=config.blob_sweep_interval.total_seconds(),
+                        )
                 yield chunk
 
         completed = False
         try:
             stored: StoredBlob = await self.ctx.blobs.write(
-                digest, size, counted(), lambda actual: uploads.created(reservation, actual)
+                digest,
+                size,
+                counted(),
+                on_created=lambda actual: uploads.created(reservation, actual),
+                admit=lambda _size: uploads.admit(reservation),
             )
             completed = True
+        except QuotaExceeded as error:
+            refused.labels("quota").inc()
+            raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
         except BlobTooLarge as error:
             raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
         except BlobSizeMismatch as error:
