@@ -419,7 +419,7 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
 async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
     coordinator_config: CoordinatorConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coordinator = await _start(coordinator_config)
+    coordinator = await _start(coordinator_config, upload_quota_bytes=15_000)
     ctx = coordinator.ctx
     identity, worker = await _worker(coordinator)
     # A busy disk: the store's fsync waits until the test lets it go.
@@ -450,10 +450,17 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
         upload.cancel()  # the worker gives up while the file is being written
         with pytest.raises(asyncio.CancelledError):
             await upload
-        await wait_until(_now(lambda: ctx.uploads.streaming_bytes() == 0), what="the handler")
+        # Until the store ends, the upload still holds its quota and its room: the worker
+        # cannot start another quota's worth meanwhile.
+        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
+        assert ctx.uploads.buffered_bytes() == len(data)
+        with pytest.raises(RollnetError) as refused:
+            await worker.blobs.upload(os.urandom(len(data)), BATCH)
+        assert refused.value.reason == ErrorReason.UPLOAD_QUOTA_EXCEEDED
         release.set()
-        await wait_until(_now(lambda: ctx.blobs.exists(digest)), what="the rename")
         await wait_until(_now(lambda: ctx.uploads.is_pending(digest)), what="tracking")
+        await wait_until(_now(lambda: ctx.uploads.streaming_bytes() == 0), what="the store")
+        assert ctx.blobs.exists(digest)
         assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
     finally:
         release.set()
@@ -513,6 +520,47 @@ async def test_a_large_upload_stops_when_the_disk_reaches_the_reserve(
         await coordinator.stop(grace=0.5)
 
 
+async def test_a_small_upload_is_checked_against_the_reserve_before_it_is_stored(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    coordinator = await _start(coordinator_config)
+    ctx = coordinator.ctx
+    identity, worker = await _worker(coordinator)
+    try:
+        free = shutil.disk_usage(ctx.blobs.root).free
+        ctx.config = with_overrides(ctx.config, min_free_disk_bytes=max(free - (512 << 20), 0))
+        data = b"admitted at its header, not at its end" * 100
+        digest = blake3.blake3(data).digest()
+        go_on = asyncio.Event()
+        call = worker.channel.stream_unary(
+            method_path("BlobService", "UploadBlob"),
+            request_serializer=None,
+            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        )
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield upload_header(digest, len(data)).SerializeToString()
+            await go_on.wait()
+            yield upload_chunk(data).SerializeToString()
+
+        answer = asyncio.ensure_future(call(stream(), timeout=10))
+        charged = _now(lambda: ctx.uploads.pending_bytes(identity.node_id) > 0)
+        await wait_until(charged, what="the header")
+        # Meanwhile other small uploads came to hold 1 GiB in memory (headers sent first).
+        others = ctx.uploads.begin(None, bytes(32), 1 << 30, in_memory=True)
+        ctx.uploads.received(others, 1 << 30)
+        go_on.set()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await answer
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert not ctx.blobs.exists(digest)
+        ctx.uploads.finish(others, stored=False)
+        assert ctx.uploads.pending_bytes(identity.node_id) == 0
+        assert ctx.uploads.buffered_bytes() == 0
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
 async def test_a_store_cancelled_before_its_thread_starts_still_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -534,13 +582,18 @@ async def test_a_store_cancelled_before_its_thread_starts_still_completes(
         yield data
 
     digest = blake3.blake3(data).digest()
-    writing = asyncio.ensure_future(store.write(digest, len(data), chunks(), created.append))
+    done: list[bool] = []
+    writing = asyncio.ensure_future(
+        store.write(digest, len(data), chunks(), created.append, on_done=done.append)
+    )
     await wait_until(_now(queued.is_set), what="the job to be queued")
     writing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await writing
+    assert done == [], "the write is not over while its job is queued"
     start.set()
-    await wait_until(_now(lambda: created == [len(data)]), what="the store to complete")
+    await wait_until(_now(lambda: done == [True]), what="the store to complete")
+    assert created == [len(data)]
     assert store.path_of(digest).read_bytes() == data
     assert not _partials(tmp_path)
 
@@ -556,8 +609,9 @@ async def test_the_free_space_reserve_counts_uploads_in_flight(
         reserve = max(free - (512 << 20), 0)
         ctx.config = with_overrides(ctx.config, min_free_disk_bytes=reserve)
         await worker.blobs.upload(b"fits while nothing else is in flight", BATCH)
-        in_flight = ctx.uploads.begin(None, bytes(32), 2 << 30)  # a 2 GiB upload streaming,
-        ctx.uploads.received(in_flight, 1 << 30)  # half of it received so far
+        # Uploads in flight hold 1 GiB in memory (not on the disk yet).
+        in_flight = ctx.uploads.begin(None, bytes(32), 2 << 30, in_memory=True)
+        ctx.uploads.received(in_flight, 1 << 30)
         refused = await _refused(worker, b"does not fit beside the one in flight")
         assert refused.reason == ErrorReason.STORAGE_FULL
         ctx.uploads.finish(in_flight, stored=False)

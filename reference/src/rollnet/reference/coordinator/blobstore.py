@@ -117,31 +117,48 @@ class BlobStore:
         chunks: AsyncIterator[bytes],
         on_created: Callable[[int], None] | None = None,
         admit: Callable[[int], None] | None = None,
+        on_done: Callable[[bool], None] | None = None,
     ) -> StoredBlob:
         """Store the streamed bytes if they hash to ``digest`` and total ``size``.
 
         Raises :class:`BlobTooLarge`, :class:`BlobSizeMismatch` or :class:`BlobDigestMismatch`;
         nothing is stored then. Content already stored is drained and not rewritten.
-        ``on_created(size)`` is called (on a worker thread) the moment the file gets its final
-        name: also when the caller was cancelled meanwhile, since the thread that fsyncs and
-        renames cannot be stopped and finishes the store on its own. ``admit(size)``, called on
-        the event loop just before a new file is stored (not for content already stored), may
-        raise to refuse it.
+
+        * ``admit(size)``, called on the event loop just before a new file is stored (not for
+          content already stored), may raise to refuse it.
+        * ``on_created(size)`` is called (on a worker thread) the moment the file gets its final
+          name.
+        * ``on_done(stored)`` is called exactly once, when the write is over: ``stored`` when the
+          content is stored (anew or already). Once the file is handed to the thread that fsyncs
+          and renames it, that thread cannot be stopped: if this call is cancelled then, the
+          store finishes on its own and ``on_done`` follows it, not the cancellation.
         """
-        if size > self.max_bytes:
-            raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
-        final = self._path(digest)
-        hasher = blake3.blake3()
-        received = 0
-        # Small blobs (rollout batches) are gathered in memory and written by one call on a
-        # worker thread: creating, writing, fsyncing and renaming a file each wait on the file
-        # system (whose journal the database's fsyncs share), never on the event loop. Large
-        # ones stream into their temporary file as they arrive.
-        gather = not self.streams_to_disk(size)
-        kept: list[bytes] = []
-        fd, temporary = (-1, "") if gather else self._create(final)
+        finished = False
+
+        def done(stored: bool) -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                if on_done is not None:
+                    on_done(stored)
+
+        deferred = False  # done() is left to the job that outlived a cancelled call
         handed_off = False  # the file is the worker thread's to settle or clean up
+        gather = not self.streams_to_disk(size)
+        fd, temporary = -1, ""
         try:
+            if size > self.max_bytes:
+                raise BlobTooLarge(f"blob of {size} bytes exceeds the cap of {self.max_bytes}")
+            final = self._path(digest)
+            hasher = blake3.blake3()
+            received = 0
+            # Small blobs (rollout batches) are gathered in memory and written by one call on a
+            # worker thread: creating, writing, fsyncing and renaming a file each wait on the
+            # file system (whose journal the database's fsyncs share), never on the event loop.
+            # Large ones stream into their temporary file as they arrive.
+            kept: list[bytes] = []
+            if not gather:
+                fd, temporary = self._create(final)
             async for chunk in chunks:
                 received += len(chunk)
                 if received > size:
@@ -158,30 +175,38 @@ class BlobStore:
                     f"content hashes to {hasher.hexdigest()}, declared {digest.hex()}"
                 )
             if self.exists(digest):
+                done(True)
                 return StoredBlob(digest, size, already_present=True)
             if admit is not None:
                 admit(size)  # may refuse (raises): nothing is stored then
             handed_off = True
-            # Shielded: once handed to the executor, the job runs to its end even if this call
-            # is cancelled (a cancelled job that had not started would leave the file open).
             if gather:
                 data = b"".join(kept)
-                await asyncio.shield(
-                    asyncio.ensure_future(asyncio.to_thread(self._store, final, data, on_created))
-                )
-                self._remember(digest, data)
+                job = asyncio.ensure_future(asyncio.to_thread(self._store, final, data, on_created))
             else:
                 # The fsync waits on the disk for milliseconds: not on the event loop.
-                settle = asyncio.to_thread(
-                    _settle_and_close, fd, temporary, final, size, on_created
+                job = asyncio.ensure_future(
+                    asyncio.to_thread(_settle_and_close, fd, temporary, final, size, on_created)
                 )
-                await asyncio.shield(asyncio.ensure_future(settle))
+            # Shielded: once handed to the executor, the job runs to its end even if this call
+            # is cancelled (a cancelled job that had not started would leave the file open).
+            try:
+                await asyncio.shield(job)
+            except asyncio.CancelledError:
+                deferred = True
+                job.add_done_callback(lambda finished_job: done(_succeeded(finished_job)))
+                raise
+            if gather:
+                self._remember(digest, data)
+            done(True)
+            return StoredBlob(digest, size, already_present=False)
         finally:
-            if not gather and not handed_off:
+            if not gather and not handed_off and fd >= 0:
                 os.close(fd)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temporary)
-        return StoredBlob(digest, size, already_present=False)
+            if not deferred:
+                done(False)  # nothing, if done(True) came first
 
     def _store(
         self, final: str, data: bytes, on_created: Callable[[int], None] | None = None
@@ -297,6 +322,17 @@ class BlobStore:
             while self._cached_bytes > self._cache_limit:
                 _, evicted = self._cache.popitem(last=False)
                 self._cached_bytes -= len(evicted)
+
+
+def _succeeded(job: asyncio.Future[None]) -> bool:
+    """Whether a store job that outlived its caller stored its file (its error is logged)."""
+    if job.cancelled():
+        return False
+    error = job.exception()
+    if error is not None:
+        log.error("storing a blob after its upload was cancelled failed: %r", error)
+        return False
+    return True
 
 
 def _settle_and_close(

@@ -78,6 +78,7 @@ class Reservation:
     size: int
     charged: bool  # whether ``size`` is charged to ``node_id`` for this stream
     resend: bool = False  # a free re-send of a file the node owns
+    in_memory: bool = False  # gathered in memory until stored (not yet on the disk)
     received: int = 0
 
 
@@ -101,20 +102,25 @@ class PendingUploads:
         self._total = 0  # pending bytes
         self._streaming = 0  # bytes received so far by the uploads still streaming
         self._resending: set[bytes] = set()  # files a free re-send is streaming for
+        self._buffered = 0  # of _streaming, the bytes held in memory (not on the disk yet)
         self._lock = threading.Lock()
         #: Sweeps completed (the first one follows the adoption on start).
         self.sweeps = 0
 
     # ------------------------------------------------------------------ accounting
-    def begin(self, node_id: str | None, digest: bytes, size: int) -> Reservation:
-        """Claim room for an upload before its bytes arrive (``node_id`` None: trusted).
+    def begin(
+        self, node_id: str | None, digest: bytes, size: int, *, in_memory: bool = False
+    ) -> Reservation:
+        """Claim room for an upload before its bytes arrive (``node_id`` None: trusted;
+        ``in_memory``: its bytes are gathered in memory until stored).
 
         Raises :class:`QuotaExceeded` when the node's charge plus ``size`` would exceed the
-        quota. Every reservation must end with :meth:`finish`.
+        quota. Every reservation must end with :meth:`finish`, once its bytes are stored or
+        dropped (not when its caller goes away: a store in progress still needs the room).
         """
         with self._lock:
             if node_id is None:
-                return Reservation(None, digest, size, charged=False)
+                return Reservation(None, digest, size, charged=False, in_memory=in_memory)
             owned = self._pending.get(digest)
             if (
                 owned is not None
@@ -126,9 +132,11 @@ class PendingUploads:
                 # a time per file; should the file be swept meanwhile, :meth:`admit` charges the
                 # new one before it is stored.
                 self._resending.add(digest)
-                return Reservation(node_id, digest, size, charged=False, resend=True)
+                return Reservation(
+                    node_id, digest, size, charged=False, resend=True, in_memory=in_memory
+                )
             self._charge(node_id, size)
-            return Reservation(node_id, digest, size, charged=True)
+            return Reservation(node_id, digest, size, charged=True, in_memory=in_memory)
 
     def admit(self, reservation: Reservation) -> None:
         """A new file is about to be stored from this stream: a free re-send is charged now
@@ -154,6 +162,8 @@ class PendingUploads:
         with self._lock:
             reservation.received += count
             self._streaming += count
+            if reservation.in_memory:
+                self._buffered += count
 
     def created(self, reservation: Reservation, size: int) -> None:
         """The stream's bytes became the stored file (called on the thread that renamed it,
@@ -172,6 +182,8 @@ class PendingUploads:
         """
         with self._lock:
             self._streaming -= reservation.received
+            if reservation.in_memory:
+                self._buffered -= reservation.received
             if reservation.resend:
                 self._resending.discard(reservation.digest)
             if reservation.charged and reservation.node_id is not None:
@@ -206,6 +218,12 @@ class PendingUploads:
         sent its header and nothing else holds no room."""
         with self._lock:
             return self._streaming
+
+    def buffered_bytes(self) -> int:
+        """Bytes of uploads in flight held in memory, not yet on the disk: the disk's free space
+        does not show them yet."""
+        with self._lock:
+            return self._buffered
 
     def is_pending(self, digest: bytes) -> bool:
         """Whether ``digest`` is a stored upload nothing references yet."""

@@ -164,10 +164,6 @@ def spot_check_draw(seed: int, commitment_id: str) -> float:
     return value / 2**64
 
 
-_RESERVE_CHECK_BYTES = 4 << 20
-"""A large upload checks the free-space reserve again every this many bytes received."""
-
-
 class WorkDesk:
     """Receives uploads and commitments, routes validation, records verdicts."""
 
@@ -201,56 +197,69 @@ class WorkDesk:
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
         uploads = self.ctx.uploads
-        room = size + uploads.streaming_bytes()
-        if not self.ctx.blobs.exists(digest) and not has_room(
-            self.ctx.blobs.root, room, config.min_free_disk_bytes
-        ):
+
+        def storage_full(what: str) -> Refusal:
             refused.labels("storage").inc()
-            raise Refusal(
+            return Refusal(
                 ErrorReason.STORAGE_FULL,
-                f"storing {size} bytes (with what uploads in flight have sent) would leave less "
-                f"than the reserve of {config.min_free_disk_bytes} bytes free",
+                f"{what} would leave less than the reserve of {config.min_free_disk_bytes} "
+                f"bytes free",
                 retry_after=config.blob_sweep_interval.total_seconds(),
             )
+
+        # The reserve is kept at the header, at every chunk of a large upload (written to its
+        # temporary file as it comes) and before a small one is stored; bytes held in memory by
+        # uploads in flight count, as the disk's free space does not show them yet.
+        if not self.ctx.blobs.exists(digest) and not has_room(
+            self.ctx.blobs.root, size + uploads.buffered_bytes(), config.min_free_disk_bytes
+        ):
+            raise storage_full(f"storing {size} bytes")
         # Charged from the header, whether or not the content is stored already (it may be
         # swept before the stream ends); the stream whose bytes become the file owns it, told
         # by the thread that renames it into place (even if this call is cancelled meanwhile).
+        to_disk = self.ctx.blobs.streams_to_disk(size)
         try:
-            reservation = uploads.begin(None if trusted else caller.node_id, digest, size)
+            reservation = uploads.begin(
+                None if trusted else caller.node_id, digest, size, in_memory=not to_disk
+            )
         except QuotaExceeded as error:
             refused.labels("quota").inc()
             raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
 
-        to_disk = self.ctx.blobs.streams_to_disk(size)
-
         async def counted() -> AsyncIterator[bytes]:
-            checked = 0
             async for chunk in chunks:
                 uploads.received(reservation, len(chunk))
-                if to_disk and reservation.received - checked >= _RESERVE_CHECK_BYTES:
-                    # A large upload's bytes land in its temporary file as they come: the reserve
-                    # is checked again as the disk fills, not only at the header.
-                    checked = reservation.received
-                    if not has_room(self.ctx.blobs.root, 0, config.min_free_disk_bytes):
-                        refused.labels("storage").inc()
-                        raise Refusal(
-                            ErrorReason.STORAGE_FULL,
-                            f"the disk reached the reserve of {config.min_free_disk_bytes} "
-                            f"bytes free during the upload",
-                            retry_after=config.blob_sweep_interval.total_seconds(),
-                        )
+                # Written to the temporary file before any other coroutine runs: the check and
+                # the write cannot interleave with another upload's.
+                if to_disk and not has_room(
+                    self.ctx.blobs.root,
+                    len(chunk) + uploads.buffered_bytes(),
+                    config.min_free_disk_bytes,
+                ):
+                    # Read (and drop) the rest before answering: a client still sending when
+                    # the call ends sees gRPC's INTERNAL instead of this refusal.
+                    async for _ in chunks:
+                        pass
+                    raise storage_full("the rest of this upload")
                 yield chunk
 
-        completed = False
+        def admit(_size: int) -> None:
+            uploads.admit(reservation)
+            # Its bytes and those of the other small uploads not on the disk yet must fit now.
+            if not to_disk and not has_room(
+                self.ctx.blobs.root, uploads.buffered_bytes(), config.min_free_disk_bytes
+            ):
+                raise storage_full(f"storing these {size} bytes")
+
         try:
             stored: StoredBlob = await self.ctx.blobs.write(
                 digest,
                 size,
                 counted(),
                 on_created=lambda actual: uploads.created(reservation, actual),
-                admit=lambda _size: uploads.admit(reservation),
+                admit=admit,
+                on_done=lambda complete: uploads.finish(reservation, stored=complete),
             )
-            completed = True
         except QuotaExceeded as error:
             refused.labels("quota").inc()
             raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
@@ -260,8 +269,6 @@ class WorkDesk:
             raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
         except BlobDigestMismatch as error:
             raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
-        finally:
-            uploads.finish(reservation, stored=completed)
         # No database write here: the file is the blob. Its row is written in the transaction
         # of the commitment (or checkpoint) that references it, saving a commit per upload.
         return blob_service_pb2.UploadBlobResponse(
