@@ -277,6 +277,27 @@ def _shard_digests(root: Path, exclude: bytes) -> set[bytes]:
     return {digest for digest, _, _ in store.stored()} - {blake3.blake3(exclude).digest()}
 
 
+async def _upload_held(
+    client: RollnetClient, digest: bytes, data: bytes, go_on: asyncio.Event | None
+) -> blob_service_pb2.UploadBlobResponse:
+    """Upload ``data`` as one chunk, its header sent first and the chunk only once ``go_on`` is
+    set (at once when None); raises grpc.aio.AioRpcError when refused."""
+    call = client.channel.stream_unary(
+        method_path("BlobService", "UploadBlob"),
+        request_serializer=None,
+        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+    )
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield upload_header(digest, len(data)).SerializeToString()
+        if go_on is not None:
+            await go_on.wait()
+        yield upload_chunk(data).SerializeToString()
+
+    response: blob_service_pb2.UploadBlobResponse = await call(stream(), timeout=10)
+    return response
+
+
 def _partials(root: Path) -> list[Path]:
     return list(root.rglob("*.partial"))
 
@@ -389,18 +410,7 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
         await first.blobs.upload(data, BATCH)
         # Another node's upload of the same bytes sends its header while the file is there ...
         go_on = asyncio.Event()
-        call = second.channel.stream_unary(
-            method_path("BlobService", "UploadBlob"),
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
-        )
-
-        async def stream() -> AsyncIterator[bytes]:
-            yield upload_header(digest, len(data)).SerializeToString()
-            await go_on.wait()
-            yield upload_chunk(data).SerializeToString()
-
-        answer = asyncio.ensure_future(call(stream(), timeout=10))
+        answer = asyncio.ensure_future(_upload_held(second, digest, data, go_on))
         charged = _now(lambda: ctx.uploads.pending_bytes(identity.node_id) > 0)
         await wait_until(charged, what="the header")
         # ... the sweep deletes it meanwhile, and the stream then stores it again.
@@ -435,17 +445,7 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
     try:
         data = os.urandom(10_000)
         digest = blake3.blake3(data).digest()
-        call = worker.channel.stream_unary(
-            method_path("BlobService", "UploadBlob"),
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
-        )
-
-        async def stream() -> AsyncIterator[bytes]:
-            yield upload_header(digest, len(data)).SerializeToString()
-            yield upload_chunk(data).SerializeToString()
-
-        upload = call(stream(), timeout=10)
+        upload = asyncio.ensure_future(_upload_held(worker, digest, data, None))
         await wait_until(_now(syncing.is_set), what="the store's fsync")
         upload.cancel()  # the worker gives up while the file is being written
         with pytest.raises(asyncio.CancelledError):
@@ -532,18 +532,7 @@ async def test_a_small_upload_is_checked_against_the_reserve_before_it_is_stored
         data = b"admitted at its header, not at its end" * 100
         digest = blake3.blake3(data).digest()
         go_on = asyncio.Event()
-        call = worker.channel.stream_unary(
-            method_path("BlobService", "UploadBlob"),
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
-        )
-
-        async def stream() -> AsyncIterator[bytes]:
-            yield upload_header(digest, len(data)).SerializeToString()
-            await go_on.wait()
-            yield upload_chunk(data).SerializeToString()
-
-        answer = asyncio.ensure_future(call(stream(), timeout=10))
+        answer = asyncio.ensure_future(_upload_held(worker, digest, data, go_on))
         charged = _now(lambda: ctx.uploads.pending_bytes(identity.node_id) > 0)
         await wait_until(charged, what="the header")
         # Meanwhile other small uploads came to hold 1 GiB in memory (headers sent first).
