@@ -550,6 +550,53 @@ async def test_a_small_upload_is_checked_against_the_reserve_before_it_is_stored
         await coordinator.stop(grace=0.5)
 
 
+async def test_a_refused_large_upload_frees_its_room_before_reading_the_rest(
+    coordinator_config: CoordinatorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = await _start(coordinator_config)
+    ctx = coordinator.ctx
+    identity, worker = await _worker(coordinator)
+    checks: list[int] = []
+
+    def disk_fills(root: object, size: int, reserve: int) -> bool:
+        checks.append(size)
+        return len(checks) == 1  # room at the header, none for the first chunk
+
+    monkeypatch.setattr(work, "has_room", disk_fills)
+    call = worker.channel.stream_unary(
+        method_path("BlobService", "UploadBlob"),
+        request_serializer=None,
+        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+    )
+    declared, piece = 4 << 20, 1 << 20
+    go_on = asyncio.Event()
+    pulled: list[int] = []
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield upload_header(bytes(32), declared).SerializeToString()
+        yield upload_chunk(bytes(piece)).SerializeToString()
+        await go_on.wait()
+        while True:  # more than declared: the server stops reading at the declared size
+            pulled.append(piece)
+            yield upload_chunk(bytes(piece)).SerializeToString()
+
+    try:
+        answer = asyncio.ensure_future(call(stream(), timeout=60))
+        await wait_until(_now(lambda: len(checks) == 2), what="the refused chunk")
+        # While the rest is read, the refused upload holds no file, no charge and no room.
+        released = _now(lambda: ctx.uploads.streaming_bytes() == 0)
+        await wait_until(released, within=5, what="the release")
+        assert not _partials(ctx.blobs.root)
+        assert ctx.uploads.pending_bytes(identity.node_id) == 0
+        go_on.set()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await answer
+        assert len(pulled) < 64, "the drain is bounded by the declared size"
+    finally:
+        go_on.set()
+        await coordinator.stop(grace=0.5)
+
+
 async def test_a_store_cancelled_before_its_thread_starts_still_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

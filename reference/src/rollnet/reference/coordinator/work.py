@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import secrets
@@ -164,6 +165,24 @@ def spot_check_draw(seed: int, commitment_id: str) -> float:
     return value / 2**64
 
 
+_DRAIN_SECONDS = 30.0
+"""Longest a refused upload's remaining bytes are read before the refusal is sent."""
+
+
+async def _drain(chunks: AsyncIterator[bytes], limit: int, seconds: float) -> None:
+    """Read and drop up to ``limit`` more bytes of ``chunks``, for at most ``seconds``."""
+
+    async def read() -> None:
+        left = limit
+        async for chunk in chunks:
+            left -= len(chunk)
+            if left <= 0:
+                return
+
+    with contextlib.suppress(Exception):  # the refusal is the answer, whatever happens here
+        await asyncio.wait_for(read(), seconds)
+
+
 class WorkDesk:
     """Receives uploads and commitments, routes validation, records verdicts."""
 
@@ -226,6 +245,8 @@ class WorkDesk:
             refused.labels("quota").inc()
             raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
 
+        full: list[Refusal] = []  # set when the disk reached the reserve mid-stream
+
         async def counted() -> AsyncIterator[bytes]:
             async for chunk in chunks:
                 uploads.received(reservation, len(chunk))
@@ -236,11 +257,8 @@ class WorkDesk:
                     len(chunk) + uploads.buffered_bytes(),
                     config.min_free_disk_bytes,
                 ):
-                    # Read (and drop) the rest before answering: a client still sending when
-                    # the call ends sees gRPC's INTERNAL instead of this refusal.
-                    async for _ in chunks:
-                        pass
-                    raise storage_full("the rest of this upload")
+                    full.append(storage_full("the rest of this upload"))
+                    raise full[0]
                 yield chunk
 
         def admit(_size: int) -> None:
@@ -269,6 +287,14 @@ class WorkDesk:
             raise Refusal(ErrorReason.BLOB_SIZE_MISMATCH, str(error)) from error
         except BlobDigestMismatch as error:
             raise Refusal(ErrorReason.BLOB_HASH_MISMATCH, str(error)) from error
+        except Refusal:
+            if full:
+                # The temporary file is gone and the room released; read (and drop) what the
+                # client still sends, up to its declared size and for a bounded time, before
+                # answering: a client still sending when the call ends sees gRPC's INTERNAL
+                # instead of this refusal.
+                await _drain(chunks, size - reservation.received, _DRAIN_SECONDS)
+            raise
         # No database write here: the file is the blob. Its row is written in the transaction
         # of the commitment (or checkpoint) that references it, saving a commit per upload.
         return blob_service_pb2.UploadBlobResponse(
