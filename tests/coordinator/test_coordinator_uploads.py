@@ -298,6 +298,19 @@ async def _upload_held(
     return response
 
 
+def _disk_fills_after_the_header(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the reserve check find room at an upload's header and none after; returns the
+    sizes it was asked about."""
+    checks: list[int] = []
+
+    def disk_fills(root: object, size: int, reserve: int) -> bool:
+        checks.append(size)
+        return len(checks) == 1
+
+    monkeypatch.setattr(work, "has_room", disk_fills)
+    return checks
+
+
 def _partials(root: Path) -> list[Path]:
     return list(root.rglob("*.partial"))
 
@@ -500,13 +513,7 @@ async def test_a_large_upload_stops_when_the_disk_reaches_the_reserve(
     coordinator = await _start(coordinator_config)
     ctx = coordinator.ctx
     identity, worker = await _worker(coordinator)
-    checks: list[int] = []
-
-    def disk_fills(root: object, size: int, reserve: int) -> bool:
-        checks.append(size)
-        return len(checks) == 1  # room at the header, none once bytes have arrived
-
-    monkeypatch.setattr(work, "has_room", disk_fills)
+    checks = _disk_fills_after_the_header(monkeypatch)
     try:
         data = os.urandom(9 << 20)
         refused = await _refused(worker, data)
@@ -556,13 +563,7 @@ async def test_a_refused_large_upload_frees_its_room_before_reading_the_rest(
     coordinator = await _start(coordinator_config)
     ctx = coordinator.ctx
     identity, worker = await _worker(coordinator)
-    checks: list[int] = []
-
-    def disk_fills(root: object, size: int, reserve: int) -> bool:
-        checks.append(size)
-        return len(checks) == 1  # room at the header, none for the first chunk
-
-    monkeypatch.setattr(work, "has_room", disk_fills)
+    checks = _disk_fills_after_the_header(monkeypatch)
     call = worker.channel.stream_unary(
         method_path("BlobService", "UploadBlob"),
         request_serializer=None,
