@@ -21,7 +21,7 @@ from worker_testing import (
 )
 
 from rollnet.ledger.enums import NodeState, TaskState
-from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
@@ -240,3 +240,34 @@ async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
     finally:
         if not running.done():
             running.cancel()
+
+
+@pytest.mark.timeout(180)
+async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    # A quota smaller than any batch: every upload is refused from its header.
+    coordinator = await start_coordinator(with_overrides(coordinator_config, upload_quota_bytes=16))
+    trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
+    generator = EchoGenerator()
+    worker = Worker(
+        worker_config(coordinator.address, tmp_path / "w"), Identity.generate(), generator
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        await request_tasks(trainer, 2)
+        await eventually(lambda: len(worker.outbox.dropped()) == 2, within=60, what="two drops")
+        reasons = [reason for _, reason in worker.outbox.dropped()]
+        assert all("UPLOAD_QUOTA_EXCEEDED" in reason for reason in reasons), reasons
+        assert not running.done(), "a refused upload is not fatal"
+        assert worker.receipts_received == 0
+        worker.request_stop()
+        await asyncio.wait_for(running, 20)
+    finally:
+        if not running.done():
+            running.cancel()
+        await trainer.close()
+        await coordinator.stop(grace=0.5)
