@@ -37,7 +37,7 @@ from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_orphan_blobs
-from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded
+from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded, ShardIndex
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.methods import method_path
 from rollnet.v1 import blob_service_pb2, common_pb2
@@ -162,9 +162,7 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
         # An upload this replica saw but another replica (sharing the blob directory) recorded
         # the commitment of: the sweep finds the row, keeps the file and stops charging for it.
         uploads.clock = time.time
-        reservation = uploads.begin(identity.node_id, digest, len(work.batch))
-        uploads.created(reservation, len(work.batch))
-        uploads.finish(reservation, stored=True)
+        _upload(uploads, identity.node_id, digest, created=True, size=len(work.batch))
         assert uploads.pending_bytes(identity.node_id) == len(work.batch)
         assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)  # young: looked up all the same
         assert coordinator.ctx.blobs.exists(digest)
@@ -339,10 +337,14 @@ def test_the_store_lists_blobs_only(tmp_path: Path) -> None:
     assert not store.exists(digest)
 
 
-def _upload(pending: PendingUploads, node: str | None, digest: bytes, created: bool) -> None:
-    reservation = pending.begin(node, digest, 10)
+def _upload(
+    pending: PendingUploads, node: str | None, digest: bytes, created: bool, size: int = 10
+) -> None:
+    """An upload of ``size`` bytes that completes, having stored its file (``created``) or
+    found it stored."""
+    reservation = pending.begin(node, digest, size)
     if created:
-        pending.created(reservation, 10)
+        pending.created(reservation, size)
     pending.finish(reservation, stored=True)
 
 
@@ -685,6 +687,28 @@ def test_a_read_racing_a_deletion_does_not_cache_the_blob_again(tmp_path: Path) 
     store._remember(digest, b"old bytes", stored_only=True)  # a read that opened it before
     assert not store.exists(digest)
     assert store.detach(digest) is None
+
+
+async def test_the_shard_index_reads_each_manifest_once(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await _start(coordinator_config)
+    trainer = connect(coordinator.address, trainer_identity)
+    index = ShardIndex()
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await publish_test_checkpoint(trainer, trainer_identity, step=0)
+        with coordinator.ctx.sessions() as session:
+            first = set(index.refresh(session))
+        await publish_test_checkpoint(trainer, trainer_identity, step=1)
+        with coordinator.ctx.sessions() as session:
+            both = set(index.refresh(session))
+            assert index.refresh(session) == both
+        assert len(first) == 1
+        assert len(both) == 2
+        assert first < both, "a later manifest's shards are added to the earlier ones"
+    finally:
+        await coordinator.stop(grace=0.5)
 
 
 def test_the_orphan_ttl_must_outlast_a_lease(coordinator_config: CoordinatorConfig) -> None:

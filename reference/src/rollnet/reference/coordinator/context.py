@@ -23,6 +23,7 @@ from rollnet.ledger.engine import read_only_session, session_factory
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
+from rollnet.reference.coordinator.refusal import Refusal
 from rollnet.reference.coordinator.uploads import PendingUploads
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.verifier import KnownKey
@@ -58,7 +59,7 @@ def _log_orphaned_outcome(task: asyncio.Future[Any]) -> None:
         log.warning(
             "work finished after its caller went away, with an error: %r",
             error,
-            exc_info=error if not hasattr(error, "reason") else None,
+            exc_info=None if isinstance(error, Refusal) else error,  # a refusal is no fault
         )
 
 

@@ -106,6 +106,8 @@ class PendingUploads:
         self._lock = threading.Lock()
         #: Sweeps completed (the first one follows the adoption on start).
         self.sweeps = 0
+        #: Shards of published checkpoints (never orphans), kept up to date by the sweeps.
+        self.shards = ShardIndex()
 
     # ------------------------------------------------------------------ accounting
     def begin(
@@ -307,28 +309,44 @@ class PendingUploads:
         return files, freed
 
 
-def unreferenced(session: Session, digests: list[bytes]) -> list[bytes]:
-    """The digests no blob row records (checkpoint shards are excluded by the caller)."""
+class ShardIndex:
+    """Every shard digest named by a published checkpoint manifest, read incrementally:
+    manifests never change and steps only grow, so a refresh parses only the new ones."""
+
+    def __init__(self) -> None:
+        self.shards: set[bytes] = set()
+        self._step = -1
+
+    def refresh(self, session: Session) -> set[bytes]:
+        """Add the manifests published since the last refresh; returns every shard digest."""
+        rows = session.execute(
+            select(Checkpoint.step, Checkpoint.manifest)
+            .where(Checkpoint.step > self._step)
+            .order_by(Checkpoint.step)
+        )
+        for step, manifest in rows:
+            try:
+                parsed = checkpoint_pb2.CheckpointManifest.FromString(manifest)
+            except DecodeError:  # recorded only after parsing; never expected
+                log.error("a recorded checkpoint manifest does not parse; its shards are kept")
+                raise
+            self.shards.update(shard.blake3 for item in parsed.files for shard in item.shards)
+            self._step = step
+        return self.shards
+
+
+def unreferenced(session: Session, digests: list[bytes], shards: ShardIndex) -> list[bytes]:
+    """The digests that no blob row records and no published manifest names."""
     left: list[bytes] = []
     for start in range(0, len(digests), _CHECK_CHUNK):
         chunk = digests[start : start + _CHECK_CHUNK]
         names = [d.hex() for d in chunk]
         recorded = set(session.scalars(select(Blob.hash).where(Blob.hash.in_(names))))
         left += [d for d, name in zip(chunk, names, strict=True) if name not in recorded]
+    if left:
+        named = shards.refresh(session)
+        left = [d for d in left if d not in named]
     return left
-
-
-def checkpoint_shards(session: Session) -> set[bytes]:
-    """Every shard digest named by a published checkpoint manifest."""
-    shards: set[bytes] = set()
-    for manifest in session.scalars(select(Checkpoint.manifest)):
-        try:
-            parsed = checkpoint_pb2.CheckpointManifest.FromString(manifest)
-        except DecodeError:  # recorded only after parsing; never expected
-            log.error("a recorded checkpoint manifest does not parse; its shards are kept")
-            raise
-        shards.update(shard.blake3 for item in parsed.files for shard in item.shards)
-    return shards
 
 
 def sweep_orphans(
@@ -341,25 +359,16 @@ def sweep_orphans(
     the next sweep instead of staying charged. Blocking: run it on a thread.
     """
     try:
-        return _sweep(pending, store, session_factory, ttl)
+        candidates = pending.tracked()
+        if not candidates:
+            return 0, 0
+        with session_factory() as session:
+            left = unreferenced(session, candidates, pending.shards)
+        orphans = set(left)
+        pending.settle(d for d in candidates if d not in orphans)
+        return pending.delete_unreferenced(store, left, ttl)
     finally:
         pending.sweeps += 1
-
-
-def _sweep(
-    pending: PendingUploads, store: BlobStore, session_factory: Callable[[], Session], ttl: float
-) -> tuple[int, int]:
-    candidates = pending.tracked()
-    if not candidates:
-        return 0, 0
-    with session_factory() as session:
-        left = unreferenced(session, candidates)
-        if left:
-            shards = checkpoint_shards(session)
-            left = [d for d in left if d not in shards]
-    unknown = set(left)
-    pending.settle(d for d in candidates if d not in unknown)
-    return pending.delete_unreferenced(store, left, ttl)
 
 
 def adopt_unreferenced(
@@ -372,10 +381,9 @@ def adopt_unreferenced(
     """
     adopted = 0
     with session_factory() as session:
-        shards = checkpoint_shards(session)
         files = store.stored()
         while chunk := list(itertools.islice(files, _CHECK_CHUNK)):
-            left = set(unreferenced(session, [digest for digest, _, _ in chunk])) - shards
+            left = set(unreferenced(session, [digest for digest, _, _ in chunk], pending.shards))
             for digest, size, mtime in chunk:
                 if digest in left:
                     pending.adopt(digest, size, mtime)

@@ -217,6 +217,10 @@ class WorkDesk:
             )
         uploads = self.ctx.uploads
 
+        def over_quota(error: QuotaExceeded) -> Refusal:
+            refused.labels("quota").inc()
+            return Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error))
+
         def storage_full(what: str) -> Refusal:
             refused.labels("storage").inc()
             return Refusal(
@@ -242,8 +246,7 @@ class WorkDesk:
                 None if trusted else caller.node_id, digest, size, in_memory=not to_disk
             )
         except QuotaExceeded as error:
-            refused.labels("quota").inc()
-            raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
+            raise over_quota(error) from None
 
         full: list[Refusal] = []  # set when the disk reached the reserve mid-stream
 
@@ -278,9 +281,8 @@ class WorkDesk:
                 admit=admit,
                 on_done=lambda complete: uploads.finish(reservation, stored=complete),
             )
-        except QuotaExceeded as error:
-            refused.labels("quota").inc()
-            raise Refusal(ErrorReason.UPLOAD_QUOTA_EXCEEDED, str(error)) from None
+        except QuotaExceeded as error:  # a free re-send that would store its file anew
+            raise over_quota(error) from None
         except BlobTooLarge as error:
             raise Refusal(ErrorReason.BLOB_TOO_LARGE, str(error)) from error
         except BlobSizeMismatch as error:

@@ -193,6 +193,15 @@ def _weighted_power_sums(
     return sums.reshape(batch, -1)[:, :count]
 
 
+def _array(dtype: type[np.generic]) -> Any:
+    """A ctypes argument type taking a C-contiguous numpy array of ``dtype`` (checked)."""
+    return np.ctypeslib.ndpointer(dtype=dtype, flags="C_CONTIGUOUS")
+
+
+_I64, _N = _array(np.int64), ctypes.c_int64
+_U16, _U8, _F64 = _array(np.uint16), _array(np.uint8), _array(np.float64)
+
+
 class _Kernel:
     """The compiled field code (``_field_kernel.c``), loaded with ctypes if it was built."""
 
@@ -200,53 +209,33 @@ class _Kernel:
 
     def __init__(self, path: Path) -> None:
         library = ctypes.CDLL(str(path))
-        i64 = ctypes.POINTER(ctypes.c_int64)
-        f64 = ctypes.POINTER(ctypes.c_double)
-        self._interpolate = library.rollnet_interpolate
-        self._interpolate.argtypes = [i64, i64, i64, ctypes.c_int64, ctypes.c_int64, i64, f64]
-        self._interpolate.restype = ctypes.c_int
-        self._encode = library.rollnet_encode
-        self._encode.argtypes = [
-            ctypes.POINTER(ctypes.c_uint16),
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            i64,
-            f64,
-            ctypes.POINTER(ctypes.c_uint8),
-        ]
-        self._encode.restype = ctypes.c_int
-        self._top_k = library.rollnet_top_k
-        self._top_k.argtypes = [
-            ctypes.POINTER(ctypes.c_uint16),
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            f64,
-            i64,
-        ]
-        self._top_k.restype = ctypes.c_int
-        self._evaluate = library.rollnet_evaluate
-        self._evaluate.argtypes = [i64, i64, i64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-        self._evaluate.restype = ctypes.c_int
+
+        def bind(name: str, *argtypes: Any) -> Any:
+            function = getattr(library, name)
+            function.argtypes = list(argtypes)
+            function.restype = ctypes.c_int
+            return function
+
+        self._interpolate = bind("rollnet_interpolate", _I64, _I64, _I64, _N, _N, _I64, _F64)
+        self._encode = bind("rollnet_encode", _U16, _N, _N, _N, _I64, _F64, _U8)
+        self._top_k = bind("rollnet_top_k", _U16, _N, _N, _N, _F64, _I64)
+        self._evaluate = bind("rollnet_evaluate", _I64, _I64, _I64, _N, _N, _N)
         library.rollnet_kernel_source.restype = ctypes.c_char_p
         source = path.with_suffix(".c")
         if source.is_file():
             built_from = library.rollnet_kernel_source().decode()
             if built_from != hashlib.sha256(source.read_bytes()).hexdigest():
                 raise OSError(f"{path.name} was built from another version of {source.name}")
-        library.rollnet_scratch_doubles.restype = ctypes.c_int
-        self._scratch_size = int(library.rollnet_scratch_doubles())
+        self._scratch_size = int(bind("rollnet_scratch_doubles")())
         self._local = threading.local()
 
-    def _scratch(self) -> Any:
+    def _scratch(self) -> Float64Array:
         """This thread's scratch buffer (the kernel keeps no state of its own)."""
-        scratch = getattr(self._local, "scratch", None)
+        scratch: Float64Array | None = getattr(self._local, "scratch", None)
         if scratch is None:
-            buffer = np.empty(self._scratch_size, dtype=np.float64)
-            scratch = (buffer, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_double)))
+            scratch = np.empty(self._scratch_size, dtype=np.float64)
             self._local.scratch = scratch
-        return scratch[1]
+        return scratch
 
     def interpolate(self, x: Int64Array, y: Int64Array) -> Int64Array:
         """Residue rows ``x``, ``y`` [B, k] (x distinct per row) -> coefficients [B, k]."""
@@ -255,18 +244,9 @@ class _Kernel:
         if x.ndim != 2 or x.shape != y.shape:
             raise ValueError(f"x and y must be [B, k] of one shape, not {x.shape} and {y.shape}")
         out = np.empty_like(x)
-        i64 = ctypes.POINTER(ctypes.c_int64)
-        status = self._interpolate(
-            x.ctypes.data_as(i64),
-            y.ctypes.data_as(i64),
-            out.ctypes.data_as(i64),
-            x.shape[0],
-            x.shape[1],
-            _inverse_table().ctypes.data_as(i64),
-            self._scratch(),
-        )
-        if status != 0:
-            raise ValueError(f"the field kernel refused k = {x.shape[1]}")
+        batch, k = x.shape
+        if self._interpolate(x, y, out, batch, k, _inverse_table(), self._scratch()) != 0:
+            raise ValueError(f"the field kernel refused k = {k}")
         return out
 
     def encode(self, bits: npt.NDArray[np.uint16], k: int) -> bytes | None:
@@ -277,15 +257,7 @@ class _Kernel:
         if not (1 <= k <= self.MAX_K and 1 <= n < PRIME):
             return None
         out = np.empty(batch * (2 + 2 * k), dtype=np.uint8)
-        status = self._encode(
-            bits.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
-            batch,
-            n,
-            k,
-            _inverse_table().ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-            self._scratch(),
-            out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-        )
+        status = self._encode(bits, batch, n, k, _inverse_table(), self._scratch(), out)
         return out.tobytes() if status == 0 else None
 
     def top_k(self, bits: npt.NDArray[np.uint16], k: int) -> Int64Array | None:
@@ -296,15 +268,7 @@ class _Kernel:
         if not 0 < k < n <= 1 << 16:
             return None
         out = np.empty((batch, k), dtype=np.int64)
-        status = self._top_k(
-            bits.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
-            batch,
-            n,
-            k,
-            self._scratch(),
-            out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-        )
-        return out if status == 0 else None
+        return out if self._top_k(bits, batch, n, k, self._scratch(), out) == 0 else None
 
     def evaluate(self, coefficients: Int64Array, x: Int64Array) -> Int64Array | None:
         """Residue polynomials [B, n] at residue points [B, q], q <= 256; None out of range."""
@@ -317,16 +281,7 @@ class _Kernel:
         if not (count >= 1 and 1 <= points <= self.MAX_K):
             return None
         out = np.empty((batch, points), dtype=np.int64)
-        i64 = ctypes.POINTER(ctypes.c_int64)
-        status = self._evaluate(
-            coefficients.ctypes.data_as(i64),
-            x.ctypes.data_as(i64),
-            out.ctypes.data_as(i64),
-            batch,
-            count,
-            points,
-        )
-        return out if status == 0 else None
+        return out if self._evaluate(coefficients, x, out, batch, count, points) == 0 else None
 
 
 def _load_kernel() -> _Kernel | None:
