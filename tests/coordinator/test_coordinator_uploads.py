@@ -37,7 +37,12 @@ from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_orphan_blobs
-from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded, ShardIndex
+from rollnet.reference.coordinator.uploads import (
+    PendingUploads,
+    QuotaExceeded,
+    ShardIndex,
+    block_size,
+)
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.methods import method_path
 from rollnet.v1 import blob_service_pb2, common_pb2
@@ -56,6 +61,13 @@ async def _start(config: CoordinatorConfig, **overrides: object) -> Coordinator:
     uploads = coordinator.ctx.uploads
     await wait_until(_now(lambda: uploads.sweeps > 0), what="the start-up sweep")
     return coordinator
+
+
+def _block(config: CoordinatorConfig) -> int:
+    """The block size of the file system the coordinator's blobs go to (charges are whole
+    blocks)."""
+    config.blob_dir.mkdir(parents=True, exist_ok=True)
+    return block_size(config.blob_dir)
 
 
 def _later(coordinator: Coordinator, seconds: float) -> None:
@@ -94,12 +106,15 @@ async def _commit_one(
 async def test_workers_upload_rollout_batches_only_within_their_quota(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await _start(coordinator_config, upload_quota_bytes=5000)
+    block = _block(coordinator_config)  # charges are whole blocks
+    quota = 5 * block
+    coordinator = await _start(coordinator_config, upload_quota_bytes=quota)
     trainer = connect(coordinator.address, trainer_identity)
     first_identity, worker = await _worker(coordinator)
     other_identity, other = await _worker(coordinator)
     workers = (first_identity, other_identity)
     uploads = coordinator.ctx.uploads
+    assert uploads.block_bytes == block
     try:
         await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
         # A worker has no business uploading checkpoint shards (uncharged, unlike its batches).
@@ -109,38 +124,101 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
             ErrorReason.ROLE_NOT_ALLOWED,
         )
 
-        first, second = b"a" * 2000, b"b" * 3500
+        first, second = b"a" * (2 * block - 100), b"b" * (3 * block + 1)  # 2 and 4 blocks
         await worker.blobs.upload(first, BATCH)
-        assert uploads.pending_bytes(workers[0].node_id) == 2000
-        # 2000 + 3500 > 5000: refused from the header, nothing stored, nothing charged.
+        assert uploads.pending_bytes(workers[0].node_id) == 2 * block
+        # 2 + 4 blocks > 5: refused from the header, nothing stored, nothing charged.
         refused = await _refused(worker, second)
         assert (refused.code, refused.reason) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             ErrorReason.UPLOAD_QUOTA_EXCEEDED,
         )
-        assert "quota of 5000 bytes" in refused.message
+        assert f"quota of {quota} bytes" in refused.message
+        assert f"taking {4 * block} on the disk" in refused.message
         assert refused.retry_after is None, "the node's own orphans: waiting does not help soon"
         assert not coordinator.ctx.blobs.exists(blake3.blake3(second).digest())
-        assert uploads.pending_bytes(workers[0].node_id) == 2000
+        assert uploads.pending_bytes(workers[0].node_id) == 2 * block
         # Content already stored needs room while it streams, and costs nothing once it ends;
         # another node has its own quota.
         again = await worker.blobs.upload(first, BATCH)
         assert again.already_present
         await other.blobs.upload(second, BATCH)
-        assert uploads.pending_bytes(workers[1].node_id) == 3500
-        assert uploads.pending_bytes(workers[0].node_id) == 2000
+        assert uploads.pending_bytes(workers[1].node_id) == 4 * block
+        assert uploads.pending_bytes(workers[0].node_id) == 2 * block
         # A failed upload (bytes that do not hash to the declared digest) charges nothing.
         declared = blake3.blake3(b"c" * 1000).digest()
         messages = [upload_header(declared, 1000), upload_chunk(b"d" * 1000)]
         failed = await raw_upload(worker, messages)
         assert failed.reason == ErrorReason.BLOB_HASH_MISMATCH
-        assert uploads.pending_bytes(workers[0].node_id) == 2000
-        assert uploads.pending_bytes() == 5500
+        assert uploads.pending_bytes(workers[0].node_id) == 2 * block
+        assert uploads.pending_bytes() == 6 * block
         assert uploads.streaming_bytes() == 0
         # Trainers are trusted: their shards are not charged (but swept if never published).
-        await trainer.blobs.upload(b"w" * 4000, SHARD)
+        await trainer.blobs.upload(b"w" * 3 * block, SHARD)
         assert uploads.pending_bytes(trainer_identity.node_id) == 0
-        assert uploads.pending_bytes() == 9500
+        assert uploads.pending_bytes() == 9 * block
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+async def test_tiny_uploads_are_charged_the_blocks_they_take(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    """A file takes at least one block whatever its size: a quota of 16 blocks holds 16 files
+    of 16 bytes, not 16 × 256 of them."""
+    block = _block(coordinator_config)
+    coordinator = await _start(coordinator_config, upload_quota_bytes=16 * block)
+    identity, worker = await _worker(coordinator)
+    try:
+        tiny = [os.urandom(16) for _ in range(17)]
+        for data in tiny[:16]:
+            await worker.blobs.upload(data, BATCH)
+        refused = await _refused(worker, tiny[16])
+        assert refused.reason == ErrorReason.UPLOAD_QUOTA_EXCEEDED
+        assert coordinator.ctx.uploads.pending_bytes(identity.node_id) == 16 * block
+        # An empty blob still takes an inode and a block's worth of charge.
+        assert coordinator.ctx.uploads.footprint(0) == block
+    finally:
+        await coordinator.stop(grace=0.5)
+
+
+def test_small_uploads_held_in_memory_count_whole_blocks_against_the_reserve() -> None:
+    pending = PendingUploads(quota_bytes=1 << 20, block_bytes=4096)
+    header_only = pending.begin("a", bytes(32), 16, in_memory=True)
+    assert pending.buffered_bytes() == 0, "a header holds no room"
+    tiny = pending.begin("a", bytes([1]) * 32, 16, in_memory=True)
+    pending.received(tiny, 16)
+    assert pending.buffered_bytes() == 4096
+    larger = pending.begin("a", bytes([2]) * 32, 8193, in_memory=True)
+    pending.received(larger, 4096)
+    assert pending.buffered_bytes() == 2 * 4096
+    pending.received(larger, 4097)
+    assert pending.buffered_bytes() == 4 * 4096
+    assert pending.streaming_bytes() == 16 + 8193, "the stream counts bytes received"
+    for reservation in (header_only, tiny, larger):
+        pending.finish(reservation, stored=False)
+    assert (pending.buffered_bytes(), pending.streaming_bytes()) == (0, 0)
+    assert pending.pending_bytes("a") == 0
+    with pytest.raises(ValueError, match="block_bytes"):
+        PendingUploads(quota_bytes=1, block_bytes=0)
+
+
+async def test_the_reserve_is_checked_in_whole_blocks_at_the_header(
+    coordinator_config: CoordinatorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coordinator = await _start(coordinator_config)
+    _, worker = await _worker(coordinator)
+    checks: list[int] = []
+
+    def room(root: object, size: int, reserve: int) -> bool:
+        checks.append(size)
+        return True
+
+    monkeypatch.setattr(work, "has_room", room)
+    try:
+        await worker.blobs.upload(b"sixteen bytes!!!", BATCH)
+        block = coordinator.ctx.uploads.block_bytes
+        assert checks == [block, block], "at the header and before it is stored: a block each"
     finally:
         await coordinator.stop(grace=0.5)
 
@@ -163,7 +241,7 @@ async def test_a_commitment_frees_its_batch_from_the_quota(
         # the commitment of: the sweep finds the row, keeps the file and stops charging for it.
         uploads.clock = time.time
         _upload(uploads, identity.node_id, digest, created=True, size=len(work.batch))
-        assert uploads.pending_bytes(identity.node_id) == len(work.batch)
+        assert uploads.pending_bytes(identity.node_id) == uploads.footprint(len(work.batch))
         assert await sweep_orphan_blobs(coordinator.ctx) == (0, 0)  # young: looked up all the same
         assert coordinator.ctx.blobs.exists(digest)
         assert uploads.pending_bytes(identity.node_id) == 0
@@ -200,7 +278,8 @@ async def test_uploads_keep_the_free_space_reserve(
 async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await _start(coordinator_config, upload_quota_bytes=4000)
+    block = _block(coordinator_config)
+    coordinator = await _start(coordinator_config, upload_quota_bytes=3 * block)
     trainer = connect(coordinator.address, trainer_identity)
     identity, worker = await _worker(coordinator)
     workers = (identity,)
@@ -215,26 +294,26 @@ async def test_orphans_are_deleted_after_the_ttl_and_free_the_quota(
         shard = b"s" * 900
         await worker.blobs.upload(shard, BATCH)
         await trainer.blobs.upload(shard, SHARD)
-        assert ctx.uploads.pending_bytes(workers[0].node_id) == 3000
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == 2 * block
         assert (await sweep_orphan_blobs(ctx)) == (0, 0), "younger than the TTL"
 
         _later(coordinator, ctx.config.orphan_blob_ttl.total_seconds() + 1)
         digests = {data: blake3.blake3(data).digest() for data in (orphan, pinned, shard)}
         with ctx.uploads.pin((digests[pinned],)):  # a commitment being recorded right now
             files, freed = await sweep_orphan_blobs(ctx)
-        assert (files, freed) == (2, 2400)
+        assert (files, freed) == (2, 2 * block), "the blocks they took"
         assert not ctx.blobs.exists(digests[orphan])
         assert not ctx.blobs.exists(digests[shard]), "never published"
         assert ctx.blobs.exists(digests[pinned])
-        assert ctx.uploads.pending_bytes(workers[0].node_id) == 1500
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == block
         assert ctx.metrics.orphan_blobs_deleted._value.get() == 2
         # Gone: uploading it again stores it anew, young (and charged) again.
         assert not (await worker.blobs.upload(orphan, BATCH)).already_present
         # Unpinned, the other orphan goes on the next sweep.
-        assert await sweep_orphan_blobs(ctx) == (1, 1500)
+        assert await sweep_orphan_blobs(ctx) == (1, block)
         assert not ctx.blobs.exists(digests[pinned])
         assert ctx.blobs.exists(digests[orphan])
-        assert ctx.uploads.pending_bytes(workers[0].node_id) == 1500
+        assert ctx.uploads.pending_bytes(workers[0].node_id) == block
     finally:
         await coordinator.stop(grace=0.5)
 
@@ -261,9 +340,9 @@ async def test_a_restart_finds_and_sweeps_orphans_of_the_previous_run(
         # Adopted on start from the files and the database (before the start-up sweep).
         assert uploads.is_pending(orphan_digest)
         assert all(not uploads.is_pending(digest) for digest in kept)
-        assert uploads.pending_bytes() == len(orphan)
+        assert uploads.pending_bytes() == uploads.footprint(len(orphan))
         _later(restarted, restarted.ctx.config.orphan_blob_ttl.total_seconds() + 1)
-        assert await sweep_orphan_blobs(restarted.ctx) == (1, len(orphan))
+        assert await sweep_orphan_blobs(restarted.ctx) == (1, uploads.footprint(len(orphan)))
         assert not restarted.ctx.blobs.exists(orphan_digest)
         assert all(restarted.ctx.blobs.exists(digest) for digest in kept)
     finally:
@@ -430,13 +509,13 @@ async def test_an_upload_that_outlives_its_content_being_swept_is_tracked(
         await wait_until(charged, what="the header")
         # ... the sweep deletes it meanwhile, and the stream then stores it again.
         _later(coordinator, ctx.config.orphan_blob_ttl.total_seconds() + 1)
-        assert await sweep_orphan_blobs(ctx) == (1, len(data))
+        assert await sweep_orphan_blobs(ctx) == (1, ctx.uploads.footprint(len(data)))
         go_on.set()
         response = await answer
         assert not response.already_present
         assert ctx.blobs.exists(digest)
         assert ctx.uploads.is_pending(digest), "a stored, unreferenced file is always tracked"
-        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
+        assert ctx.uploads.pending_bytes(identity.node_id) == ctx.uploads.footprint(len(data))
     finally:
         await coordinator.stop(grace=0.5)
 
@@ -467,8 +546,9 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
             await upload
         # Until the store ends, the upload still holds its quota and its room: the worker
         # cannot start another quota's worth meanwhile.
-        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
-        assert ctx.uploads.buffered_bytes() == len(data)
+        taken = ctx.uploads.footprint(len(data))
+        assert ctx.uploads.pending_bytes(identity.node_id) == taken
+        assert ctx.uploads.buffered_bytes() == taken
         with pytest.raises(RollnetError) as refused:
             await worker.blobs.upload(os.urandom(len(data)), BATCH)
         assert refused.value.reason == ErrorReason.UPLOAD_QUOTA_EXCEEDED
@@ -476,7 +556,7 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
         await wait_until(_now(lambda: ctx.uploads.is_pending(digest)), what="tracking")
         await wait_until(_now(lambda: ctx.uploads.streaming_bytes() == 0), what="the store")
         assert ctx.blobs.exists(digest)
-        assert ctx.uploads.pending_bytes(identity.node_id) == len(data)
+        assert ctx.uploads.pending_bytes(identity.node_id) == taken
     finally:
         release.set()
         await coordinator.stop(grace=0.5)

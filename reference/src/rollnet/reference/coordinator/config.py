@@ -206,7 +206,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "upload_quota_bytes",
         _positive_int,
-        "a worker's uploads not yet referenced by a commitment, bytes",
+        "a worker's uploads not yet referenced by a commitment, bytes (whole disk blocks)",
     ),
     Option(
         "min_free_disk_bytes",

@@ -24,7 +24,7 @@ from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.refusal import Refusal
-from rollnet.reference.coordinator.uploads import PendingUploads
+from rollnet.reference.coordinator.uploads import PendingUploads, block_size
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.verifier import KnownKey
 
@@ -106,7 +106,9 @@ class CoordinatorContext:
 
     def __post_init__(self) -> None:
         self.sessions = session_factory(self.engine)
-        self.uploads = PendingUploads(self.config.upload_quota_bytes)
+        self.uploads = PendingUploads(
+            self.config.upload_quota_bytes, block_bytes=block_size(self.blobs.root)
+        )
         # SQLite has one writer: feeding it from one thread avoids its lock convoy (waiters in
         # SQLite's busy handler sleep in steps of up to 100 ms while the database sits idle), and
         # that thread commits whatever queued meanwhile together (one fsync for many calls).

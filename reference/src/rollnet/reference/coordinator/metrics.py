@@ -62,7 +62,7 @@ class CoordinatorMetrics:
         )
         self.pending_upload_bytes = Gauge(
             "rollnet_pending_upload_bytes",
-            "Bytes of uploads that no commitment or checkpoint references yet",
+            "Bytes (whole disk blocks) of uploads that no commitment or checkpoint references yet",
             registry=self.registry,
         )
         self.uploads_refused = Counter(

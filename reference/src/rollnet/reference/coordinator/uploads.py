@@ -9,9 +9,11 @@ commitments are refused). :class:`PendingUploads` closes that:
   the header, whatever the content: it may be swept before the stream ends) and for every file
   its uploads created that nothing references yet (refused ``UPLOAD_QUOTA_EXCEEDED`` beyond it).
   The stream that creates a file owns it; a commitment that records it frees it
-  (:meth:`PendingUploads.settle`);
+  (:meth:`PendingUploads.settle`). Charges are in whole file-system blocks (a file takes at
+  least one), so many tiny files cost what they take on the disk;
 * no upload may take the store's file system below ``min_free_disk_bytes``, counting the bytes
-  of every upload still streaming (``STORAGE_FULL``, with a retry hint);
+  of every upload still streaming, small ones held in memory in whole blocks (``STORAGE_FULL``,
+  with a retry hint);
 * every tracked file is looked up at each sweep (:func:`sweep_orphans`): one a record references
   is settled (another replica may have recorded it), one nothing references ``orphan_blob_ttl``
   after it arrived is deleted, freeing its uploader's quota.
@@ -82,6 +84,18 @@ class Reservation:
     received: int = 0
 
 
+def footprint(size: int, block_bytes: int) -> int:
+    """Bytes a file of ``size`` bytes takes on a file system of ``block_bytes`` blocks: whole
+    blocks, at least one (an empty file still takes an inode and a directory entry)."""
+    return max(1, -(-size // block_bytes)) * block_bytes
+
+
+def block_size(root: str | os.PathLike[str]) -> int:
+    """The file system's allocation unit under ``root`` (its fragment size)."""
+    stats = os.statvfs(root)
+    return max(stats.f_frsize or stats.f_bsize, 1)
+
+
 class PendingUploads:
     """Stored uploads no record references yet, by digest, and every node's charge.
 
@@ -91,18 +105,27 @@ class PendingUploads:
     whose bytes become the file owns it. Re-sending a file the node already owns (a retry whose
     answer was lost: same digest, same size, one at a time) is not charged again, unless the
     file is gone by the end and the re-send would store it anew.
+
+    Every size is counted as the file would take on the disk, in whole ``block_bytes`` blocks
+    (1: exact bytes), for the quota, the tracked total and the bytes held in memory alike.
     """
 
-    def __init__(self, quota_bytes: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, quota_bytes: int, clock: Callable[[], float] = time.time, *, block_bytes: int = 1
+    ) -> None:
+        if block_bytes < 1:
+            raise ValueError(f"block_bytes must be at least 1, not {block_bytes}")
         self.quota_bytes = quota_bytes
         self.clock = clock
+        self.block_bytes = block_bytes
         self._pending: dict[bytes, _Pending] = {}
         self._charged: Counter[str] = Counter()  # streaming + pending bytes, per node
         self._pins: Counter[bytes] = Counter()
         self._total = 0  # pending bytes
         self._streaming = 0  # bytes received so far by the uploads still streaming
         self._resending: set[bytes] = set()  # files a free re-send is streaming for
-        self._buffered = 0  # of _streaming, the bytes held in memory (not on the disk yet)
+        # Of the uploads in flight, the blocks their bytes held in memory will take on the disk.
+        self._buffered = 0
         self._lock = threading.Lock()
         #: Sweeps completed (the first one follows the adoption on start).
         self.sweeps = 0
@@ -149,23 +172,34 @@ class PendingUploads:
             self._charge(reservation.node_id, reservation.size)
             reservation.charged = True
 
+    def footprint(self, size: int) -> int:
+        """What a file of ``size`` bytes counts for: its whole blocks."""
+        return footprint(size, self.block_bytes)
+
     def _charge(self, node_id: str, size: int) -> None:
-        used = self._charged[node_id]
-        if used + size > self.quota_bytes:
+        used, cost = self._charged[node_id], self.footprint(size)
+        if used + cost > self.quota_bytes:
             raise QuotaExceeded(
                 f"{used} bytes of this node's uploads are in flight or not referenced by any "
-                f"commitment yet; {size} more would exceed its quota of {self.quota_bytes} bytes "
-                f"(unreferenced uploads are deleted after the orphan TTL)"
+                f"commitment yet; {size} more (taking {cost} on the disk, in whole "
+                f"{self.block_bytes}-byte blocks) would exceed its quota of {self.quota_bytes} "
+                f"bytes (unreferenced uploads are deleted after the orphan TTL)"
             )
-        self._charged[node_id] += size
+        self._charged[node_id] += cost
 
     def received(self, reservation: Reservation, count: int) -> None:
         """``count`` more bytes of the stream arrived."""
         with self._lock:
+            if reservation.in_memory:
+                self._buffered += self._held(reservation.received + count) - self._held(
+                    reservation.received
+                )
             reservation.received += count
             self._streaming += count
-            if reservation.in_memory:
-                self._buffered += count
+
+    def _held(self, received: int) -> int:
+        """The blocks ``received`` bytes held in memory will take once stored (none yet: 0)."""
+        return self.footprint(received) if received else 0
 
     def created(self, reservation: Reservation, size: int) -> None:
         """The stream's bytes became the stored file (called on the thread that renamed it,
@@ -185,7 +219,7 @@ class PendingUploads:
         with self._lock:
             self._streaming -= reservation.received
             if reservation.in_memory:
-                self._buffered -= reservation.received
+                self._buffered -= self._held(reservation.received)
             if reservation.resend:
                 self._resending.discard(reservation.digest)
             if reservation.charged and reservation.node_id is not None:
@@ -222,8 +256,8 @@ class PendingUploads:
             return self._streaming
 
     def buffered_bytes(self) -> int:
-        """Bytes of uploads in flight held in memory, not yet on the disk: the disk's free space
-        does not show them yet."""
+        """What the bytes of uploads in flight held in memory (not yet on the disk: its free
+        space does not show them yet) will take on the disk, in whole blocks."""
         with self._lock:
             return self._buffered
 
@@ -239,19 +273,19 @@ class PendingUploads:
 
     def _track(self, digest: bytes, entry: _Pending) -> None:
         self._pending[digest] = entry
-        self._total += entry.size
+        self._total += self.footprint(entry.size)
         if entry.node_id != UNKNOWN_UPLOADER:
-            self._charged[entry.node_id] += entry.size
+            self._charged[entry.node_id] += self.footprint(entry.size)
 
     def _drop(self, digest: bytes) -> None:
         entry = self._pending.pop(digest, None)
         if entry is not None:
-            self._total -= entry.size
+            self._total -= self.footprint(entry.size)
             if entry.node_id != UNKNOWN_UPLOADER:
                 self._uncharge(entry.node_id, entry.size)
 
     def _uncharge(self, node_id: str, size: int) -> None:
-        self._charged[node_id] -= size
+        self._charged[node_id] -= self.footprint(size)
         if self._charged[node_id] <= 0:
             del self._charged[node_id]
 
@@ -275,7 +309,8 @@ class PendingUploads:
     def delete_unreferenced(
         self, store: BlobStore, candidates: Iterable[bytes], ttl: float
     ) -> tuple[int, int]:
-        """Delete candidates still tracked, at least ``ttl`` old and unpinned: (files, bytes).
+        """Delete candidates still tracked, at least ``ttl`` old and unpinned: (files, bytes they
+        took, in whole blocks).
 
         The caller has checked that no row references the candidates; one settled, replaced or
         pinned since is kept. Under the lock a file is only renamed away (a metadata change):
@@ -296,7 +331,7 @@ class PendingUploads:
                     continue
                 self._drop(digest)
             files += 1
-            freed += entry.size
+            freed += self.footprint(entry.size)
             if detached is not None:
                 doomed.append(detached)
         for path in doomed:

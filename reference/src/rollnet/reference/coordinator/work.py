@@ -234,7 +234,9 @@ class WorkDesk:
         # temporary file as it comes) and before a small one is stored; bytes held in memory by
         # uploads in flight count, as the disk's free space does not show them yet.
         if not self.ctx.blobs.exists(digest) and not has_room(
-            self.ctx.blobs.root, size + uploads.buffered_bytes(), config.min_free_disk_bytes
+            self.ctx.blobs.root,
+            uploads.footprint(size) + uploads.buffered_bytes(),
+            config.min_free_disk_bytes,
         ):
             raise storage_full(f"storing {size} bytes")
         # Charged from the header, whether or not the content is stored already (it may be
