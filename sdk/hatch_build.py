@@ -3,7 +3,8 @@ compiler into a plain shared library that ``rollnet.sdk.proofs._field`` loads wi
 
 Without a working compiler the package is built without it (a warning says so) and the numpy code
 runs instead: the kernel is ~5x faster at committing windows and bit-identical. An editable
-install builds the library next to its source; a wheel carries it and is tagged for the platform.
+install builds the library next to its source; a wheel carries it and is tagged
+``py3-none-<platform>`` (the library uses no Python ABI).
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ def build_kernel(root: Path, out: Path) -> str | None:
     return None
 
 
+def _platform_tag() -> str:
+    """This platform's wheel tag (``linux_x86_64``, ``macosx_14_0_arm64``, ...)."""
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
 class KernelBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     """Compile the kernel for editable installs and wheels (not for the sdist)."""
 
@@ -92,4 +98,5 @@ class KernelBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         if version != "editable":
             build_data["force_include"][str(out)] = str(Path("rollnet/sdk/proofs") / LIBRARY)
             build_data["pure_python"] = False
-            build_data["infer_tag"] = True
+            # The library uses no Python ABI (ctypes loads it): any Python 3, this platform.
+            build_data["tag"] = f"py3-none-{_platform_tag()}"

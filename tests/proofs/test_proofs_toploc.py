@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +82,36 @@ def test_a_kernel_built_from_another_source_is_not_loaded(tmp_path: Path) -> Non
     copy.with_suffix(".c").write_text(source.read_text() + "/* edited, not rebuilt */\n")
     with pytest.raises(OSError, match="another version"):
         _field._Kernel(copy)
+
+
+def test_the_sdk_wheel_carries_the_kernel_for_any_python_3(tmp_path: Path) -> None:
+    """A built wheel holds the kernel and its source, loads it, and is tagged ``py3-none``
+    for this platform (the library uses no Python ABI)."""
+    if _field.KERNEL is None:
+        pytest.skip("the field kernel was not built (no C compiler at install)")
+    sdk = Path(__file__).resolve().parents[2] / "sdk"
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run(
+        [*command, "-q", "-w", str(tmp_path), str(sdk)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    platform_tag = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    assert wheel.name.endswith(f"-py3-none-{platform_tag}.whl"), wheel.name
+    inside = tmp_path / "unpacked"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert {
+            "rollnet/sdk/proofs/_field_kernel.so",
+            "rollnet/sdk/proofs/_field_kernel.c",
+        } <= names
+        archive.extractall(inside)
+        (metadata,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
+        assert "Root-Is-Purelib: false" in archive.read(metadata).decode()
+    _field._Kernel(inside / "rollnet/sdk/proofs/_field_kernel.so")  # built from its source
 
 
 def test_interpolation_refuses_mismatched_shapes(implementation: str) -> None:
