@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import blake3
 import grpc
 import pytest
 from coordinator_testing import (
@@ -24,7 +25,7 @@ from coordinator_testing import (
 from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
-from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.coordinator.server import prune_uncredited_blobs, start_coordinator
 from rollnet.reference.coordinator.work import (
     count_rollouts,
     spot_check_draw,
@@ -321,6 +322,16 @@ async def test_a_job_no_validator_finishes_is_given_up_and_its_prompts_queued_ag
         )
         assert (balance.credited, balance.slashed) == (0, 0)
         assert coordinator.ctx.metrics.validation_failed._value.get() == 1
+        # Nobody could check it: its batch is kept for rejected_blob_ttl, then deleted.
+        batch = coordinator.ctx.blobs
+        digest = blake3.blake3(make_work(worker_identity, first.task, first.lease).batch).digest()
+        assert batch.exists(digest)
+        assert await prune_uncredited_blobs(coordinator.ctx) == (0, 0)
+        later = coordinator.ctx.clock() + config.rejected_blob_ttl + timedelta(seconds=1)
+        coordinator.ctx.clock = lambda: later
+        files, _ = await prune_uncredited_blobs(coordinator.ctx)
+        assert files == 1
+        assert not batch.exists(digest)
     finally:
         for client in (trainer, validator, worker):
             await client.close()

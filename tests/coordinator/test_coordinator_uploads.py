@@ -18,6 +18,7 @@ import pytest
 from coordinator_testing import (
     Work,
     connect,
+    judge_next_job,
     make_work,
     pull,
     raw_upload,
@@ -32,11 +33,17 @@ from coordinator_testing import (
     publish_checkpoint as publish_test_checkpoint,
 )
 
-from rollnet.reference.coordinator import blobstore, work
+from rollnet.ledger.models import Blob
+from rollnet.reference.coordinator import blobstore, server, work
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
-from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_orphan_blobs
+from rollnet.reference.coordinator.server import (
+    Coordinator,
+    prune_uncredited_blobs,
+    start_coordinator,
+    sweep_orphan_blobs,
+)
 from rollnet.reference.coordinator.uploads import (
     PendingUploads,
     QuotaExceeded,
@@ -347,6 +354,74 @@ async def test_a_restart_finds_and_sweeps_orphans_of_the_previous_run(
         assert all(restarted.ctx.blobs.exists(digest) for digest in kept)
     finally:
         await restarted.stop(grace=0.5)
+
+
+async def test_batches_of_rejected_work_are_deleted_after_the_retention(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server, "_RETENTION_PAGE", 1)  # finished jobs read one at a time
+    coordinator = await _start(coordinator_config)
+    ctx = coordinator.ctx
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    identity, worker = await _worker(coordinator)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await publish_test_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 2)
+        batches = []
+        for accept in (True, False):
+            pulled = await pull(worker)
+            work_done = make_work(identity, pulled.task, pulled.lease)
+            await upload_and_commit(worker, identity, work_done)
+            await judge_next_job(validator, accept=accept)
+            batches.append((blake3.blake3(work_done.batch).digest(), work_done.batch))
+        (accepted, _), (rejected, rejected_bytes) = batches
+        retention = ctx.config.rejected_blob_ttl
+        assert retention.total_seconds() > 0, "on by default"
+        assert await prune_uncredited_blobs(ctx) == (0, 0), "younger than the retention"
+        assert ctx.blobs.exists(rejected)
+
+        later = ctx.clock() + retention + timedelta(seconds=1)
+        ctx.clock = lambda: later
+        size = ctx.blobs.size(rejected)
+        assert await prune_uncredited_blobs(ctx) == (1, ctx.uploads.footprint(size))
+        assert not ctx.blobs.exists(rejected)
+        assert ctx.blobs.exists(accepted), "credited work is the trainer's: kept"
+        assert ctx.metrics.rejected_blobs_pruned._value.get() == 1
+        with ctx.sessions() as session:
+            row = session.get(Blob, rejected.hex())
+            assert row is not None
+            assert row.pruned_at == later, "the row stays (the ledger names it), marked"
+            kept = session.get(Blob, accepted.hex())
+            assert kept is not None
+            assert kept.pruned_at is None
+        with pytest.raises(RollnetError) as gone:
+            await worker.blobs.download(rejected)
+        assert (gone.value.code, gone.value.reason) == (
+            grpc.StatusCode.NOT_FOUND,
+            ErrorReason.BLOB_NOT_FOUND,
+        )
+        assert "deleted" in gone.value.message, "says why it is not there"
+        assert await prune_uncredited_blobs(ctx) == (0, 0), "nothing twice"
+
+        # A restart walks the finished jobs again from the start and deletes nothing twice.
+        ctx.retention_position = None
+        assert await prune_uncredited_blobs(ctx) == (0, 0)
+
+        # The same bytes uploaded again are nobody's: charged, and swept as an orphan.
+        assert not (await worker.blobs.upload(rejected_bytes, BATCH)).already_present
+        assert ctx.uploads.is_pending(rejected)
+        ctx.uploads.clock = lambda: time.time() + ctx.config.orphan_blob_ttl.total_seconds() + 1
+        files, _ = await sweep_orphan_blobs(ctx)
+        assert files == 1
+        assert not ctx.blobs.exists(rejected)
+    finally:
+        await coordinator.stop(grace=0.5)
 
 
 def _shard_digests(root: Path, exclude: bytes) -> set[bytes]:

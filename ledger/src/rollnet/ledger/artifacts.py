@@ -1,7 +1,8 @@
 """Blobs, commitments and checkpoints: immutable records, written once.
 
 Writes are idempotent where the protocol retries: recording the same blob or checkpoint twice is
-a no-op, recording a conflicting one is an error.
+a no-op, recording a conflicting one is an error. The one later change is a blob's ``pruned_at``:
+the bytes of uncredited work are deleted after a retention period, the row stays.
 
 The statements on the commitment path (one per lease cycle) are built once at import and run as
 Core statements: building and caching an ORM query costs more than SQLite takes to run it.
@@ -9,10 +10,11 @@ Core statements: building and caching an ORM query costs more than SQLite takes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.models import Blob, Checkpoint, Commitment, table_of
@@ -32,11 +34,17 @@ def record_blob(
     uploader_id: str | None,
     now: datetime,
 ) -> None:
-    """Record a stored blob; recording the same hash and size again is a no-op."""
+    """Record a stored blob; recording the same hash and size again is a no-op (one pruned
+    meanwhile, whose bytes the caller has stored again, is no longer pruned)."""
     existing = _BLOB_SIZE.scalar(session, {"hash": blake3_hex})
     if existing is not None:
         if existing != size:
             raise ConflictError(f"blob {blake3_hex} already recorded with size {existing}")
+        session.execute(
+            update(Blob)
+            .where(Blob.hash == blake3_hex, Blob.pruned_at.is_not(None))
+            .values(pruned_at=None)
+        )
         return
     _INSERT_BLOB.run(
         session,
@@ -46,8 +54,22 @@ def record_blob(
             "location": location,
             "uploader_id": uploader_id,
             "created_at": now,
+            "pruned_at": None,
         },
     )
+
+
+def mark_blobs_pruned(session: Session, blake3_hexes: Sequence[str], *, now: datetime) -> int:
+    """Record that these blobs' bytes were deleted (rows kept); returns how many changed."""
+    if not blake3_hexes:
+        return 0
+    result = session.execute(
+        update(Blob)
+        .where(Blob.hash.in_(list(blake3_hexes)), Blob.pruned_at.is_(None))
+        .values(pruned_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def get_blob(session: Session, blake3_hex: str) -> Blob | None:

@@ -207,6 +207,9 @@ class Blob(Base):
     location: Mapped[str] = mapped_column(String(1024))
     uploader_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"))
     created_at: Mapped[datetime]
+    #: When the bytes were deleted under the retention of uncredited work (the batch of a
+    #: rejected or unvalidatable commitment); the row stays, as the ledger names the digest.
+    pruned_at: Mapped[datetime | None]
 
 
 class Commitment(Base):
@@ -252,6 +255,8 @@ class ValidationJob(Base):
             "check_probability > 0 AND check_probability <= 1", name="check_probability_range"
         ),
         Index(None, "state", "created_at", "id"),
+        # Finished jobs in the order they ended: the retention sweep walks them once.
+        Index(None, "state", "updated_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks
 from rollnet.ledger.enums import TaskState, ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
-from rollnet.ledger.models import Commitment, ValidationJob, Verdict, table_of
+from rollnet.ledger.models import Blob, Commitment, ValidationJob, Verdict, table_of
 from rollnet.ledger.prepared import prepared_insert
 
 
@@ -345,3 +345,54 @@ _INSERT_JOB = prepared_insert(
         "updated_at",
     ],
 )
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A validation job that ended (DONE or FAILED), in the order jobs ended."""
+
+    job_id: str
+    ended_at: datetime
+    #: The rollout batch's digest (hex) when the job earned no credit (rejected, or FAILED) and
+    #: the batch has not been pruned yet; None otherwise.
+    uncredited_blob: str | None
+
+
+def finished_jobs(
+    session: Session,
+    *,
+    ended_before: datetime,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[FinishedJob]:
+    """Validation jobs that ended before ``ended_before``, after the position ``after`` (ended
+    at, job id) in (ended at, id) order: at most ``limit``, each with its batch if that batch
+    is uncredited work not pruned yet (what the retention sweep deletes)."""
+    ended = ValidationJob.state.in_((ValidationJobState.DONE, ValidationJobState.FAILED))
+    window = [ended, ValidationJob.updated_at < ended_before]
+    if after is not None:
+        at, job_id = after
+        window.append(
+            or_(
+                ValidationJob.updated_at > at,
+                and_(ValidationJob.updated_at == at, ValidationJob.id > job_id),
+            )
+        )
+    uncredited = and_(
+        Blob.pruned_at.is_(None),
+        or_(ValidationJob.state == ValidationJobState.FAILED, Verdict.accepted.is_(False)),
+    )
+    rows = session.execute(
+        select(
+            ValidationJob.id,
+            ValidationJob.updated_at,
+            case((uncredited, Blob.hash), else_=None),
+        )
+        .join(Commitment, Commitment.id == ValidationJob.commitment_id)
+        .join(Blob, Blob.hash == Commitment.rollout_blob_hash)
+        .outerjoin(Verdict, Verdict.validation_job_id == ValidationJob.id)
+        .where(*window)
+        .order_by(ValidationJob.updated_at, ValidationJob.id)
+        .limit(limit)
+    )
+    return [FinishedJob(job_id, at, blob) for job_id, at, blob in rows]

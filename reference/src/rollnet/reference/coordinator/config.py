@@ -78,6 +78,9 @@ class CoordinatorConfig:
     min_free_disk_bytes: int = 1024 * 1024 * 1024
     #: An upload that nothing references this long after it arrived is deleted.
     orphan_blob_ttl: timedelta = timedelta(hours=6)
+    #: The rollout batch of a commitment that earned no credit (its validation rejected it, or
+    #: failed for good) is deleted this long after; 0 keeps every batch forever.
+    rejected_blob_ttl: timedelta = timedelta(days=7)
     blob_sweep_interval: timedelta = timedelta(seconds=60)
     rate_limit_per_key: float = 200.0
     rate_burst_per_key: int = 400
@@ -214,6 +217,11 @@ OPTIONS: tuple[Option, ...] = (
         "free space uploads must leave on the blob store's file system, bytes",
     ),
     Option("orphan_blob_ttl", _seconds, "age at which an unreferenced upload is deleted, seconds"),
+    Option(
+        "rejected_blob_ttl",
+        _seconds,
+        "how long the batch of rejected (or unvalidatable) work is kept, seconds; 0: forever",
+    ),
     Option("blob_sweep_interval", _seconds, "how often orphan uploads are swept, seconds"),
     Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
     Option("rate_burst_per_key", _positive_int, "burst of calls per key"),

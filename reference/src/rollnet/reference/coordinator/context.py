@@ -102,6 +102,8 @@ class CoordinatorContext:
     sessions: sessionmaker[Session] = field(init=False)
     #: Uploads no record references yet (quota and orphan sweeping).
     uploads: PendingUploads = field(init=False)
+    #: (ended at, job id) of the last finished validation job the retention sweep has passed.
+    retention_position: tuple[datetime, str] | None = None
     _writer: GroupCommitWriter | ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:

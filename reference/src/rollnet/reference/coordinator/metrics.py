@@ -60,6 +60,17 @@ class CoordinatorMetrics:
             "Bytes of uploads deleted because nothing referenced them within orphan_blob_ttl",
             registry=self.registry,
         )
+        self.rejected_blobs_pruned = Counter(
+            "rollnet_rejected_blobs_pruned_total",
+            "Rollout batches of uncredited work (rejected, or validation failed) deleted "
+            "rejected_blob_ttl after",
+            registry=self.registry,
+        )
+        self.rejected_bytes_pruned = Counter(
+            "rollnet_rejected_blob_bytes_pruned_total",
+            "Bytes of rollout batches of uncredited work deleted rejected_blob_ttl after",
+            registry=self.registry,
+        )
         self.pending_upload_bytes = Gauge(
             "rollnet_pending_upload_bytes",
             "Bytes (whole disk blocks) of uploads that no commitment or checkpoint references yet",

@@ -9,6 +9,8 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import grpc
@@ -16,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.orm import Session
 
+from rollnet.ledger import artifacts
 from rollnet.ledger import nodes as node_repo
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
@@ -74,6 +77,9 @@ from rollnet.v1 import (
 )
 
 log = logging.getLogger("rollnet.coordinator")
+
+#: Finished validation jobs read per query by the retention sweep.
+_RETENTION_PAGE = 500
 
 _SERVICE_DESCRIPTORS = (
     node_service_pb2,
@@ -217,6 +223,51 @@ async def sweep_orphan_blobs(ctx: CoordinatorContext) -> tuple[int, int]:
     return files, freed
 
 
+async def prune_uncredited_blobs(ctx: CoordinatorContext) -> tuple[int, int]:
+    """Delete the rollout batches of work that earned no credit (validation rejected it, or
+    failed for good) ``rejected_blob_ttl`` after it ended; returns (files, bytes).
+
+    Finished validation jobs are walked in the order they ended, from where the last sweep of
+    this process stopped (the first sweep after a start walks them all once). Files go first,
+    then the rows are marked pruned: a sweep interrupted between the two deletes nothing twice
+    and marks the rest next time.
+    """
+    ttl = ctx.config.rejected_blob_ttl
+    if ttl <= timedelta(0):
+        return 0, 0
+    cutoff = ctx.clock() - ttl
+    files = freed = 0
+    while True:
+        page = await ctx.run_read(
+            partial(
+                job_repo.finished_jobs,
+                ended_before=cutoff,
+                after=ctx.retention_position,
+                limit=_RETENTION_PAGE,
+            )
+        )
+        if not page:
+            break
+        doomed = [job.uncredited_blob for job in page if job.uncredited_blob is not None]
+        if doomed:
+            gone, size = await asyncio.to_thread(
+                uploads.delete_uncredited, ctx.uploads, ctx.blobs, doomed
+            )
+            mark = partial(artifacts.mark_blobs_pruned, blake3_hexes=gone, now=ctx.clock())
+            await ctx.run_in_transaction(mark, scoped=False)
+            files, freed = files + len(gone), freed + size
+            if len(gone) < len(doomed):
+                break  # a file could not be removed: from here again at the next sweep
+        ctx.retention_position = (page[-1].ended_at, page[-1].job_id)
+        if len(page) < _RETENTION_PAGE:
+            break
+    if files:
+        ctx.metrics.rejected_blobs_pruned.inc(files)
+        ctx.metrics.rejected_bytes_pruned.inc(freed)
+        log.info("batches of uncredited work deleted", extra={"files": files, "bytes": freed})
+    return files, freed
+
+
 async def _sweep_blobs_forever(ctx: CoordinatorContext) -> None:
     """Adopt what the last run left unreferenced (tried again at each sweep until it succeeds;
     sweeping goes on meanwhile), and sweep."""
@@ -236,6 +287,7 @@ async def _sweep_blobs_forever(ctx: CoordinatorContext) -> None:
                 if found:
                     log.info("unreferenced blobs found on start", extra={"files": found})
         await sweep_orphan_blobs(ctx)
+        await prune_uncredited_blobs(ctx)
 
     await _every(ctx.config.blob_sweep_interval.total_seconds(), sweep)
 

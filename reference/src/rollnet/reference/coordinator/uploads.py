@@ -371,12 +371,15 @@ class ShardIndex:
 
 
 def unreferenced(session: Session, digests: list[bytes], shards: ShardIndex) -> list[bytes]:
-    """The digests that no blob row records and no published manifest names."""
+    """The digests that no blob row records (or only a pruned one: its bytes were deleted, so
+    bytes stored again under it are nobody's) and no published manifest names."""
     left: list[bytes] = []
     for start in range(0, len(digests), _CHECK_CHUNK):
         chunk = digests[start : start + _CHECK_CHUNK]
         names = [d.hex() for d in chunk]
-        recorded = set(session.scalars(select(Blob.hash).where(Blob.hash.in_(names))))
+        recorded = set(
+            session.scalars(select(Blob.hash).where(Blob.hash.in_(names), Blob.pruned_at.is_(None)))
+        )
         left += [d for d, name in zip(chunk, names, strict=True) if name not in recorded]
     if left:
         named = shards.refresh(session)
@@ -424,6 +427,38 @@ def adopt_unreferenced(
                     pending.adopt(digest, size, mtime)
                     adopted += 1
     return adopted
+
+
+def delete_uncredited(
+    pending: PendingUploads, store: BlobStore, blob_hexes: Iterable[str]
+) -> tuple[list[str], int]:
+    """Delete the stored batches of uncredited work: (the digests now gone, bytes freed in whole
+    blocks). Blocking: run it on a thread.
+
+    A batch binds its lease, so no other commitment can name it; a digest a published manifest
+    names (never a batch in practice) is kept all the same. One that cannot be removed is left
+    out, to be tried again at the next sweep; one already gone counts as gone.
+    """
+    shards = pending.shards.shards
+    gone: list[str] = []
+    freed = 0
+    for blob_hex in blob_hexes:
+        digest = bytes.fromhex(blob_hex)
+        if digest in shards:
+            continue
+        try:
+            try:
+                size: int | None = store.size(digest)
+            except FileNotFoundError:
+                size = None  # deleted by an earlier sweep that stopped before recording it
+            store.remove(digest)
+        except OSError as error:
+            log.warning("batch %s of uncredited work not deleted: %s", blob_hex, error)
+            continue
+        gone.append(blob_hex)
+        if size is not None:
+            freed += pending.footprint(size)
+    return gone, freed
 
 
 def has_room(store_root: str | os.PathLike[str], size: int, reserve: int) -> bool:

@@ -314,7 +314,15 @@ class WorkDesk:
         v.require(len(request.blake3) == 32, "blake3", "must be 32 bytes")
         v.raise_if_any()
         if not self.ctx.blobs.exists(request.blake3):
-            raise Refusal(ErrorReason.BLOB_NOT_FOUND, f"no blob {request.blake3.hex()}")
+            name = request.blake3.hex()
+            row = await self.ctx.run_read(lambda session: artifacts.get_blob(session, name))
+            if row is not None and row.pruned_at is not None:
+                raise Refusal(
+                    ErrorReason.BLOB_NOT_FOUND,
+                    f"blob {name} (the batch of uncredited work) was deleted at "
+                    f"{row.pruned_at.isoformat()}, rejected_blob_ttl after its validation ended",
+                )
+            raise Refusal(ErrorReason.BLOB_NOT_FOUND, f"no blob {name}")
         offset = request.offset
         end: int | None = request.offset + request.length if request.length else None
         while True:
