@@ -13,6 +13,7 @@ from rollnet.ledger.nodes import (
     get_node,
     list_nodes,
     mark_stale_nodes,
+    record_accepted,
     record_heartbeat,
     register_node,
     set_node_state,
@@ -165,3 +166,28 @@ def test_trust_is_bounded(sessions: sessionmaker[Session], add_nodes: AddNodes) 
         with pytest.raises(ValueError, match=r"\[0, 1\]"):
             set_trust(session, node_id, trust=1.5, accepted_streak=0)
         assert not set_trust(session, "e" * 32, trust=0.5, accepted_streak=0)
+
+
+def test_an_accept_grows_the_streak_the_row_holds(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """The streak is incremented in SQL, from the row as it is when the UPDATE runs: a reset
+    committed since the caller read the node (a concurrent reject) is not overwritten."""
+    (node_id,) = add_nodes(1)
+    with sessions.begin() as session:
+        assert record_accepted(session, node_id, trusted_streak=4) == 1
+        assert record_accepted(session, node_id, trusted_streak=4) == 2
+    with sessions.begin() as session:
+        stale = get_node(session, node_id)
+        assert stale is not None
+        assert (stale.accepted_streak, stale.trust) == (2, 0.5)
+        set_trust(session, node_id, trust=0.0, accepted_streak=0)  # a reject meanwhile
+        assert record_accepted(session, node_id, trusted_streak=4) == 1
+    with sessions.begin() as session:
+        for _ in range(5):
+            record_accepted(session, node_id, trusted_streak=4)
+    with sessions() as session:
+        node = get_node(session, node_id)
+        assert node is not None
+        assert (node.accepted_streak, node.trust) == (6, 1.0), "trust is capped at 1"
+        assert record_accepted(session, "e" * 32, trusted_streak=4) is None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, or_, select, update
+from sqlalchemy import Float, and_, bindparam, case, cast, or_, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.enums import HEARTBEAT_REVIVABLE_STATES, NodeRole, NodeState
@@ -268,6 +268,27 @@ def set_trust(session: Session, node_id: str, *, trust: float, accepted_streak: 
         .execution_options(synchronize_session=False)
     )
     return _rowcount(result) == 1
+
+
+def record_accepted(session: Session, node_id: str, trusted_streak: int) -> int | None:
+    """One more accepted commitment for ``node_id``: its streak grows by one and its trust
+    becomes ``min(1, streak / trusted_streak)``, in one UPDATE that reads the row it writes (a
+    concurrent reset or increment is never overwritten). Returns the new streak (None: no
+    such node)."""
+    streak = Node.accepted_streak + 1
+    trust = case(
+        (streak >= trusted_streak, 1.0),
+        else_=cast(streak, Float) / float(max(trusted_streak, 1)),
+    )
+    result = session.execute(
+        update(Node)
+        .where(Node.id == node_id)
+        .values(accepted_streak=streak, trust=trust)
+        .returning(Node.accepted_streak)
+        .execution_options(synchronize_session=False)
+    )
+    value = result.scalar_one_or_none()
+    return None if value is None else int(value)
 
 
 def _rowcount(result: Any) -> int:

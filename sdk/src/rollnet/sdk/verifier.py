@@ -64,6 +64,9 @@ class KnownKey:
     role: int
     """A ``rollnet.v1.Role`` value."""
     banned: bool = False
+    revoked: str = ""
+    """Why the key may no longer act in its role (e.g. taken off the server's allow-list for
+    it); non-empty refuses every call but registration with ``ROLE_NOT_PERMITTED``."""
 
 
 KeyResolver = Callable[[bytes], Awaitable[KnownKey | None]]
@@ -312,6 +315,8 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
         if known is not None and known.banned:
             raise VerificationError(ErrorReason.NODE_BANNED, "key is banned")
+        if known is not None and known.revoked and method not in config.registration_methods:
+            raise VerificationError(ErrorReason.ROLE_NOT_PERMITTED, known.revoked)
         allowed = config.method_policy.get(method)
         if allowed is None:
             raise VerificationError(ErrorReason.ROLE_NOT_ALLOWED, f"{method} is not callable")

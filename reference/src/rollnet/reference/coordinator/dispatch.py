@@ -34,6 +34,7 @@ from rollnet.reference.coordinator.nodes import (
     Caller,
     capabilities_from_db,
     duration,
+    refuse_unless_in_standing,
     refuse_unusable,
     timestamp,
 )
@@ -580,6 +581,7 @@ class Dispatcher:
                 max_attempts=config.max_attempts,
             )
             if outcome is not LeaseOutcome.OK:
+                refuse_unless_in_standing(session, caller)  # ejected, banned: say so
                 raise lease_outcome_refusal(outcome, f"task {row.id}")
             session.refresh(row)
             return task_service_pb2.FailTaskResponse(requeued=row.state == "queued")

@@ -22,6 +22,8 @@ from rollnet.ledger import artifacts, nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.reference.coordinator.context import CoordinatorContext
 
+_NOT_WORKING = frozenset({NodeState.EJECTED, NodeState.BANNED, NodeState.DEREGISTERED})
+
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResult:
@@ -189,10 +191,12 @@ class HeartbeatBatcher:
                     for p in batch
                 },
             )
+            # An ejected, banned or deregistered node's leases were taken back; should it hold
+            # one again somehow, its heartbeats do not keep it.
             holders = [
                 (lease_id, p.node_id)
                 for p in batch
-                if p.node_id in states
+                if p.node_id in states and states[p.node_id][0] not in _NOT_WORKING
                 for lease_id in p.lease_ids
             ]
             extended = tasks.extend_leases(

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import nodes as node_repo
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.reference.coordinator.context import CoordinatorContext
-from rollnet.reference.coordinator.nodes import ROLE_FROM_DB
+from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, off_allow_list
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.sdk.verifier import KnownKey
 
@@ -107,7 +107,10 @@ class KeyDirectory:
             if public_key != key:
                 continue  # a node id collision would need a BLAKE3 collision; refuse all the same
             known = KnownKey(
-                node_id=node_id, role=ROLE_FROM_DB[role], banned=state == NodeState.BANNED
+                node_id=node_id,
+                role=ROLE_FROM_DB[role],
+                banned=state == NodeState.BANNED,
+                revoked=off_allow_list(self.ctx.config, role, node_id, public_key, now=True),
             )
             found[key] = known
             if generation != self.ctx.key_cache_generation:

@@ -15,6 +15,7 @@ from rollnet.ledger import nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
 from rollnet.ledger.nodes import NodeStanding
+from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.context import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
@@ -151,6 +152,37 @@ def refuse_unusable(row: Node | NodeStanding) -> None:
         )
 
 
+def off_allow_list(
+    config: CoordinatorConfig,
+    role: NodeRole,
+    node_id: str,
+    public_key: bytes,
+    *,
+    now: bool = False,
+) -> str:
+    """Why ``role`` is not permitted to this key by the configured allow-lists ("" when it is,
+    or the role needs none). ``now``: said of a node registered before the list changed."""
+    allow = {
+        NodeRole.VALIDATOR: config.validators,
+        NodeRole.TRAINER: config.trainers,
+        NodeRole.OPERATOR: config.operators,
+    }.get(role)
+    if allow is None or node_id in allow or public_key.hex() in allow:
+        return ""
+    return (
+        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list"
+    )
+
+
+def refuse_unless_in_standing(session: Session, caller: Caller) -> None:
+    """Refuse work from a node that is not registered, or is ejected, banned or deregistered,
+    read in the caller's transaction (the key cache may be another replica's, 30 s old)."""
+    standing = nodes.get_standing(session, caller.node_id)
+    if standing is None:
+        raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
+    refuse_unusable(standing)
+
+
 class RegistrationLimiter:
     """Sliding one-minute window of registrations per client IP."""
 
@@ -226,18 +258,9 @@ class NodeRegistry:
             )
 
     def _check_role_permitted(self, role: NodeRole, public_key: bytes, node_id: str) -> None:
-        allow = {
-            NodeRole.VALIDATOR: self.ctx.config.validators,
-            NodeRole.TRAINER: self.ctx.config.trainers,
-            NodeRole.OPERATOR: self.ctx.config.operators,
-        }.get(role)
-        if allow is None:
-            return
-        if node_id not in allow and public_key.hex() not in allow:
-            raise Refusal(
-                ErrorReason.ROLE_NOT_PERMITTED,
-                f"key {node_id} is not on the coordinator's {role} allow-list",
-            )
+        why = off_allow_list(self.ctx.config, role, node_id, public_key)
+        if why:
+            raise Refusal(ErrorReason.ROLE_NOT_PERMITTED, why)
 
     def _check_pool(self, pool: str, token: str) -> None:
         config = self.ctx.config.pools.get(pool)

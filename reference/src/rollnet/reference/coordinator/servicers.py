@@ -134,8 +134,11 @@ class Idempotency:
             response = await produce()
         except StoredResponse as replay:
             return self._replayed(replay.payload, method, request_id, digest, response_type)
-        except IntegrityError:
-            # A concurrent call with the same request id won the race and rolled us back.
+        except (IntegrityError, Refusal):
+            # A concurrent call with the same request id won the race: it rolled us back (its
+            # record came first), or it changed what we checked (on PostgreSQL a retry waits
+            # on the first call's row locks, then finds the job done or the lease closed).
+            # Either way its stored answer, if it has one, is this call's answer too.
             raced = await self._lookup(who, method, request_id, digest, response_type)
             if raced is None:
                 raise

@@ -11,6 +11,7 @@ import struct
 from collections.abc import AsyncIterator
 from datetime import datetime
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -40,7 +41,14 @@ from rollnet.reference.coordinator.dispatch import (
     lease_outcome_refusal,
     task_to_proto,
 )
-from rollnet.reference.coordinator.nodes import Caller, duration, eject_node, timestamp
+from rollnet.reference.coordinator.nodes import (
+    Caller,
+    duration,
+    eject_node,
+    refuse_unless_in_standing,
+    refuse_unusable,
+    timestamp,
+)
 from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
@@ -215,6 +223,8 @@ class WorkDesk:
                 ErrorReason.BLOB_TOO_LARGE,
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
+        # An ejected (or deregistered) worker has nothing left to commit: no quota, no disk.
+        await self.ctx.run_read(partial(refuse_unless_in_standing, caller=caller))
         uploads = self.ctx.uploads
 
         def over_quota(error: QuotaExceeded) -> Refusal:
@@ -537,6 +547,7 @@ class WorkDesk:
             task, existing = _task_and_repeat(session, caller, request)
             if existing is not None:
                 return self._response(session, existing, request.binding_digest), False
+            refuse_unless_in_standing(session, caller)  # ejected, banned: say so, not the lease
             check_batch(task)
             outcome = tasks.why_not_submitted(
                 session,
@@ -607,6 +618,7 @@ class WorkDesk:
             )
             node = nodes.get_standing(session, caller.node_id)
             assert node is not None
+            refuse_unusable(node)  # rolls the submission back
             probability = spot_check_probability(
                 node.accepted_streak, config.trusted_streak, config.min_validation_rate
             )
@@ -719,6 +731,7 @@ class WorkDesk:
         deadline = self.ctx.clock() + wait
 
         def work(session: Session) -> validation_service_pb2.PullValidationJobResponse | None:
+            refuse_unless_in_standing(session, caller)
             now = self.ctx.clock()
             leased = validation.lease_next_validation_job(
                 session, node_id=caller.node_id, now=now, lease_duration=config.lease_duration
@@ -783,6 +796,15 @@ class WorkDesk:
             "reject_reason",
             "is required when rejecting",
         )
+        for index, check in enumerate(request.checks):
+            for name, value in check.figures.items():
+                v.require(math.isfinite(value), f"checks[{index}].figures[{name!r}]", "not finite")
+        for index, reward in enumerate(request.validated_rewards):
+            v.require(
+                all(map(math.isfinite, (reward.task_reward, reward.length_penalty, reward.total))),
+                f"validated_rewards[{index}]",
+                "must be finite",
+            )
         v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
@@ -790,6 +812,7 @@ class WorkDesk:
         accepted = request.decision == accept
 
         def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
+            refuse_unless_in_standing(session, caller)
             job = validation.get_job(session, request.job_id)
             if job is None:
                 raise Refusal(ErrorReason.JOB_NOT_FOUND, f"no validation job {request.job_id}")
@@ -801,6 +824,18 @@ class WorkDesk:
             if accepted and len(request.validated_rewards) != expected:
                 raise invalid(
                     ("validated_rewards", f"must hold {expected} rewards, one per rollout")
+                )
+            validated = request.validated_work
+            if accepted and validated.prefill_tokens + validated.decode_tokens > max(
+                commitment.claimed_work, 0
+            ):
+                # Credit is for tokens the batch holds: no validator can vouch for more.
+                raise invalid(
+                    (
+                        "validated_work",
+                        f"{validated.prefill_tokens} + {validated.decode_tokens} tokens exceed "
+                        f"the {commitment.claimed_work} the commitment's batch holds",
+                    )
                 )
             flops = _flops_per_token(session, task.checkpoint_step)
             if accepted:
@@ -854,13 +889,9 @@ class WorkDesk:
                         verdict_id=verdict_id,
                     )
                 )
-                streak = worker.accepted_streak + 1
-                nodes.set_trust(
-                    session,
-                    commitment.node_id,
-                    trust=min(1.0, streak / config.trusted_streak),
-                    accepted_streak=streak,
-                )
+                # One UPDATE reading the row it writes: a concurrent reject's reset (or another
+                # accept) is never overwritten with a stale streak.
+                nodes.record_accepted(session, commitment.node_id, config.trusted_streak)
             else:
                 tasks.transition_task(
                     session,
