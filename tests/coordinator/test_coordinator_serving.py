@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rollnet.ledger import create_engine, upgrade_to_head
-from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, TlsConfig
 from rollnet.v1 import common_pb2, task_service_pb2
@@ -217,3 +217,23 @@ async def test_tls_listener(coordinator_config: CoordinatorConfig, tmp_path: Pat
         await secure.close()
         await plaintext.close()
         await coordinator.stop(grace=0.1)
+
+
+@sqlite_only
+async def test_a_port_in_use_is_refused_not_shared(
+    coordinator_config: CoordinatorConfig, tmp_path: Path
+) -> None:
+    """gRPC's default SO_REUSEPORT would let a second coordinator share the first one's port
+    and answer part of its calls; it must refuse to start instead, saying why."""
+    first = await start_coordinator(coordinator_config)
+    try:
+        taken = with_overrides(
+            coordinator_config,
+            listen=f"127.0.0.1:{first.port}",
+            data_dir=tmp_path / "second",
+            database_url=f"sqlite:///{tmp_path / 'second.db'}",
+        )
+        with pytest.raises(ConfigError, match=f"cannot serve on 127.0.0.1:{first.port}"):
+            await start_coordinator(taken)
+    finally:
+        await first.stop(grace=0.5)

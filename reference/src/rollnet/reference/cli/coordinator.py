@@ -43,5 +43,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollnet coordinator: {error}")
         return 2
     configure_logging(args.log_level)
-    asyncio.run(serve_forever(config))
+    try:
+        asyncio.run(serve_forever(config))
+    except ConfigError as error:  # found on start: the listen address cannot be served
+        print(f"rollnet coordinator: {error}")
+        return 2
     return 0

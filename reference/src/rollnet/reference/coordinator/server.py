@@ -27,7 +27,7 @@ from rollnet.ledger.migrate import upgrade_to_head
 from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
-from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
@@ -354,6 +354,9 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.server.max_pending_requests", config.max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", 2 * config.max_pending_calls),
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on a port already in use
+            # would share it with the first, each answering part of the calls.
+            ("grpc.so_reuseport", 0),
         ],
     )
     idem = Idempotency(ctx)
@@ -402,13 +405,20 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    if config.tls_cert is not None and config.tls_key is not None:
-        credentials = grpc.ssl_server_credentials(
-            [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())]
-        )
-        port = server.add_secure_port(config.listen, credentials)
-    else:
-        port = server.add_insecure_port(config.listen)
+    try:
+        if config.tls_cert is not None and config.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())]
+            )
+            port = server.add_secure_port(config.listen, credentials)
+        else:
+            port = server.add_insecure_port(config.listen)
+    except (RuntimeError, OSError) as error:
+        ctx.close()
+        raise ConfigError(
+            f"listen: cannot serve on {config.listen} (in use, not an address of this machine, "
+            f"or unreadable TLS files): {error}"
+        ) from None
     coordinator = Coordinator(
         ctx=ctx,
         server=server,
