@@ -226,6 +226,10 @@ async def test_spot_checks_thin_out_and_rejects_eject(
             await pull(bad, wait=0)
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert refused.value.reason == ErrorReason.NODE_EJECTED
+        # Its uploads too, at once (the state its key was cached with is dropped on ejection).
+        with pytest.raises(RollnetError) as refused:
+            await bad.blobs.upload(b"more work", blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
+        assert refused.value.reason == ErrorReason.NODE_EJECTED
         # Verdicts come from validator keys only.
         with pytest.raises(RollnetError) as refused:
             await good.validation.submit_verdict(

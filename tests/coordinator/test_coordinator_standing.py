@@ -167,6 +167,10 @@ async def test_ejected_nodes_do_no_more_work_and_verdicts_are_checked(
             ledger_service_pb2.GetBalanceRequest(node_id=honest.node_id)
         )
         assert (balance.credited, balance.slashed) == (0, 0), "nobody judged it"
+        # A deregistered worker's uploads are refused at once.
+        await honest_client.nodes.deregister_node(node_service_pb2.DeregisterNodeRequest())
+        refused = await _refused(honest_client.blobs.upload(b"after leaving", BATCH))
+        assert refused.reason == ErrorReason.NODE_DEREGISTERED, refused
     finally:
         for client in clients.values():
             await client.close()

@@ -8,6 +8,7 @@ import contextvars
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import idempotency
 from rollnet.ledger.engine import read_only_session, session_factory
+from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
@@ -96,7 +98,8 @@ class CoordinatorContext:
     clock: Callable[[], datetime] = utc_now
     signals: Signals = field(default_factory=Signals)
     #: public key -> (what the verifier needs, monotonic expiry); see keys.KeyDirectory.
-    key_cache: dict[bytes, tuple[KnownKey, float]] = field(default_factory=dict)
+    #: public key -> (what the verifier needs, the node's state when read, monotonic expiry).
+    key_cache: dict[bytes, tuple[KnownKey, NodeState, float]] = field(default_factory=dict)
     #: Bumped by :meth:`forget_keys`; a look-up begun before a bump does not refill the cache.
     key_cache_generation: int = 0
     sessions: sessionmaker[Session] = field(init=False)
@@ -123,8 +126,16 @@ class CoordinatorContext:
                 max_workers=write_threads(self.config), thread_name_prefix="rollnet-write"
             )
 
+    def cached_state(self, public_key: bytes) -> NodeState | None:
+        """The node's state as its key was last resolved (None: not cached, or expired); as
+        fresh as the key cache (bans, ejections and deregistrations here clear it)."""
+        cached = self.key_cache.get(public_key)
+        if cached is None or cached[2] <= time.monotonic():
+            return None
+        return cached[1]
+
     def forget_keys(self) -> None:
-        """Drop every cached key (a node was banned or ejected)."""
+        """Drop every cached key (a node was banned, ejected or deregistered)."""
         self.key_cache.clear()
         self.key_cache_generation += 1
 

@@ -52,7 +52,7 @@ class KeyDirectory:
     async def resolve(self, public_key: bytes) -> KnownKey | None:
         """What is known of ``public_key``; ``None`` when it is not registered."""
         cached = self.ctx.key_cache.get(public_key)
-        if cached is not None and cached[1] > time.monotonic():
+        if cached is not None and cached[2] > time.monotonic():
             return cached[0]
         future = self._waiting.get(public_key)
         if future is None:
@@ -116,7 +116,7 @@ class KeyDirectory:
             if generation != self.ctx.key_cache_generation:
                 continue  # the cache was cleared (a ban) while this read ran: do not refill it
             cache.pop(key, None)  # re-inserted last: the oldest entries are evicted first
-            cache[key] = (known, expiry)
+            cache[key] = (known, state, expiry)
         while len(cache) > self.max_entries:
             del cache[next(iter(cache))]
         return found

@@ -142,13 +142,18 @@ def node_to_proto(row: Node, reject_count: int = 0) -> node_pb2.Node:
 
 def refuse_unusable(row: Node | NodeStanding) -> None:
     """Refuse a call from a node that may not work (ejected, banned, deregistered)."""
-    if row.state is NodeState.BANNED:
-        raise Refusal(ErrorReason.NODE_BANNED, f"node {row.id} is banned")
-    if row.state is NodeState.EJECTED:
-        raise Refusal(ErrorReason.NODE_EJECTED, f"node {row.id} was ejected")
-    if row.state is NodeState.DEREGISTERED:
+    refuse_state(row.id, row.state)
+
+
+def refuse_state(node_id: str, state: NodeState) -> None:
+    """Refuse a call from node ``node_id`` if ``state`` may not work."""
+    if state is NodeState.BANNED:
+        raise Refusal(ErrorReason.NODE_BANNED, f"node {node_id} is banned")
+    if state is NodeState.EJECTED:
+        raise Refusal(ErrorReason.NODE_EJECTED, f"node {node_id} was ejected")
+    if state is NodeState.DEREGISTERED:
         raise Refusal(
-            ErrorReason.NODE_DEREGISTERED, f"node {row.id} deregistered; call RegisterNode"
+            ErrorReason.NODE_DEREGISTERED, f"node {node_id} deregistered; call RegisterNode"
         )
 
 
@@ -460,6 +465,7 @@ class NodeRegistry:
             )
 
         response = await self.ctx.run_in_transaction(work)
+        self.ctx.forget_keys()  # its cached state is ACTIVE no more
         if response.released_leases:
             self.ctx.signals.fire(self.ctx.signals.work_available)
             self.ctx.signals.fire(self.ctx.signals.jobs_available)

@@ -45,6 +45,7 @@ from rollnet.reference.coordinator.nodes import (
     Caller,
     duration,
     eject_node,
+    refuse_state,
     refuse_unless_in_standing,
     refuse_unusable,
     timestamp,
@@ -224,7 +225,13 @@ class WorkDesk:
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
         # An ejected (or deregistered) worker has nothing left to commit: no quota, no disk.
-        await self.ctx.run_read(partial(refuse_unless_in_standing, caller=caller))
+        # Its state as the call's key was resolved (no read on this per-lease path); only a key
+        # evicted since then is read again. SubmitCommitment reads it in its transaction.
+        state = self.ctx.cached_state(caller.public_key)
+        if state is None:
+            await self.ctx.run_read(partial(refuse_unless_in_standing, caller=caller))
+        else:
+            refuse_state(caller.node_id, state)
         uploads = self.ctx.uploads
 
         def over_quota(error: QuotaExceeded) -> Refusal:
@@ -810,6 +817,7 @@ class WorkDesk:
         now = self.ctx.clock()
         verdict_id = secrets.token_hex(12)
         accepted = request.decision == accept
+        ejected: list[str] = []  # the worker, when this reject ejects it
 
         def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
             refuse_unless_in_standing(session, caller)
@@ -918,6 +926,7 @@ class WorkDesk:
                     NodeState.BANNED,
                     NodeState.EJECTED,
                 ):
+                    ejected.append(commitment.node_id)
                     eject_node(
                         session,
                         commitment.node_id,
@@ -952,6 +961,8 @@ class WorkDesk:
             return validation_service_pb2.SubmitVerdictResponse(verdict=verdict)
 
         response = await self.ctx.run_in_transaction(work)
+        if ejected:
+            self.ctx.forget_keys()  # its cached state is ACTIVE no more
         verdict = response.verdict
         metrics = self.ctx.metrics
         metrics.verdicts.labels(
