@@ -21,6 +21,14 @@ Database fixtures (stable names; other areas reuse them):
 ``migrated_engine`` (function)
     A :func:`rollnet.ledger.create_engine` engine on ``db_url``, schema at head, disposed after
     the test.
+
+Sandbox fixture:
+
+``sandbox_host`` (session)
+    Requires a host that can start the sandbox for untrusted code
+    (:func:`rollnet.reference.envs.isolation.isolation_problem`: Linux with bubblewrap, which
+    ``make dev`` installs). Tests using it are *skipped* with the reason elsewhere, and *fail*
+    under ``CI``, like the PostgreSQL ones.
 """
 
 from __future__ import annotations
@@ -83,6 +91,19 @@ def postgres_server_url() -> str:
             pytest.fail(f"{message} (CI is set: PostgreSQL tests must run)")
         pytest.skip(message)
     return f"{POSTGRES_SERVER}/postgres"
+
+
+@pytest.fixture(scope="session")
+def sandbox_host() -> None:
+    """Skip (fail under CI) when this host cannot start the sandbox for untrusted code."""
+    from rollnet.reference.envs.isolation import isolation_problem
+
+    problem = isolation_problem()
+    if problem is not None:
+        message = f"no sandbox on this host: {problem}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI is set: the sandbox tests must run)")
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

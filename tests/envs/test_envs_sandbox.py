@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -42,10 +43,34 @@ def exited(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (an isolated child runs below its sandbox's bwrap)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [pid], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its descendants, from /proc."""
+    total = 0.0
+    for member in tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 @pytest.fixture
@@ -59,9 +84,13 @@ def probe(**config: object) -> ProbeEnvironment:
 
 
 def child_pid(box: RewardSandbox, environment: ProbeEnvironment) -> int:
+    """The running child's process id, after it scored once (its own token checked)."""
     (result,) = box.rewards(environment, [(environment.prompt(1), "pid", 10)])
     assert result.failure is None
-    return int(result.reward.task_reward)
+    assert result.reward.task_reward > 0
+    pid = box.child_pid
+    assert pid is not None
+    return pid
 
 
 def test_rewards_equal_the_environments_own_and_work_off_the_main_thread() -> None:
@@ -186,8 +215,8 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> Non
         from rollnet.reference.envs import RewardSandbox
         environment = ProbeEnvironment({{}})
         box = RewardSandbox(loader={PROBE!r}, time_limit_s=600)
-        (result,) = box.rewards(environment, [(environment.prompt(1), "pid", 1)])
-        print(int(result.reward.task_reward), flush=True)
+        box.rewards(environment, [(environment.prompt(1), "pid", 1)])
+        print(box.child_pid, flush=True)
         box.rewards(environment, [(environment.prompt(1), {stuck!r}, 1)])
         """
     )
@@ -199,9 +228,10 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> Non
         child = int(parent.stdout.readline())
         # Kill the parent once the child is busy in the verifier.
         wait_for(lambda: cpu_seconds(child) > 1.0)
+        members = tree(child)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-        wait_for(lambda: exited(child))
+        wait_for(lambda: all(exited(member) for member in members))
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -213,5 +243,61 @@ def test_a_child_killed_while_idle_is_replaced_on_the_next_call(sandbox: RewardS
     environment = probe()
     for _ in range(3):
         first = child_pid(sandbox, environment)
-        os.kill(first, signal.SIGKILL)
+        # The verifier's process itself (below its sandbox's bwrap when isolated), as the
+        # kernel's out-of-memory killer would pick it.
+        os.kill(tree(first)[-1], signal.SIGKILL)
         assert child_pid(sandbox, environment) != first
+
+
+@pytest.mark.usefixtures("sandbox_host")
+def test_the_child_is_isolated_unless_isolation_is_off() -> None:
+    environment = probe()
+    item = [(environment.prompt(1), "net", 10)]
+    with RewardSandbox(loader=PROBE) as isolated:
+        assert isolated.isolated
+        assert isolated.rewards(environment, item)[0].reward.task_reward == 0.0
+    with RewardSandbox(loader=PROBE, isolation="off") as plain:
+        assert not plain.isolated
+        assert plain.rewards(environment, item)[0].reward.task_reward == 1.0
+
+
+@pytest.mark.usefixtures("sandbox_host")
+def test_processes_a_verifier_leaves_behind_are_gone_before_the_next_item(
+    sandbox: RewardSandbox,
+) -> None:
+    environment = probe()
+    prompt = environment.prompt(1)
+    results = sandbox.rewards(environment, [(prompt, "orphan", 10), (prompt, "others", 10)])
+    assert [r.reward.task_reward for r in results] == [1.0, 0.0]
+
+
+def test_required_isolation_refuses_where_the_host_cannot_isolate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollnet.reference.envs import sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "isolation_problem", lambda: "bubblewrap is missing")
+    environment = probe()
+    refused = pytest.raises(SandboxError, match="needs the sandbox, but bubblewrap is missing")
+    with RewardSandbox(loader=PROBE, isolation="required") as box, refused:
+        box.rewards(environment, [(environment.prompt(1), "1", 10)])
+    # auto: a trusted environment is still scored, in a plain child.
+    with RewardSandbox(loader=PROBE) as box:
+        assert not box.isolated
+        assert box.rewards(environment, [(environment.prompt(1), "1", 10)])[0].failure is None
+
+
+def test_a_verifier_that_writes_without_end_cannot_flood_the_log(
+    sandbox: RewardSandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    environment = probe()
+    prompt = environment.prompt(1)
+    with caplog.at_level(logging.WARNING, logger="rollnet.reference.envs.sandbox"):
+        for _ in range(3):
+            assert sandbox.rewards(environment, [(prompt, "shout", 10)])[0].failure is None
+        sandbox.close()  # the child's stderr closes: everything it wrote has been read
+        wait_for(lambda: any(r.msg == "reward_sandbox_stderr_truncated" for r in caplog.records))
+    passed = sum(
+        len(r.__dict__["line"]) + 1 for r in caplog.records if r.msg == "reward_sandbox_stderr"
+    )
+    assert 64 << 10 >= passed > 32 << 10  # of the 3 MiB written

@@ -54,6 +54,9 @@ class Problem:
             environment has no length control.
         source_id: Stable identifier of the underlying question (a dataset id, or the question
             text for synthetic environments), for logs and offline difficulty filtering.
+        messages: The prompt as chat messages, ``(role, content)`` pairs, when the model is to
+            read it through its chat template (see :func:`rollnet.reference.worker.encode_problem`);
+            ``None`` when ``prompt`` is fed as plain text.
     """
 
     prompt_id: int
@@ -61,6 +64,7 @@ class Problem:
     answer: str
     target_length: int | None
     source_id: str
+    messages: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,21 @@ class Environment(ABC):
 
     #: Registry name; must equal the name the environment is loaded under.
     name: str
+
+    #: The environment's own code is not the operator's (a published verifiers taskset): the
+    #: reward sandbox only ever runs it isolated, never in a node's own process.
+    runs_untrusted_code: bool = False
+
+    #: :meth:`reward` runs the programs it checks in sandboxes of its own (the ``code``
+    #: environment), so the reward sandbox calls it in the calling process; the host must be
+    #: able to isolate (:func:`rollnet.reference.envs.isolation.isolation_problem`).
+    isolates_itself: bool = False
+
+    @property
+    def sandbox_paths(self) -> tuple[str, ...]:
+        """Absolute paths the verifier reads besides the Python installation (a dataset file):
+        the reward sandbox's child may read them."""
+        return ()
 
     @property
     @abstractmethod

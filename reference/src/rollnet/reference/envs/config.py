@@ -39,6 +39,7 @@ class EnvironmentConfigError(ValueError):
     def __init__(self, environment: str, key: str, message: str) -> None:
         self.environment = environment
         self.key = key
+        self.message = message
         super().__init__(f"environment {environment!r}: config key {key!r}: {message}")
 
 
@@ -227,6 +228,25 @@ class ConfigReader:
             self.fail(key, f"expected a string or null, got {value!r}")
         self._normalised[key] = value
         return value
+
+    def optional_integer(
+        self, key: str, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
+        """Read an integer within ``[minimum, maximum]`` that may be absent or ``null``."""
+        present, raw = self._take(key)
+        if not present or raw is None:
+            self._normalised[key] = None
+            return None
+        value = self._as_integer(key, raw)
+        self._check_range(key, value, minimum, maximum)
+        self._normalised[key] = value
+        return value
+
+    def raw(self, key: str, default: Any) -> Any:
+        """Take ``key``'s value unchecked (``default`` when absent); the caller validates it
+        and records the normalised form with :meth:`set_normalised`."""
+        present, value = self._take(key)
+        return value if present else default
 
     def integer_list(
         self, key: str, default: Sequence[int], *, minimum: int | None = None
