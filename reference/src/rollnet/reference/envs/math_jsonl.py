@@ -7,32 +7,23 @@ package ships a small example, used when no ``path`` is configured.
 
 from __future__ import annotations
 
-import json
-import math
 import threading
-from importlib import resources
-from pathlib import Path
 from typing import Any
-
-import blake3
 
 from rollnet.reference.envs.base import Problem, Question, SeededEnvironment, VerifierTimeout
 from rollnet.reference.envs.config import ConfigReader
+from rollnet.reference.envs.datasets import (
+    DatasetError,
+    DatasetFile,
+    field_text,
+    read_dataset,
+    record_id,
+)
 
 __all__ = ["EXAMPLE_DATASET", "DatasetError", "MathEnvironment", "MathRecord"]
 
 #: Resource path (inside ``rollnet.reference.envs``) of the packaged example problems.
 EXAMPLE_DATASET = "data/math_example.jsonl"
-
-
-class DatasetError(ValueError):
-    """A problem file is unreadable or malformed; the message names the file and line."""
-
-    def __init__(self, source: str, line: int | None, message: str) -> None:
-        self.source = source
-        self.line = line
-        where = source if line is None else f"{source}:{line}"
-        super().__init__(f"{where}: {message}")
 
 
 class MathRecord:
@@ -71,32 +62,21 @@ class MathEnvironment(SeededEnvironment):
 
     def configure(self, reader: ConfigReader) -> None:
         """Read the keys above and load the file."""
-        path = reader.optional_string("path")
-        expected = reader.optional_string("blake3")
+        self.dataset = read_dataset(reader, EXAMPLE_DATASET)
+        self.source = self.dataset.source
         self.prompt_template = reader.string("prompt_template", "{problem}")
         if self.prompt_template.count("{problem}") != 1:
             reader.fail("prompt_template", "must contain {problem} exactly once")
         self.max_answer_chars = reader.integer("max_answer_chars", 4096, minimum=1)
         self.verify_timeout_s = reader.integer("verify_timeout_s", 5, minimum=0, maximum=3600)
 
-        if path is None:
-            resource = resources.files("rollnet.reference.envs").joinpath(EXAMPLE_DATASET)
-            self.source = str(resource)
-            data = resource.read_bytes()
-        else:
-            self.source = path
-            try:
-                data = Path(path).read_bytes()
-            except OSError as error:
-                raise DatasetError(path, None, f"cannot read: {error.strerror or error}") from None
-        digest = blake3.blake3(data).hexdigest()
-        if expected is not None and expected.lower() != digest:
-            raise DatasetError(
-                self.source, None, f"BLAKE3 is {digest}, but config key 'blake3' expects {expected}"
-            )
-        reader.set_normalised("blake3", digest)
-        self.records = _parse_records(self.source, data)
+        self.records = _parse_records(self.dataset)
         self._gold: dict[int, list[Any]] = {}
+
+    @property
+    def sandbox_paths(self) -> tuple[str, ...]:
+        """The problem file, when it is not the packaged example."""
+        return self.dataset.sandbox_paths
 
     @property
     def num_prompts(self) -> int:
@@ -167,56 +147,13 @@ class MathEnvironment(SeededEnvironment):
         return self.verify_timeout_s
 
 
-def _parse_records(source: str, data: bytes) -> list[MathRecord]:
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DatasetError(source, line, "not valid UTF-8") from None
+def _parse_records(dataset: DatasetFile) -> list[MathRecord]:
+    source = dataset.source
     records: list[MathRecord] = []
-    first_line_of: dict[str, int] = {}
-    for number, raw in enumerate(text.split("\n"), start=1):
-        content = raw.removesuffix("\r")
-        if not content.strip():
-            continue
-        try:
-            item = json.loads(content)
-        except json.JSONDecodeError as error:
-            raise DatasetError(source, number, f"invalid JSON: {error.msg}") from None
-        if not isinstance(item, dict):
-            raise DatasetError(source, number, "expected a JSON object")
-        source_id = _field_text(source, number, item, "id", numbers=(int,))
-        problem = _field_text(source, number, item, "problem", numbers=())
-        answer = _field_text(source, number, item, "answer", numbers=(int, float))
-        if source_id in first_line_of:
-            raise DatasetError(
-                source,
-                number,
-                f"duplicate id {source_id!r} (first on line {first_line_of[source_id]})",
-            )
-        first_line_of[source_id] = number
+    seen: dict[str, int] = {}
+    for number, item in dataset:
+        source_id = record_id(source, number, item, "id", seen)
+        problem = field_text(source, number, item, "problem", numbers=())
+        answer = field_text(source, number, item, "answer", numbers=(int, float))
         records.append(MathRecord(source_id, problem, answer, number))
-    if not records:
-        raise DatasetError(source, None, "no problems")
     return records
-
-
-def _field_text(
-    source: str, line: int, item: dict[str, Any], key: str, numbers: tuple[type, ...]
-) -> str:
-    if key not in item:
-        raise DatasetError(source, line, f"missing field {key!r}")
-    value = item[key]
-    if isinstance(value, str):
-        text = value
-    elif not isinstance(value, bool) and isinstance(value, numbers):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise DatasetError(source, line, f"field {key!r} must be finite")
-        # Numbers become their shortest repr, so "answer": 0.5 reads as "0.5".
-        text = repr(value)
-    else:
-        kinds = "a string" + (" or a number" if numbers else "")
-        raise DatasetError(source, line, f"field {key!r} must be {kinds}")
-    if not text.strip():
-        raise DatasetError(source, line, f"field {key!r} is empty")
-    return text
