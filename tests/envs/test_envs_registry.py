@@ -15,11 +15,13 @@ import pytest
 from rollnet.reference.envs import (
     ENTRY_POINT_GROUP,
     ArithmeticEnvironment,
+    CodeEnvironment,
     EnvironmentConfigError,
     EnvironmentRegistryError,
     MathEnvironment,
     SeededEnvironment,
     UnknownEnvironmentError,
+    VerifiersEnvironment,
     available_environments,
     load_environment,
 )
@@ -111,9 +113,13 @@ def test_builtins_are_declared_in_the_entry_point_group() -> None:
     assert declared["arithmetic"].dist.name == "rollnet-reference"
     assert declared["arithmetic"].load() is ArithmeticEnvironment
     assert declared["math"].load() is MathEnvironment
+    assert declared["code"].load() is CodeEnvironment
+    assert declared["verifiers"].load() is VerifiersEnvironment
     assert available_environments() == {
         "arithmetic": "rollnet.reference.envs.arithmetic:ArithmeticEnvironment",
+        "code": "rollnet.reference.envs.code:CodeEnvironment",
         "math": "rollnet.reference.envs.math_jsonl:MathEnvironment",
+        "verifiers": "rollnet.reference.envs.verifiers_env:VerifiersEnvironment",
     }
 
 
@@ -127,8 +133,10 @@ def test_builtins_load_by_name() -> None:
 def test_unknown_name_lists_the_available_ones() -> None:
     with pytest.raises(UnknownEnvironmentError) as caught:
         load_environment("chess", {})
-    assert caught.value.available == ["arithmetic", "math"]
-    assert str(caught.value) == "unknown environment 'chess' (available: arithmetic, math)"
+    assert caught.value.available == ["arithmetic", "code", "math", "verifiers"]
+    assert str(caught.value) == (
+        "unknown environment 'chess' (available: arithmetic, code, math, verifiers)"
+    )
 
 
 def test_bad_config_names_the_key() -> None:
@@ -205,12 +213,14 @@ def test_public_exports_are_snapshotted() -> None:
     import rollnet.reference.envs as envs
 
     assert sorted(envs.__all__) == [
-        "ArithmeticEnvironment", "ConfigReader", "DEFAULT_LENGTH_PENALTY", "DEFAULT_TIME_LIMIT_S",
-        "DatasetError", "DrawStream", "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError",
-        "EnvironmentRegistryError", "LEVELS", "LengthControl", "MAX_PROMPT_ID", "MathEnvironment",
-        "Problem", "Question", "RewardBreakdown", "RewardItem", "RewardResult", "RewardSandbox",
-        "SandboxError", "SeededEnvironment", "UnknownEnvironmentError", "VerifierTimeout",
-        "available_environments", "canonical_json", "config_digest", "load_environment",
-        "score_integer_answer",
+        "ArithmeticEnvironment", "CodeEnvironment", "ConfigReader", "DEFAULT_LENGTH_PENALTY",
+        "DEFAULT_SANDBOX_LIMITS", "DEFAULT_TIME_LIMIT_S", "DatasetError", "DrawStream",
+        "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError", "EnvironmentRegistryError",
+        "IsolationMode", "IsolationUnavailable", "LEVELS", "LengthControl", "Limits",
+        "MAX_PROMPT_ID", "MathEnvironment", "Problem", "Question", "RewardBreakdown",
+        "RewardItem", "RewardResult", "RewardSandbox", "SandboxError", "SeededEnvironment",
+        "UnknownEnvironmentError", "VerifierTimeout", "VerifiersEnvironment",
+        "available_environments", "canonical_json", "config_digest", "extract_program",
+        "load_environment", "protect_paths", "score_integer_answer",
     ]  # fmt: skip
     assert all(hasattr(envs, name) for name in envs.__all__)

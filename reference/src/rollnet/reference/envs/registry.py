@@ -20,7 +20,9 @@ from typing import Any
 
 from rollnet.reference.envs.arithmetic import ArithmeticEnvironment
 from rollnet.reference.envs.base import Environment
+from rollnet.reference.envs.code import CodeEnvironment
 from rollnet.reference.envs.math_jsonl import MathEnvironment
+from rollnet.reference.envs.verifiers_env import VerifiersEnvironment
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -41,7 +43,9 @@ EnvironmentFactory = Callable[[Mapping[str, Any]], Environment]
 
 _BUILTINS: dict[str, EnvironmentFactory] = {
     "arithmetic": ArithmeticEnvironment,
+    "code": CodeEnvironment,
     "math": MathEnvironment,
+    "verifiers": VerifiersEnvironment,
 }
 
 
