@@ -43,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollnet coordinator: {error}")
         return 2
     configure_logging(args.log_level)
+    from rollnet.reference.envs.isolation import protect_paths
+
+    # Demands for a verifiers environment have its taskset listed in a sandboxed child: the
+    # coordinator's key and ledger stay out of it.
+    protect_paths(config.data_dir, config.resolved_key_file)
     try:
         asyncio.run(serve_forever(config))
     except ConfigError as error:  # found on start: the listen address cannot be served

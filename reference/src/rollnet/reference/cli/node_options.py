@@ -10,6 +10,11 @@ avoids that.
 
 ``--reward-time-limit``: seconds one completion's reward may take in the reward sandbox
 (:class:`rollnet.reference.envs.RewardSandbox`) before its verifier is killed.
+
+``--reward-isolation``: whether the reward sandbox's child runs isolated (namespaces, seccomp,
+rlimits; :mod:`rollnet.reference.envs.isolation`). ``auto`` isolates where the host can and
+warns where it cannot; environments whose code is untrusted (``verifiers``) or that run
+programs (``code``) are refused there either way.
 """
 
 from __future__ import annotations
@@ -95,6 +100,34 @@ def add_reward_time_limit(parser: Any) -> None:
     )
 
 
+def add_reward_isolation(parser: Any) -> None:
+    """Add ``--reward-isolation auto|required|off`` to ``parser``."""
+    parser.add_argument(
+        "--reward-isolation",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help=(
+            "run environment verifiers isolated (no network, no node files, rlimits): auto "
+            "(where the host can: Linux with bubblewrap), required, or off (default auto)"
+        ),
+    )
+
+
+def protect_node_files(command: str, data_dir: Path, key: Path, isolation: str) -> None:
+    """Keep the node's data directory and key out of every sandbox this process starts, and
+    warn when the host cannot isolate verifiers (``--reward-isolation auto``)."""
+    from rollnet.reference.envs.isolation import isolation_problem, protect_paths
+
+    protect_paths(data_dir, key)
+    problem = isolation_problem()
+    if problem is not None and isolation == "auto":
+        print(
+            f"rollnet {command}: warning: environment verifiers run without isolation here "
+            f"({problem}); verifiers and code tasks are refused",
+            file=sys.stderr,
+        )
+
+
 def apply(args: argparse.Namespace) -> None:
     """Set PyTorch's thread count from ``--torch-threads`` (no-op when not given)."""
     if args.torch_threads is not None:
@@ -143,7 +176,7 @@ def ready_data_dir(command: str, path: Path) -> bool:
 
 def add_node_arguments(parser: Any) -> None:
     """The options every model-running node shares: ``--keep-checkpoints``, ``--pull-wait``,
-    ``--log-level``, ``--reward-time-limit`` and ``--torch-threads``."""
+    ``--log-level``, ``--reward-time-limit``, ``--reward-isolation`` and ``--torch-threads``."""
     parser.add_argument(
         "--keep-checkpoints",
         type=whole("versions"),
@@ -158,4 +191,5 @@ def add_node_arguments(parser: Any) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
     add_reward_time_limit(parser)
+    add_reward_isolation(parser)
     add_argument(parser)

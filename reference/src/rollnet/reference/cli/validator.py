@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     identity = node_options.node_identity("validator", args.key, hint)
     if identity is None or not node_options.ready_data_dir("validator", args.data_dir):
         return 2
+    node_options.protect_node_files("validator", args.data_dir, args.key, args.reward_isolation)
     metrics = ValidatorMetrics()
     if args.metrics_listen:
         metrics.serve(args.metrics_listen)
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         pull_wait=args.pull_wait,
         reward_time_limit_s=args.reward_time_limit,
+        reward_isolation=args.reward_isolation,
     )
     validator = Validator(config, identity, metrics=metrics)
     try:

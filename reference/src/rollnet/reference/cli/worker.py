@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     identity = node_options.node_identity("worker", args.key)
     if identity is None or not node_options.ready_data_dir("worker", args.data_dir):
         return 2
+    node_options.protect_node_files("worker", args.data_dir, args.key, args.reward_isolation)
     device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     checkpoints = CheckpointStore(
         args.data_dir / "checkpoints", network_id=args.network_id, keep=args.keep_checkpoints
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         batch_size=args.batch_size,
         reward_time_limit_s=args.reward_time_limit,
+        reward_isolation=args.reward_isolation,
     )
     tls = None
     if args.tls_ca is not None or args.tls_server_name is not None:

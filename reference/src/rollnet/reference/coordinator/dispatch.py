@@ -442,7 +442,9 @@ class Dispatcher:
         v.raise_if_any()
         env_config = json_format.MessageToDict(request.environment_config)
         try:
-            environment = load_environment(request.environment, env_config)
+            # Off the event loop: a verifiers taskset is listed by a sandboxed child (seconds,
+            # the first time a configuration is seen).
+            environment = await asyncio.to_thread(load_environment, request.environment, env_config)
         except UnknownEnvironmentError as error:
             raise invalid(("environment", str(error))) from error
         except (EnvironmentConfigError, EnvironmentRegistryError) as error:

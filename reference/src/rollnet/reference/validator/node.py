@@ -33,7 +33,12 @@ from typing import TypeVar
 
 from google.protobuf import duration_pb2
 
-from rollnet.reference.envs import DEFAULT_TIME_LIMIT_S, RewardSandbox, SandboxError
+from rollnet.reference.envs import (
+    DEFAULT_TIME_LIMIT_S,
+    IsolationMode,
+    RewardSandbox,
+    SandboxError,
+)
 from rollnet.reference.inference.base import DType
 from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.checkpoints import CheckpointModels
@@ -130,6 +135,8 @@ class ValidatorConfig:
     reward_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     """Seconds one completion's reward may take in the reward sandbox before its verifier is
     killed (the completion then scores the environment's ``unverifiable_reward``)."""
+    reward_isolation: IsolationMode = "auto"
+    """Whether the reward sandbox's child runs isolated (:data:`IsolationMode`)."""
 
 
 class Validator:
@@ -158,7 +165,9 @@ class Validator:
             dtype=config.dtype,
         )
         self._environments = EnvironmentCache(
-            RewardSandbox(time_limit_s=config.reward_time_limit_s)
+            RewardSandbox(
+                time_limit_s=config.reward_time_limit_s, isolation=config.reward_isolation
+            )
         )
         self._stop = asyncio.Event()
         self._client: RollnetClient | None = None

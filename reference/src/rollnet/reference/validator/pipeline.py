@@ -143,11 +143,13 @@ class EnvironmentCache:
         self.sandbox.close()
 
     def get(self, name: str, config: Mapping[str, Any]) -> Environment:
-        """The environment ``name`` with ``config`` (JSON data)."""
+        """The environment ``name`` with ``config`` (JSON data), checked to be scorable by the
+        sandbox here (:meth:`RewardSandbox.check`)."""
         key = (name, json.dumps(config, sort_keys=True))
         environment = self._environments.get(key)
         if environment is None:
             environment = load_environment(name, dict(config))
+            self.sandbox.check(environment)
             self._environments[key] = environment
         return environment
 
@@ -389,7 +391,7 @@ def _validate_rollouts(
         assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
         for prompt_id in dict.fromkeys(int(p) for p in task.prompt_ids):
             problem = environment.prompt(prompt_id)
-            assigned_prompts[prompt_id] = (problem, _encode_prompt(model.tokenizer, problem.prompt))
+            assigned_prompts[prompt_id] = (problem, _encode_problem(model.tokenizer, problem))
     except Exception as error:
         # Not the worker's doing: the trainer chose the environment and prompts, and the
         # coordinator accepted them. This validator cannot judge the job; another may.
@@ -681,11 +683,12 @@ def _reward_check(
     return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
 
 
-def _encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    # The worker's rule (rollnet.reference.worker.encode_prompt): plain text, no special tokens.
-    from rollnet.reference.worker import encode_prompt
+def _encode_problem(tokenizer: Any, problem: Problem) -> list[int]:
+    # The worker's rule (rollnet.reference.worker.encode_problem): plain text without special
+    # tokens, or the messages through the chat template once.
+    from rollnet.reference.worker import encode_problem
 
-    return encode_prompt(tokenizer, text)
+    return encode_problem(tokenizer, problem)
 
 
 __all__ = [

@@ -7,8 +7,9 @@
 from rollnet.reference.worker.generator import (
     BACKENDS,
     InferenceGenerator,
+    encode_problem,
     encode_prompt,
     make_backend,
 )
 
-__all__ = ["BACKENDS", "InferenceGenerator", "encode_prompt", "make_backend"]
+__all__ = ["BACKENDS", "InferenceGenerator", "encode_problem", "encode_prompt", "make_backend"]

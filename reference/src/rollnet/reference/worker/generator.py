@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from rollnet.reference.envs import (
     DEFAULT_TIME_LIMIT_S,
     Environment,
+    IsolationMode,
     Problem,
     RewardBreakdown,
     RewardSandbox,
@@ -66,6 +67,31 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
+def encode_problem(tokenizer: Any, problem: Problem) -> list[int]:
+    """Token ids of a problem's prompt as fed to the model, the one rule worker and validator
+    share: ``problem.messages`` through the tokenizer's chat template, once, with the
+    generation prompt (``apply_chat_template(..., add_generation_prompt=True)``) and nothing
+    added; otherwise ``problem.prompt`` as plain text (:func:`encode_prompt`).
+
+    The completion is never re-tokenized: the sampled ids follow these ids as they are.
+    """
+    if problem.messages is None:
+        return encode_prompt(tokenizer, problem.prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the prompt is chat messages, but the checkpoint's tokenizer has no chat template "
+            "(use the environment's plain-text prompt format)"
+        )
+    conversation = [{"role": role, "content": content} for role, content in problem.messages]
+    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    # transformers 5 answers with a BatchEncoding, older versions with the ids.
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+    ids = [int(token) for token in ids]
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    return ids
+
+
 class InferenceGenerator(RolloutGenerator):
     """Generates a task's rollouts with a local inference backend.
 
@@ -83,6 +109,7 @@ class InferenceGenerator(RolloutGenerator):
         dtype: DType = "float32",
         batch_size: int = 64,
         reward_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        reward_isolation: IsolationMode = "auto",
     ) -> None:
         self._factory = backend_factory
         self.checkpoints = checkpoints
@@ -97,7 +124,7 @@ class InferenceGenerator(RolloutGenerator):
         self._environments: dict[tuple[str, str], Environment] = {}
         # Rewards are scored in a child process, on its main thread, under a hard time limit:
         # the environment's own limit (math-verify's SIGALRM) cannot work on this thread.
-        self.rewards = RewardSandbox(time_limit_s=reward_time_limit_s)
+        self.rewards = RewardSandbox(time_limit_s=reward_time_limit_s, isolation=reward_isolation)
 
     @property
     def checkpoint_step(self) -> int:
@@ -133,10 +160,15 @@ class InferenceGenerator(RolloutGenerator):
         log.info("checkpoint_loaded", extra={"step": step})
 
     def _environment(self, task: task_pb2.Task) -> Environment:
+        """The task's environment, checked to be scorable here before any generation (a
+        version or digest that differs, or code that needs a sandbox this host lacks, is
+        refused with the reason: the task goes back to the coordinator)."""
         config = json_format.MessageToDict(task.environment_config)
         key = (task.environment, json_format.MessageToJson(task.environment_config, indent=0))
         if key not in self._environments:
-            self._environments[key] = load_environment(task.environment, config)
+            environment = load_environment(task.environment, config)
+            self.rewards.check(environment)
+            self._environments[key] = environment
         return self._environments[key]
 
     async def generate(
@@ -153,7 +185,8 @@ class InferenceGenerator(RolloutGenerator):
             raise LeaseLost(lease.cancel_reason) from error
         if self._loaded_step != task.checkpoint_step or self._backend is None:
             await asyncio.to_thread(self._load, task.checkpoint_step, directory)
-        environment = self._environment(task)
+        # Building it may list a taskset in a sandboxed child: not on the event loop.
+        environment = await asyncio.to_thread(self._environment, task)
         return await asyncio.to_thread(self._generate_blocking, task, lease, environment)
 
     def _generate_blocking(
@@ -164,7 +197,7 @@ class InferenceGenerator(RolloutGenerator):
         with self._backend_lock:
             backend, tokenizer = self._backend, self._tokenizer
             assert backend is not None
-            prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+            prompts = [encode_problem(tokenizer, problem) for problem in problems]
             slots = [(p, s) for p in range(len(problems)) for s in range(samples)]
             rollouts: list[rollout_pb2.Rollout] = []
             for start in range(0, len(slots), self.batch_size):
