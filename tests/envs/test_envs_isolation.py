@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_testing import exited, tree
 
 from rollnet.reference.envs import isolation
 from rollnet.reference.envs.isolation import (
@@ -229,12 +230,12 @@ def test_the_sandbox_dies_with_its_process() -> None:
     )
     assert process.stdout is not None
     assert process.stdout.readline() == b"up\n"
-    inside = _descendants(process.pid)
+    inside = tree(process.pid)[1:]
     assert inside
     process.kill()
     process.wait()
     deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in inside):
+    while not all(exited(pid) for pid in inside):
         assert time.monotonic() < deadline, "a sandboxed process outlived its sandbox"
         time.sleep(0.05)
     process.stdout.close()
@@ -253,28 +254,3 @@ def test_python_paths_leave_out_the_working_directory_and_broad_directories(
     paths = python_paths()
     assert not {"", ".", "/", "/tmp", os.path.expanduser("~"), os.getcwd()} & set(paths)
     assert os.path.realpath(sys.base_prefix) in {os.path.realpath(p) for p in paths}
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, queue = [], [pid]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")

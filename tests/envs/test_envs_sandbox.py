@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from process_testing import cpu_seconds, exited, tree
 from sandbox_probe import ProbeEnvironment
 
 from rollnet.reference.envs import (
@@ -32,45 +33,6 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.02)
-
-
-def exited(pid: int) -> bool:
-    """The process is gone (or a zombie nobody has reaped yet)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
-def tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (an isolated child runs below its sandbox's bwrap)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, queue = [pid], [pid]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its descendants, from /proc."""
-    total = 0.0
-    for member in tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 @pytest.fixture

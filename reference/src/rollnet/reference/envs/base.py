@@ -142,6 +142,23 @@ class Environment(ABC):
     ) -> RewardBreakdown:
         """Score a completion of ``problem`` exactly (see the module docs for the arithmetic)."""
 
+    def checked_count(self, problem: Problem, completion_token_count: int) -> int:
+        """``completion_token_count`` as a plain int, once ``reward``'s arguments are checked.
+
+        Raises :class:`ValueError` when the count is out of range or ``problem`` is not exactly
+        ``self.prompt(problem.prompt_id)`` (another configuration, or an edited target or
+        answer): such a problem must not get a reward at all.
+        """
+        completion_token_count = _as_index("completion_token_count", completion_token_count)
+        if not 0 <= completion_token_count <= MAX_SAFE_INTEGER:
+            raise ValueError(f"completion_token_count {completion_token_count} is out of range")
+        if self.prompt(problem.prompt_id) != problem:
+            raise ValueError(
+                f"environment {self.name!r}: problem {problem.prompt_id} differs from the one "
+                "this configuration builds"
+            )
+        return completion_token_count
+
     def unverifiable_reward(self, problem: Problem, completion_token_count: int) -> RewardBreakdown:
         """The reward of a completion the verifier could not score (it ran out of time, raised
         or crashed): task reward ``0.0``. Environments with a length penalty override this to
@@ -278,16 +295,7 @@ class SeededEnvironment(Environment):
         Raises :class:`ValueError` when ``problem`` is not exactly
         ``self.prompt(problem.prompt_id)`` (another configuration, or an edited target or answer).
         """
-        completion_token_count = _as_index("completion_token_count", completion_token_count)
-        if not 0 <= completion_token_count <= MAX_SAFE_INTEGER:
-            raise ValueError(f"completion_token_count {completion_token_count} is out of range")
-        # Score only problems this environment would build itself: a problem from another
-        # configuration (or with an edited target or answer) must not get a reward at all.
-        if self.prompt(problem.prompt_id) != problem:
-            raise ValueError(
-                f"environment {self.name!r}: problem {problem.prompt_id} differs from the one "
-                "this configuration builds"
-            )
+        completion_token_count = self.checked_count(problem, completion_token_count)
         target = problem.target_length
         task = self.task_reward(problem, completion_text)
         if not isinstance(task, float) or not math.isfinite(task):

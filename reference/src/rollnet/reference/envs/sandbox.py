@@ -519,9 +519,23 @@ def _serve(
         for problem, text, count in items:
             reply = _score(environment, problem, text, count)
             if sweep:
-                with contextlib.suppress(ProcessLookupError):  # nothing left to kill
-                    os.kill(-1, signal.SIGKILL)
+                _kill_strays()
             conn.send(reply)
+
+
+def _kill_strays() -> None:
+    """Kill every other process of the PID namespace (its init excepted), and reap those that
+    were this process's children: a zombie still counts against ``RLIMIT_NPROC``."""
+    with contextlib.suppress(ProcessLookupError):  # nothing left to kill
+        os.kill(-1, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no children left; the namespace's init reaps the others
+        if pid == 0:
+            time.sleep(0.005)
 
 
 def _build(

@@ -171,14 +171,7 @@ class VerifiersEnvironment(Environment):
         """The task's rewards on the completion: ``total = task_reward`` = the trace's weighted
         sum (no length penalty). Only where the taskset is loaded (the reward sandbox's child,
         or :meth:`load_unsandboxed`)."""
-        completion_token_count = _as_index("completion_token_count", completion_token_count)
-        if not 0 <= completion_token_count <= MAX_SAFE_INTEGER:
-            raise ValueError(f"completion_token_count {completion_token_count} is out of range")
-        if self.prompt(problem.prompt_id) != problem:
-            raise ValueError(
-                f"environment {self.name!r}: problem {problem.prompt_id} differs from the one "
-                "this configuration builds"
-            )
+        self.checked_count(problem, completion_token_count)
         if self._loaded is None:
             raise RuntimeError(
                 "a verifiers taskset is untrusted code: its rewards are computed in the reward "
