@@ -63,24 +63,35 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     environments.close()
 
 
-def make_task(number: int, environment: str = "arithmetic") -> task_pb2.Task:
-    return task_pb2.Task(
+# Problems in the example datasets of the environments with a bounded number of prompts.
+DATASET_SIZES = {"math": 22, "code": 12}
+
+
+def make_task(
+    number: int, environment: str = "arithmetic", config: dict[str, Any] | None = None
+) -> task_pb2.Task:
+    size = DATASET_SIZES.get(environment)
+    task = task_pb2.Task(
         task_id=f"task-{number}",
         environment=environment,
-        # The math environment's example dataset has 22 problems.
-        prompt_ids=[p + number % 5 if environment == "math" else p + number for p in PROMPTS],
+        prompt_ids=[p + number if size is None else (p + number) % size for p in PROMPTS],
         samples_per_prompt=SAMPLES,
         sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
         checkpoint_step=1,
     )
+    task.environment_config.update(config or {})
+    return task
 
 
 async def generate(
-    bench: Bench, cheat: Cheat | None, environment: str = "arithmetic"
+    bench: Bench,
+    cheat: Cheat | None,
+    environment: str = "arithmetic",
+    config: dict[str, Any] | None = None,
 ) -> tuple[task_pb2.Task, LeaseBinding, list[rollout_pb2.Rollout]]:
     """Rollouts from the reference generator behind a (possibly cheating) backend."""
     number = next(bench.counter)
-    task = make_task(number, environment)
+    task = make_task(number, environment, config)
     lease_pb = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
     # The generator finds checkpoint 1 in its store, so it never needs the client.
     store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
@@ -448,3 +459,24 @@ async def test_a_claim_of_the_unverifiable_reward_is_not_slashed(
     rollouts[0].claimed_reward.task_reward = 0.5
     job, blob = seal_job(task, lease, rollouts)
     assert judge(bench, job, blob).reject_reason == ValidatorReason.REWARD_MISMATCH
+
+
+@pytest.mark.usefixtures("sandbox_host")
+async def test_code_rewards_are_recomputed_in_the_sandbox_and_a_differing_claim_rejected(
+    bench: Bench,
+) -> None:
+    # The whole completion is the program: the tiny model's text runs against the tests, on the
+    # worker's side and again here, each test in a sandbox of its own.
+    task, lease, rollouts = await generate(bench, None, "code", {"program": "completion"})
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = await asyncio.to_thread(judge, bench, job, blob)
+    assert outcome.accepted, [c for c in outcome.checks if not c.passed]
+    assert [r.total for r in outcome.validated_rewards] == [
+        r.claimed_reward.total for r in rollouts
+    ]
+    rollouts[1].claimed_reward.task_reward = rollouts[1].claimed_reward.total = 1.0
+    job, blob = seal_job(task, lease, rollouts)
+    outcome = await asyncio.to_thread(judge, bench, job, blob)
+    assert outcome.reject_reason == ValidatorReason.REWARD_MISMATCH
+    failed = [c for c in outcome.checks if not c.passed]
+    assert [(c.check, c.rollout_index) for c in failed] == [("reward", 1)]
