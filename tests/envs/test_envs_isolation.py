@@ -81,6 +81,7 @@ def test_protected_paths_stay_out_even_below_a_readable_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(isolation, "_protected", set())
+    tmp_path.chmod(0o755)  # pytest makes it private; a readable directory is the point here
     data_dir = tmp_path / "validator-data"
     data_dir.mkdir()
     (data_dir / "ledger.db").write_text("private")
