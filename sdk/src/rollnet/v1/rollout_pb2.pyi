@@ -29,9 +29,11 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     FINISH_REASON_UNSPECIFIED: _FinishReason.ValueType  # 0
     """Not given (invalid)."""
     FINISH_REASON_EOS: _FinishReason.ValueType  # 1
-    """The model sampled the end-of-sequence token."""
+    """The last completion token is an end-of-sequence token, whatever the completion's length (a
+    completion of exactly max_new_tokens tokens that ends with EOS is EOS, not LENGTH).
+    """
     FINISH_REASON_LENGTH: _FinishReason.ValueType  # 2
-    """The completion reached max_new_tokens."""
+    """The completion has exactly max_new_tokens tokens and its last one is not an EOS token."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """Why generation of a completion stopped."""
@@ -39,9 +41,11 @@ class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
 FINISH_REASON_UNSPECIFIED: FinishReason.ValueType  # 0
 """Not given (invalid)."""
 FINISH_REASON_EOS: FinishReason.ValueType  # 1
-"""The model sampled the end-of-sequence token."""
+"""The last completion token is an end-of-sequence token, whatever the completion's length (a
+completion of exactly max_new_tokens tokens that ends with EOS is EOS, not LENGTH).
+"""
 FINISH_REASON_LENGTH: FinishReason.ValueType  # 2
-"""The completion reached max_new_tokens."""
+"""The completion has exactly max_new_tokens tokens and its last one is not an EOS token."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 @_typing.final
@@ -74,18 +78,27 @@ class Rollout(_message.Message):
     finish_reason: Global___FinishReason.ValueType
     """Why generation stopped."""
     toploc_proof: _builtins.bytes
-    """TOPLOC proof: the concatenation of 258-byte window proofs, one per 32 completion tokens."""
+    """TOPLOC proof: the concatenation of 258-byte window proofs, one per window of 32 completion
+    tokens (the last window may be shorter): 258 x ceil(completion tokens / 32) bytes.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Prompt token ids as fed to the model."""
+        """Prompt token ids as fed to the model: the environment's prompt text for prompt_id, encoded
+        with the checkpoint's tokenizer.json and no special tokens added (docs/protocol.md,
+        "Tokenization"); validators rebuild and compare them (the assigned-data check).
+        """
 
     @_builtins.property
     def completion_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Generated token ids, including the final EOS token when finish_reason is EOS."""
+        """Generated token ids, including the final EOS token when finish_reason is EOS; an EOS token
+        (docs/protocol.md, "End of sequence") may only be the last one.
+        """
 
     @_builtins.property
     def behaviour_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Behaviour log-probability of each completion token under the sampling distribution."""
+        """Behaviour log-probability of each completion token: log_softmax(logits / temperature) of
+        the token, one per completion token, finite and <= 0 (validators recompute them).
+        """
 
     @_builtins.property
     def claimed_reward(self) -> _common_pb2.Reward:
