@@ -10,7 +10,10 @@ from rollnet.sdk.checkpoints import (
     BlobServiceShards,
     CheckpointStore,
     CheckpointVerificationError,
+    PathViolation,
     ShardSource,
+    checkpoint_path_error,
+    checkpoint_path_violations,
     verify_checkpoint,
 )
 from rollnet.sdk.client import (
@@ -30,7 +33,7 @@ from rollnet.sdk.client import (
     ValidationClient,
     open_channel,
 )
-from rollnet.sdk.commitments import batch_binding_digest, verify_receipt
+from rollnet.sdk.commitments import SealedBatch, batch_binding_digest, seal_batch, verify_receipt
 from rollnet.sdk.errors import (
     ERROR_DOMAIN,
     REASON_CODES,
@@ -150,6 +153,7 @@ __all__ = [
     "NotFound",
     "OutOfRange",
     "Outbox",
+    "PathViolation",
     "PendingSubmission",
     "PermissionDenied",
     "RequestSigner",
@@ -160,6 +164,7 @@ __all__ = [
     "RollnetError",
     "RolloutClient",
     "RolloutGenerator",
+    "SealedBatch",
     "ShardSource",
     "SignedHeaders",
     "TaskClient",
@@ -178,6 +183,8 @@ __all__ = [
     "batch_binding_digest",
     "body_digest",
     "build_status",
+    "checkpoint_path_error",
+    "checkpoint_path_violations",
     "current_caller",
     "current_request_id",
     "default_method_policy",
@@ -188,6 +195,7 @@ __all__ = [
     "node_id_from_public_key",
     "open_channel",
     "run_until_signalled",
+    "seal_batch",
     "signed_bytes",
     "signing_interceptors",
     "verify_checkpoint",

@@ -45,6 +45,7 @@ from rollnet.reference.envs.registry import (
     UnknownEnvironmentError,
     load_environment,
 )
+from rollnet.sdk.dtypes import FLOAT32, compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
 
@@ -110,6 +111,9 @@ def task_to_proto(row: Task | LeasedTask, *, state: Any, attempt: int) -> task_p
         checkpoint_step=row.checkpoint_step,
         rollout_step=int(spec["rollout_step"]),
         sampling_seed=row.seed,
+        # Fixed when the task was created: a later change of the network's dtype leaves the
+        # tasks already queued (and their validation) in the dtype they were made for.
+        compute_dtype=compute_dtype_value(spec.get("compute_dtype", FLOAT32)),
         state=state,
         attempt=attempt,
     )
@@ -494,6 +498,7 @@ class Dispatcher:
                             "samples_per_prompt": request.samples_per_prompt,
                             "rollout_step": request.rollout_step,
                             "environment_config": normalized_config,
+                            "compute_dtype": config.compute_dtype,
                         },
                     )
                 )

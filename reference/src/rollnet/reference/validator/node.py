@@ -47,6 +47,7 @@ from rollnet.reference.validator.pipeline import (
 )
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import BlobIntegrityError, ConnectionConfig, RollnetClient, TlsConfig
+from rollnet.sdk.dtypes import BFLOAT16, FLOAT32, compute_dtype_name
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.retry import RetryPolicy, is_retryable
@@ -78,6 +79,7 @@ _FATAL = frozenset(
         ErrorReason.AUDIENCE_MISMATCH,
         ErrorReason.KEY_MISMATCH,
         ErrorReason.INVITE_TOKEN_INVALID,
+        ErrorReason.COMPUTE_DTYPE_UNSUPPORTED,
     }
 )
 # Refusals after which the coordinator no longer knows this node: register again.
@@ -110,8 +112,10 @@ class ValidatorConfig:
     """``None`` for plaintext (loopback and tests)."""
     device: str = "cpu"
     """Torch device of the prefill model."""
-    dtype: DType = "float32"
-    """Prefill dtype; selects the calibrated thresholds (must match the workers')."""
+    dtypes: tuple[DType, ...] = (FLOAT32, BFLOAT16)
+    """The dtypes this validator may prefill in, named at registration (a network computing in
+    another refuses it). Each job is prefilled in its task's ``compute_dtype`` with that dtype's
+    calibrated thresholds; a job in a dtype not listed here is left for another validator."""
     keep_checkpoints: int = 3
     """Checkpoint versions kept on disk (``async_level + 1``); two stay loaded in memory."""
     pull_wait: float = 20.0
@@ -155,7 +159,6 @@ class Validator:
                 keep=config.keep_checkpoints,
             ),
             device=config.device,
-            dtype=config.dtype,
         )
         self._environments = EnvironmentCache(
             RewardSandbox(time_limit_s=config.reward_time_limit_s)
@@ -237,6 +240,17 @@ class Validator:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
+
+    def _prefill_dtype(self, task: task_pb2.Task) -> DType | None:
+        """The dtype to prefill ``task``'s rollouts in, or None when this validator may not."""
+        try:
+            name = compute_dtype_name(task.compute_dtype)
+        except ValueError:
+            return None
+        for dtype in self.config.dtypes:
+            if dtype == name:
+                return dtype
+        return None
 
     def _fail(self, error: RollnetError | str) -> ValidatorFatalError:
         message = error if isinstance(error, str) else f"{error.reason}: {error.message}"
@@ -327,7 +341,7 @@ class Validator:
             protocol_version=PROTOCOL_VERSION,
             software_version=config.software_version,
             capabilities=node_pb2.Capabilities(
-                backends=["torch"], dtypes=[config.dtype], max_concurrent_leases=1
+                backends=["torch"], dtypes=list(config.dtypes), max_concurrent_leases=1
             ),
             hardware=default_hardware(),
         )
@@ -474,13 +488,26 @@ class Validator:
                 # Judged from the declared size: the blob is never downloaded or parsed.
                 await self._submit(job, lease, oversized)
                 return
+            dtype = self._prefill_dtype(job.task)
+            if dtype is None:
+                # Not the worker's fault: no verdict; the lease expires and another validator,
+                # one that runs the task's dtype, takes the job.
+                self.metrics.abandoned.labels("dtype_unsupported").inc()
+                log.error(
+                    "job_dtype_unsupported",
+                    job_id=job.job_id,
+                    compute_dtype=job.task.compute_dtype,
+                    dtypes=list(self.config.dtypes),
+                )
+                return
             try:
                 blob = await self._fetch(
                     "get_blob", lambda: self.client.blobs.download(commitment.rollout_batch.blake3)
                 )
                 fetched = time.monotonic()
                 model = await self._fetch(
-                    "checkpoint", lambda: self._models.get(job.task.checkpoint_step, self.client)
+                    "checkpoint",
+                    lambda: self._models.get(job.task.checkpoint_step, dtype, self.client),
                 )
             except _GaveUp as gave_up:
                 # The lease is gone, or a stop came and the inputs did not arrive within

@@ -56,7 +56,11 @@ class WorkerConfig:
     environments: tuple[str, ...] = ()
     """Environments this worker serves; empty means any."""
     dtypes: tuple[str, ...] = ()
-    """Numeric formats reported in the capabilities."""
+    """The dtypes this worker computes in (``"float32"``, ``"bfloat16"``), reported in the
+    capabilities. When given, the runtime stops (``WorkerFatalError``) on a network that computes
+    in another, and gives back a task whose ``compute_dtype`` is not among them before the
+    generator sees it (``FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED``). Empty: the generator checks
+    ``LeaseContext.compute_dtype`` itself."""
     max_concurrent_tasks: int = 1
     """Leases held and generated at once."""
     pool: str = ""

@@ -24,22 +24,19 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-import blake3
 from google.protobuf import duration_pb2
 
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
-from rollnet.sdk.commitments import batch_binding_digest, verify_receipt
+from rollnet.sdk.commitments import seal_batch, verify_receipt
+from rollnet.sdk.dtypes import FLOAT32, compute_dtype_name
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.proofs.binding import LeaseBinding, commitment_digest, proof_digest
 from rollnet.sdk.retry import RetryPolicy, is_retryable
 from rollnet.sdk.worker.config import WorkerConfig
 from rollnet.sdk.worker.lease import LeaseContext, LeaseLost
 from rollnet.sdk.worker.outbox import Outbox, PendingSubmission
 from rollnet.v1 import (
     blob_service_pb2,
-    commitment_pb2,
-    commitment_service_pb2,
     common_pb2,
     node_pb2,
     node_service_pb2,
@@ -76,6 +73,7 @@ _FATAL = frozenset(
         ErrorReason.AUDIENCE_MISMATCH,
         ErrorReason.KEY_MISMATCH,
         ErrorReason.HARDWARE_CLAIM_IMPLAUSIBLE,
+        ErrorReason.COMPUTE_DTYPE_UNSUPPORTED,
     }
 )
 
@@ -144,6 +142,8 @@ class Worker:
         self.hardware = hardware if hardware is not None else default_hardware()
         self.coordinator_public_key = b""
         """The coordinator's receipt-signing key, learned at registration."""
+        self.compute_dtype = FLOAT32
+        """The dtype the network computes in, learned at registration."""
         self.receipts_received = 0
         """Commitments acknowledged with a receipt in this run (replays included)."""
         self._stop = asyncio.Event()
@@ -342,6 +342,17 @@ class Worker:
                 f"not {self.config.network_id!r}"
             )
             return
+        try:
+            dtype = compute_dtype_name(response.compute_dtype)
+        except ValueError:
+            dtype = f"unknown ({response.compute_dtype})"
+        if self.config.dtypes and dtype not in self.config.dtypes:
+            # A coordinator refuses such a registration itself; an older one does not say.
+            self._set_fatal(
+                f"the network computes in {dtype}; this worker runs {', '.join(self.config.dtypes)}"
+            )
+            return
+        self.compute_dtype = dtype
         self.coordinator_public_key = response.coordinator_public_key
         if response.HasField("heartbeat_interval"):
             self._interval = max(0.05, response.heartbeat_interval.ToTimedelta().total_seconds())
@@ -544,6 +555,13 @@ class Worker:
         _log(logging.INFO, "task_leased", {"task_id": task.task_id, "lease_id": lease.lease_id})
         item: PendingSubmission | None = None
         try:
+            refusal = self._dtype_refusal(task)
+            if refusal:
+                context.cancel(
+                    refusal, give_back=task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED
+                )
+                await self._refuse_dtype(context)
+                return
             rollouts = await self._generate(context)
             if rollouts is not None:
                 try:
@@ -561,6 +579,35 @@ class Worker:
         if item is not None:
             await self._submit(item)
 
+    def _dtype_refusal(self, task: task_pb2.Task) -> str:
+        """Why this worker may not generate ``task`` in its dtype ("" when it may)."""
+        try:
+            dtype = compute_dtype_name(task.compute_dtype)
+        except ValueError as error:
+            return f"task {task.task_id}: {error}"
+        if self.config.dtypes and dtype not in self.config.dtypes:
+            return (
+                f"task {task.task_id} is to be generated in {dtype}; this worker runs "
+                f"{', '.join(self.config.dtypes)}"
+            )
+        return ""
+
+    async def _refuse_dtype(self, context: LeaseContext) -> None:
+        """Give back a task in a dtype this worker does not run, then register again.
+
+        The coordinator admitted this worker for its dtype, so the task predates a change of the
+        network's dtype, or the network changed since. Registering again tells which: refused
+        (the network moved on: the worker stops, ``COMPUTE_DTYPE_UNSUPPORTED``) or admitted (an
+        old task: the worker carries on; another worker takes the task).
+        """
+        _log(
+            logging.ERROR,
+            "task_dtype_unsupported",
+            {"task_id": context.task.task_id, "detail": context.cancel_reason},
+        )
+        await self._give_back(context, context.give_back_reason)
+        await self._register_once()
+
     async def _generate(self, context: LeaseContext) -> Sequence[rollout_pb2.Rollout] | None:
         """Run the generator under a watchdog; None when the work was abandoned."""
         generation = asyncio.ensure_future(self.generator.generate(context.task, context))
@@ -570,12 +617,7 @@ class Worker:
         except (LeaseLost, asyncio.CancelledError):
             if not context.cancelled:
                 raise  # our own task was cancelled (shutdown), not the generation
-            _log(
-                logging.WARNING,
-                "task_abandoned",
-                {"task_id": context.task.task_id, "reason": context.cancel_reason},
-            )
-            await self._give_back(context, context.give_back_reason)
+            await self._abandon(context)
             return None
         except Exception as error:
             log.exception("generation_failed", extra={"task_id": context.task.task_id})
@@ -587,9 +629,21 @@ class Worker:
         finally:
             watchdog.cancel()
         if context.cancelled:
-            await self._give_back(context, context.give_back_reason)
+            await self._abandon(context)
             return None
         return rollouts
+
+    async def _abandon(self, context: LeaseContext) -> None:
+        """Give back a task whose generation was cancelled, with the reason it was cancelled for."""
+        if context.give_back_reason == task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED:
+            await self._refuse_dtype(context)  # the generator found the task's dtype wrong
+            return
+        _log(
+            logging.WARNING,
+            "task_abandoned",
+            {"task_id": context.task.task_id, "reason": context.cancel_reason},
+        )
+        await self._give_back(context, context.give_back_reason)
 
     async def _watch(self, context: LeaseContext, generation: asyncio.Future[Any]) -> None:
         """Cancel the generation when the lease is lost or cannot be finished in time."""
@@ -666,78 +720,21 @@ class Worker:
     ) -> PendingSubmission:
         """Build the batch and the commitment request; check what a validator would refuse."""
         task, lease = context.task, context.lease
-        samples = task.samples_per_prompt
-        if len(rollouts) != context.rollout_count:
-            raise ValueError(
-                f"generator returned {len(rollouts)} rollouts, task asks {context.rollout_count}"
-            )
-        for index, rollout in enumerate(rollouts):
-            prompt_index, sample = divmod(index, samples)
-            if (rollout.prompt_index, rollout.sample_index) != (prompt_index, sample):
-                raise ValueError(f"rollout {index} is out of (prompt_index, sample_index) order")
-            if rollout.prompt_id != task.prompt_ids[prompt_index]:
-                raise ValueError(f"rollout {index} answers the wrong prompt id")
-            if rollout.sampling_seed != context.sampling_seed(index):
-                raise ValueError(f"rollout {index} was not sampled with its derived seed")
-        batch = rollout_pb2.RolloutBatch(
-            task_id=task.task_id,
-            lease_id=lease.lease_id,
-            fencing_token=lease.fencing_token,
-            node_id=self.node_id,
-            checkpoint_step=task.checkpoint_step,
-            rollouts=rollouts,
-        ).SerializeToString(deterministic=True)
-        blob = common_pb2.BlobRef(blake3=blake3.blake3(batch).digest(), size=len(batch))
-        binding = LeaseBinding(
+        sealed = seal_batch(
             network_id=self.config.network_id,
             node_id=self.node_id,
-            task_id=task.task_id,
-            lease_id=lease.lease_id,
-            fencing_token=lease.fencing_token,
+            task=task,
+            lease=lease,
+            rollouts=rollouts,
         )
-        request_id = uuid.uuid4().hex
-        request = commitment_service_pb2.SubmitCommitmentRequest(
-            request_id=request_id,
-            lease_id=lease.lease_id,
-            fencing_token=lease.fencing_token,
-            task_id=task.task_id,
-            rollout_batch=blob,
-            rollouts=[
-                commitment_pb2.RolloutDigest(
-                    sampling_seed=r.sampling_seed,
-                    proof_blake3=proof_digest(r.toploc_proof),
-                    completion_tokens=len(r.completion_token_ids),
-                    commitment_digest=commitment_digest(
-                        binding,
-                        blob_blake3=blob.blake3,
-                        rollout_index=index,
-                        sampling_seed=r.sampling_seed,
-                        prompt_ids=r.prompt_token_ids,
-                        completion_ids=r.completion_token_ids,
-                        proof=r.toploc_proof,
-                    ),
-                )
-                for index, r in enumerate(rollouts)
-            ],
-            claimed_work=commitment_pb2.WorkClaim(
-                prefill_tokens=sum(len(r.prompt_token_ids) for r in rollouts),
-                decode_tokens=sum(len(r.completion_token_ids) for r in rollouts),
-            ),
-            binding_digest=batch_binding_digest(
-                self.config.network_id,
-                self.node_id,
-                task.task_id,
-                lease.lease_id,
-                lease.fencing_token,
-                blob.blake3,
-            ),
-        )
+        request = sealed.request
+        request.request_id = uuid.uuid4().hex
         return PendingSubmission(
-            request_id=request_id,
+            request_id=request.request_id,
             task_id=task.task_id,
             lease_id=lease.lease_id,
             fencing_token=lease.fencing_token,
-            batch=batch,
+            batch=sealed.batch,
             commitment_request=request.SerializeToString(deterministic=True),
         )
 
