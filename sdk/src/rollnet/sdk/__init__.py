@@ -1,8 +1,9 @@
 """The rollnet Python SDK: identity, request signing, rich errors and typed async clients.
 
-Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs``. The worker
-runtime (:class:`Worker`, :class:`RolloutGenerator`) and checkpoint transfer
-(:class:`CheckpointStore`) are re-exported here. Importing this package never imports torch,
+Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs``. The node
+lifecycle every role shares (:class:`NodeSession`), the worker runtime (:class:`Worker`,
+:class:`RolloutGenerator`) and checkpoint transfer (:class:`CheckpointStore`) are re-exported
+here. Importing this package never imports torch,
 SQLAlchemy or vLLM.
 """
 
@@ -68,7 +69,21 @@ from rollnet.sdk.identity import (
     verify_signature,
 )
 from rollnet.sdk.methods import ALL_METHODS, REGISTER_NODE, default_method_policy, method_path
-from rollnet.sdk.retry import RetryPolicy, is_retryable
+from rollnet.sdk.node import (
+    DEFAULT_NETWORK_ID,
+    FATAL_REASONS,
+    PROTOCOL_VERSION,
+    REREGISTER_REASONS,
+    LeaseReport,
+    NodeConfig,
+    NodeFatalError,
+    NodeReport,
+    NodeSession,
+    StopRequested,
+    default_hardware,
+    run_until_signalled,
+)
+from rollnet.sdk.retry import Backoff, RetryPolicy, backoff_delay, is_retryable
 from rollnet.sdk.signing import (
     AUDIENCE_HEADER,
     BODY_HASH_HEADER,
@@ -95,7 +110,6 @@ from rollnet.sdk.verifier import (
     current_request_id,
 )
 from rollnet.sdk.worker import (
-    Backoff,
     LeaseContext,
     LeaseLost,
     Outbox,
@@ -104,7 +118,6 @@ from rollnet.sdk.worker import (
     Worker,
     WorkerConfig,
     WorkerFatalError,
-    run_until_signalled,
 )
 
 __all__ = [
@@ -112,11 +125,15 @@ __all__ = [
     "AUDIENCE_HEADER",
     "BODY_HASH_HEADER",
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_NETWORK_ID",
     "ERROR_DOMAIN",
+    "FATAL_REASONS",
     "KEY_HEADER",
     "NONCE_HEADER",
+    "PROTOCOL_VERSION",
     "REASON_CODES",
     "REGISTER_NODE",
+    "REREGISTER_REASONS",
     "SIGNATURE_HEADER",
     "SIGNING_HEADERS",
     "TIMESTAMP_HEADER",
@@ -146,9 +163,14 @@ __all__ = [
     "KnownKey",
     "LeaseContext",
     "LeaseLost",
+    "LeaseReport",
     "LedgerClient",
     "Metadata",
     "NodeClient",
+    "NodeConfig",
+    "NodeFatalError",
+    "NodeReport",
+    "NodeSession",
     "NonceCache",
     "NotFound",
     "OutOfRange",
@@ -167,6 +189,7 @@ __all__ = [
     "SealedBatch",
     "ShardSource",
     "SignedHeaders",
+    "StopRequested",
     "TaskClient",
     "TlsConfig",
     "Unauthenticated",
@@ -180,6 +203,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerFatalError",
     "abort",
+    "backoff_delay",
     "batch_binding_digest",
     "body_digest",
     "build_status",
@@ -187,6 +211,7 @@ __all__ = [
     "checkpoint_path_violations",
     "current_caller",
     "current_request_id",
+    "default_hardware",
     "default_method_policy",
     "error_type",
     "from_rpc_error",

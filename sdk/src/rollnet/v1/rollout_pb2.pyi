@@ -188,6 +188,7 @@ class AcceptedRollout(_message.Message):
     ROLLOUT_FIELD_NUMBER: _builtins.int
     VALIDATED_REWARD_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
+    VALIDATED_LOGPROBS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Position in the coordinator's stream of accepted rollouts (strictly increasing)."""
     task_id: _builtins.str
@@ -213,6 +214,15 @@ class AcceptedRollout(_message.Message):
         never trusts a worker's claimed reward.
         """
 
+    @_builtins.property
+    def validated_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The validator's recomputed log-probability of each completion token under the task's
+        sampling distribution (temperature-scaled: the definition of Rollout.behaviour_logprobs),
+        set when the rollout was validated; empty when it was accepted without a spot check. A
+        worker can shade its behaviour_logprobs by anything under the validator's tolerance;
+        these it cannot touch, so the trainer's importance ratios use them.
+        """
+
     def __init__(
         self,
         *,
@@ -225,10 +235,11 @@ class AcceptedRollout(_message.Message):
         rollout: Global___Rollout | None = ...,
         validated_reward: _common_pb2.Reward | None = ...,
         group_id: _builtins.str = ...,
+        validated_logprobs: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout", "validated_reward", b"validated_reward"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_step", b"checkpoint_step", "commitment_id", b"commitment_id", "group_id", b"group_id", "node_id", b"node_id", "rollout", b"rollout", "rollout_step", b"rollout_step", "sequence", b"sequence", "task_id", b"task_id", "validated_reward", b"validated_reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_step", b"checkpoint_step", "commitment_id", b"commitment_id", "group_id", b"group_id", "node_id", b"node_id", "rollout", b"rollout", "rollout_step", b"rollout_step", "sequence", b"sequence", "task_id", b"task_id", "validated_logprobs", b"validated_logprobs", "validated_reward", b"validated_reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -216,3 +216,30 @@ class Verdict(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+@_typing.final
+class ValidatedLogprobs(_message.Message):
+    """A validator's recomputed log-probabilities of one rollout's completion tokens: under the task's
+    sampling distribution (log_softmax(logits / temperature) of each chosen token, the definition
+    of Rollout.behaviour_logprobs), from the validator's own prefill of the checkpoint.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """One value per completion token, in order: finite and at most 0."""
+
+    def __init__(
+        self,
+        *,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ValidatedLogprobs: _TypeAlias = ValidatedLogprobs  # noqa: Y015

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         ValidatorFatalError,
         ValidatorMetrics,
     )
-    from rollnet.sdk.worker import run_until_signalled
+    from rollnet.sdk.node import run_until_signalled
 
     configure_logging(args.log_level)
     node_options.apply(args)

@@ -29,6 +29,7 @@ from rollnet.reference.coordinator.context import (
     StoredResponse,
     wait_for,
 )
+from rollnet.reference.coordinator.logprobs import max_verdict_bytes
 from rollnet.reference.coordinator.nodes import (
     MAX_CAPABILITY_ITEMS,
     Caller,
@@ -442,6 +443,16 @@ class Dispatcher:
             -(-request.prompt_count // per_task) <= MAX_TASKS_PER_REQUEST,
             "prompts_per_task",
             f"the demand would make more than {MAX_TASKS_PER_REQUEST} tasks",
+        )
+        verdict = max_verdict_bytes(
+            min(per_task, request.prompt_count) * request.samples_per_prompt,
+            request.sampling.max_new_tokens,
+        )
+        v.require(
+            verdict <= config.max_message_bytes,
+            "prompts_per_task",
+            f"a task's verdict would need up to {verdict} bytes (4 per completion token for the "
+            f"validator's log-probabilities), over max_message_bytes ({config.max_message_bytes})",
         )
         v.raise_if_any()
         env_config = json_format.MessageToDict(request.environment_config)
