@@ -31,7 +31,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from rollnet.reference.envs import load_environment
-from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.reference.inference.tokenization import ChatTemplate, CheckpointTokenizer
 from rollnet.reference.model.tokenizer import build_char_tokenizer
 from rollnet.sdk import FieldViolation, Identity, RequestSigner, build_status, signed_bytes
 from rollnet.sdk.checkpoints import (
@@ -618,15 +618,36 @@ def arithmetic() -> dict[str, Any]:
     return {"spec": "docs/environments.md, Built-in: arithmetic", "cases": cases}
 
 
+# A ChatML-like template over the tiny tokenizer's special tokens (Qwen's whitespace control).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "{{- bos_token + message['role'] + '\\n' + message['content'] | trim + eos_token + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- bos_token + 'assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+
 def tokenization() -> dict[str, Any]:
-    tokenizer = CheckpointTokenizer(build_char_tokenizer())
     texts = ["12+34=", "Think for 16 tokens. 7*8="]
+    config = {"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE}
+    template = ChatTemplate.from_tokenizer_config(config)
+    tokenizer = CheckpointTokenizer(build_char_tokenizer(), template)
     completion = [*tokenizer.encode("46\n"), 0]  # the EOS token decodes to nothing
+    messages = [("system", "You add numbers. "), ("user", "12+34=")]
+    chat_text = tokenizer.render_chat(messages)
     return {
         "spec": "docs/protocol.md, Tokenization",
         "tokenizer": "the tiny model's tokenizer.json (rollnet model init-tiny)",
         "encode": [{"text": text, "ids": tokenizer.encode(text)} for text in texts],
         "decode": {"ids": completion, "text": tokenizer.decode(completion)},
+        "chat": {
+            "tokenizer_config": config,
+            "messages": [{"role": role, "content": content} for role, content in messages],
+            "text": chat_text,
+            "ids": tokenizer.encode(chat_text),
+        },
     }
 
 

@@ -49,3 +49,26 @@ def test_tokenization_of_the_tiny_checkpoint(vectors: dict[str, Any], tmp_path: 
     decode = section["decode"]
     assert tokenizer.decode(decode["ids"]) == decode["text"]
     assert raw.decode(decode["ids"], skip_special_tokens=True) == decode["text"]
+
+
+def test_chat_prompt_of_the_tiny_checkpoint(vectors: dict[str, Any], tmp_path: Path) -> None:
+    """The vectors' chat template, put into the tiny checkpoint's tokenizer_config.json, renders
+    the messages to the vectors' text, whose ids are the vectors' (the template's special
+    tokens matched as tokens); transformers' apply_chat_template gives the same."""
+    from transformers import AutoTokenizer
+
+    chat = vectors["tokenization"]["chat"]
+    directory = init_tiny_model(tmp_path / "tiny", seed=0)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(chat["tokenizer_config"])
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    tokenizer = CheckpointTokenizer.load(directory)
+    messages = [(m["role"], m["content"]) for m in chat["messages"]]
+    assert tokenizer.render_chat(messages) == chat["text"]
+    assert tokenizer.encode(chat["text"]) == chat["ids"]
+    library: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    ids = library.apply_chat_template(
+        chat["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert list(ids) == chat["ids"]

@@ -18,6 +18,7 @@ from validator_testing import NETWORK, seal_job
 
 from rollnet.reference.adversary import CHEATS, Cheat, CheatingGenerator
 from rollnet.reference.envs import RewardBreakdown, RewardResult
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.validator import (
     CheckpointModel,
@@ -49,15 +50,14 @@ class Bench:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    from transformers import AutoTokenizer
-
     from rollnet.reference.model.tiny import init_tiny_model
 
     root = tmp_path_factory.mktemp("pipeline")
     model_dir = init_tiny_model(root / "checkpoints" / "step-1", seed=0)
     backend = TorchBackend()
     backend.load(str(model_dir))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    # As the validator loads it (validator/checkpoints.py): the checkpoint's tokenizer.json.
+    tokenizer = CheckpointTokenizer.load(model_dir)
     model = CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
     environments = EnvironmentCache()
     yield Bench(root, model, environments, iter(range(10**6)))

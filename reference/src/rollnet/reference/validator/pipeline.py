@@ -46,6 +46,7 @@ from rollnet.reference.envs import (
     load_environment,
 )
 from rollnet.reference.inference.base import Prefill
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import (
     CheckName,
@@ -124,7 +125,7 @@ class CheckpointModel:
 
     step: int
     backend: PrefillBackend
-    tokenizer: Any
+    tokenizer: CheckpointTokenizer
     thresholds: Thresholds
 
 
@@ -620,7 +621,7 @@ def _reward_checks(
     slots: Sequence[_Slot],
     environment: Environment,
     sandbox: RewardSandbox,
-    tokenizer: Any,
+    tokenizer: CheckpointTokenizer,
     outcome: JobOutcome,
 ) -> None:
     """Recompute the rewards with the environment's verifier; each claim must equal its value.
@@ -703,9 +704,9 @@ def _reward_check(
     return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
 
 
-def _encode_problem(tokenizer: Any, problem: Problem) -> list[int]:
-    # The worker's rule (rollnet.reference.worker.encode_problem): plain text without special
-    # tokens, or the messages through the chat template once.
+def _encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[int]:
+    # The worker's rule (rollnet.reference.worker.encode_problem): the prompt text, or the
+    # messages rendered once by the checkpoint's chat template, encoded by its tokenizer.json.
     from rollnet.reference.worker import encode_problem
 
     return encode_problem(tokenizer, problem)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import json_format
 
@@ -57,43 +56,28 @@ def make_backend(name: str) -> InferenceBackend:
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a prompt as fed to the model: the plain text, no special tokens added.
-
-    ``tokenizer`` is the checkpoint's :class:`CheckpointTokenizer` (its ``tokenizer.json``, the
-    protocol's definition; a transformers tokenizer of the same file gives the same ids for
-    most models). Validators rebuild the assigned prompt the same way (the assigned-data check
-    compares ids).
-    """
-    ids: list[int] = list(tokenizer.encode(text, add_special_tokens=False))
+def encode_prompt(tokenizer: CheckpointTokenizer, text: str) -> list[int]:
+    """Token ids of prompt text as fed to the model: ``tokenizer.json``'s encoding, no special
+    tokens added (docs/protocol.md, "Tokenization"). Validators rebuild the assigned prompt the
+    same way (the assigned-data check compares ids)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     return ids
 
 
-def encode_problem(tokenizer: Any, problem: Problem) -> list[int]:
+def encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[int]:
     """Token ids of a problem's prompt as fed to the model, the one rule worker and validator
-    share: ``problem.messages`` through the tokenizer's chat template, once, with the
-    generation prompt (``apply_chat_template(..., add_generation_prompt=True)``) and nothing
-    added; otherwise ``problem.prompt`` as plain text (:func:`encode_prompt`).
+    share: the prompt text is ``problem.prompt``, or, when the problem is chat messages, those
+    messages rendered once by the checkpoint's chat template with the generation prompt
+    (:meth:`CheckpointTokenizer.render_chat`); the text is then encoded like any prompt
+    (:func:`encode_prompt`: nothing added, the template's own special tokens matched in it).
 
     The completion is never re-tokenized: the sampled ids follow these ids as they are.
     """
     if problem.messages is None:
         return encode_prompt(tokenizer, problem.prompt)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "the prompt is chat messages, but the checkpoint's tokenizer has no chat template "
-            "(use the environment's plain-text prompt format)"
-        )
-    conversation = [{"role": role, "content": content} for role, content in problem.messages]
-    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-    # transformers 5 answers with a BatchEncoding, older versions with the ids.
-    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
-    ids = [int(token) for token in ids]
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens")
-    return ids
+    return encode_prompt(tokenizer, tokenizer.render_chat(problem.messages))
 
 
 class InferenceGenerator(RolloutGenerator):
@@ -211,6 +195,7 @@ class InferenceGenerator(RolloutGenerator):
         with self._backend_lock:
             backend, tokenizer = self._backend, self._tokenizer
             assert backend is not None
+            assert tokenizer is not None
             prompts = [encode_problem(tokenizer, problem) for problem in problems]
             slots = [(p, s) for p in range(len(problems)) for s in range(samples)]
             rollouts: list[rollout_pb2.Rollout] = []
