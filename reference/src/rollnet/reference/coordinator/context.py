@@ -156,9 +156,14 @@ class CoordinatorContext:
         """
 
         scope = IDEMPOTENCY_SCOPE.get() if scoped else None
+        before = (scope.checked, scope.stored) if scope is not None else (False, False)
         now = self.clock()
 
         def _work(session: Session) -> T:
+            if scope is not None:
+                # A group commit whose transaction failed runs its calls again, each from where
+                # it stood before this transaction (what the failed one did was rolled back).
+                scope.checked, scope.stored = before
             if scope is not None and not scope.checked:
                 # A repeated request id is answered from its record, looked up here, in the
                 # transaction that would otherwise write, rather than in a read of its own.
@@ -221,9 +226,14 @@ class GroupCommitWriter:
 
     Each call's work runs in its own SAVEPOINT inside the batch's transaction, so a refusal or a
     constraint violation in one call rolls back that call's writes only. Nobody hears success
-    before the batch's COMMIT has returned (with ``synchronous=FULL``: after the fsync). A batch
-    forms only from calls that arrived while the previous commit was running: a lone call is
-    never delayed, and under load one fsync serves many calls instead of one each.
+    before the batch's COMMIT has returned (with ``synchronous=FULL``: after the fsync). Should
+    the shared transaction itself fail (its COMMIT: a deferred constraint one call broke, say),
+    each half of the batch is run again in a transaction of its own, down to the call that
+    fails alone: one call's failure never becomes the others'. A batch forms only from calls
+    that arrived while the previous commit was running: a lone call is never delayed, and under
+    load one fsync serves many calls instead of one each. Work may run again after a failed
+    transaction, so it must depend on nothing but its session (and restore what it changes
+    outside it, as :meth:`CoordinatorContext.run_in_transaction` does for its request id).
     """
 
     def __init__(self, sessions: sessionmaker[Session], *, max_batch: int = 256) -> None:
@@ -293,7 +303,16 @@ class GroupCommitWriter:
                         except Exception as error:
                             outcomes.append((False, error))
         except Exception as error:  # the commit (or a lone call) failed: nothing was stored
-            return [(False, error)] * len(batch)
+            if len(batch) == 1:
+                return [(False, error)]
+            log.warning(
+                "a group commit of %d calls failed (%s: %s); committing each half alone",
+                len(batch),
+                type(error).__name__,
+                error,
+            )
+            middle = len(batch) // 2
+            return self._commit(batch[:middle]) + self._commit(batch[middle:])
         self.batches += 1
         self.jobs += len(batch)
         return outcomes
