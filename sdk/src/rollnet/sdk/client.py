@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import blake3
 import grpc
+from google.protobuf import duration_pb2
 
 from rollnet.sdk.errors import from_rpc_error
 from rollnet.sdk.identity import Identity
@@ -276,10 +277,16 @@ def _metadata(metadata: Metadata | None) -> tuple[tuple[str, str], ...] | None:
     return tuple(metadata) if metadata else None
 
 
-def _long_poll_timeout(default: float | None, wait_seconds: float) -> float | None:
+# The longest wait a request may carry (docs/protocol.md, "Bounds on every field"); a longer one
+# is the server's to refuse, and must not overflow the deadline computed here first.
+_MAX_WAIT = 86_400.0
+
+
+def _long_poll_timeout(default: float | None, wait: duration_pb2.Duration) -> float | None:
     if default is None:
         return None
-    return max(default, wait_seconds + _LONG_POLL_MARGIN)
+    seconds = min(max(wait.seconds + wait.nanos / 1e9, 0.0), _MAX_WAIT)
+    return max(default, seconds + _LONG_POLL_MARGIN)
 
 
 class NodeClient(_ServiceClient):
@@ -443,9 +450,7 @@ class TaskClient(_ServiceClient):
             timeout=timeout,
             metadata=metadata,
             retry=retry,
-            default_timeout=_long_poll_timeout(
-                self._timeout, request.wait.ToTimedelta().total_seconds()
-            ),
+            default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
     async def report_progress(
@@ -681,9 +686,7 @@ class ValidationClient(_ServiceClient):
             timeout=timeout,
             metadata=metadata,
             retry=retry,
-            default_timeout=_long_poll_timeout(
-                self._timeout, request.wait.ToTimedelta().total_seconds()
-            ),
+            default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
     async def submit_verdict(

@@ -26,12 +26,14 @@ from rollnet.ledger.engine import check_ready, create_engine
 from rollnet.ledger.migrate import upgrade_to_head
 from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blobstore import BlobStore
+from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
+    FieldBoundsCheck,
     Readiness,
     ReadinessGate,
     ResolvedInterceptors,
@@ -333,6 +335,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             key_resolver=keys.resolve,
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
+            max_message_bytes=config.max_message_bytes,
         )
     )
     limiter = CallerLimiter(
@@ -342,15 +345,24 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     serving = Readiness()
     server = grpc.aio.server(
         # Outermost first: observe everything, refuse all but health while not serving, verify
-        # signatures, then limit verified callers.
+        # signatures (after the message size), limit verified callers, check every field.
         interceptors=[
             ResolvedInterceptors(
-                [RpcObserver(metrics), ReadinessGate(serving, EXEMPT_PREFIXES), verifier, limiter],
+                [
+                    RpcObserver(metrics),
+                    ReadinessGate(serving, EXEMPT_PREFIXES),
+                    verifier,
+                    limiter,
+                    FieldBoundsCheck(RequestBounds(config)),
+                ],
                 serving,
             )
         ],
         options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
+            # gRPC refuses a message over its limit itself, before any handler, with a bare
+            # RESOURCE_EXHAUSTED; up to twice the cap, the verifier answers MESSAGE_TOO_LARGE
+            # with an ErrorInfo instead, as the protocol promises.
+            ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.server.max_pending_requests", config.max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", 2 * config.max_pending_calls),

@@ -121,8 +121,6 @@ class Idempotency:
         request_id: str = getattr(request, "request_id", "")
         if not request_id:
             return await produce()
-        if len(request_id) > 128:
-            raise Refusal(ErrorReason.INVALID_FIELDS, "request_id: at most 128 characters")
         who = current_caller().node_id
         digest = blake3.blake3(request.SerializeToString(deterministic=True)).digest()
         # The stored response, if any, is looked up by the call's first transaction (saving a

@@ -50,7 +50,7 @@ from rollnet.reference.coordinator.nodes import (
     refuse_unusable,
     timestamp,
 )
-from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
+from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
@@ -208,10 +208,6 @@ class WorkDesk:
         until a commitment records them; a trainer's checkpoint shards are not charged. No
         upload may take the store below its free-space reserve.
         """
-        v = Violations()
-        v.require(len(header.blob.blake3) == 32, "header.blob.blake3", "must be 32 bytes")
-        v.require(header.kind != 0, "header.kind", "is required")
-        v.raise_if_any()
         config = self.ctx.config
         digest, size = header.blob.blake3, header.blob.size
         trusted = caller.role == NodeRole.TRAINER
@@ -327,9 +323,6 @@ class WorkDesk:
         self, request: blob_service_pb2.GetBlobRequest, chunk_size: int = 1 << 20
     ) -> AsyncIterator[blob_service_pb2.GetBlobResponse]:
         """Stream a stored blob from ``offset``."""
-        v = Violations()
-        v.require(len(request.blake3) == 32, "blake3", "must be 32 bytes")
-        v.raise_if_any()
         if not self.ctx.blobs.exists(request.blake3):
             name = request.blake3.hex()
             row = await self.ctx.run_read(lambda session: artifacts.get_blob(session, name))
@@ -477,13 +470,6 @@ class WorkDesk:
         self, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         """Accept a commitment for a held lease, answer with a signed receipt."""
-        v = Violations()
-        v.require(bool(request.lease_id), "lease_id", "is required")
-        v.require(bool(request.task_id), "task_id", "is required")
-        v.require(len(request.rollout_batch.blake3) == 32, "rollout_batch.blake3", "32 bytes")
-        v.require(len(request.binding_digest) == 32, "binding_digest", "must be 32 bytes")
-        v.require(len(request.rollouts) > 0, "rollouts", "must not be empty")
-        v.raise_if_any()
         config = self.ctx.config
         expected_binding = batch_binding_digest(
             config.network_id,
@@ -792,27 +778,9 @@ class WorkDesk:
         self, caller: Caller, request: validation_service_pb2.SubmitVerdictRequest
     ) -> validation_service_pb2.SubmitVerdictResponse:
         """Record a verdict: credit or slash, trust update, ejection after repeated rejects."""
-        v = Violations()
-        v.require(bool(request.job_id), "job_id", "is required")
-        v.require(bool(request.lease_id), "lease_id", "is required")
         accept = validation_pb2.Verdict.DECISION_ACCEPT
-        reject = validation_pb2.Verdict.DECISION_REJECT
-        v.require(request.decision in (accept, reject), "decision", "ACCEPT or REJECT")
-        v.require(
-            request.decision != reject or bool(request.reject_reason),
-            "reject_reason",
-            "is required when rejecting",
-        )
-        for index, check in enumerate(request.checks):
-            for name, value in check.figures.items():
-                v.require(math.isfinite(value), f"checks[{index}].figures[{name!r}]", "not finite")
-        for index, reward in enumerate(request.validated_rewards):
-            v.require(
-                all(map(math.isfinite, (reward.task_reward, reward.length_penalty, reward.total))),
-                f"validated_rewards[{index}]",
-                "must be finite",
-            )
-        v.raise_if_any()
+        if request.decision != accept and not request.reject_reason:
+            raise invalid(("reject_reason", "is required when rejecting"))
         config = self.ctx.config
         now = self.ctx.clock()
         verdict_id = secrets.token_hex(12)
