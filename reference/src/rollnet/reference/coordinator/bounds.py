@@ -7,8 +7,8 @@ a known enum value, a Duration's or Timestamp's range, how many items a repeated
 may hold. :func:`field_rules` is the table; :class:`RequestBounds` compiles it once per request
 type and walks a parsed request, returning a :class:`~rollnet.sdk.errors.FieldViolation` per
 bad field, with its path (``held_lease_ids[3]``, ``metrics["tokens"]``,
-``manifest.files[0].path``). The coordinator's ``RequestBounds`` interceptor refuses such a
-request before any handler, or SQL, sees it; docs/protocol.md ("Bounds on every field") is
+``manifest.files[0].path``). The coordinator's ``FieldBoundsCheck`` interceptor refuses such
+a request before any handler, or SQL, sees it; docs/protocol.md ("Bounds on every field") is
 generated from the same table (:func:`markdown_table`).
 
 Checks that depend on one field alone live here; checks that relate fields to each other or to
@@ -62,8 +62,7 @@ SQL_INT = 2**63 - 1
 """The largest value a SQL ``BIGINT`` (and SQLite's INTEGER) holds."""
 _UINT32 = 2**32 - 1
 _UINT64 = 2**64 - 1
-# Protobuf's own validity ranges of Duration and Timestamp (google/protobuf/*.proto).
-_DURATION_SECONDS = 315_576_000_000
+# Protobuf's own validity range of a Timestamp (google/protobuf/timestamp.proto).
 _TIMESTAMP_MIN = -62_135_596_800  # 0001-01-01T00:00:00Z
 _TIMESTAMP_MAX = 253_402_300_799  # 9999-12-31T23:59:59Z
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -539,7 +538,8 @@ class Pairs(_Rule):
 def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
     """Every field of every message a request may carry → its rule (see the module docs).
 
-    Some bounds are the operator's (``config``): the sampling a trainer may ask for.
+    Some bounds are the operator's (``config``): the sampling a trainer may ask for, the
+    completion tokens a rollout may have, the lease ids a heartbeat may name.
     """
     enum = descriptor_pool.Default().FindEnumTypeByName
     free_line = Text(max_len=256)
