@@ -923,24 +923,26 @@ class RequestBounds:
         roots = sorted({d.full_name for d in methods.values()})
         #: Every message type a request can carry, compiled.
         self.messages = compile_rules(field_rules(config), roots)
-        self._by_method = {path: self.messages[d.full_name] for path, d in methods.items()}
+        self._checkers = {
+            path: _violations_of(self.messages[d.full_name]) for path, d in methods.items()
+        }
 
     def checker(self, method: str) -> Callable[[Message], list[FieldViolation]] | None:
         """The check of ``method``'s requests (``None`` for a method outside protocol v1): the
         violations of a request, at most :data:`MAX_REPORTED` of them."""
-        check = self._by_method.get(method)
-        if check is None:
-            return None
+        return self._checkers.get(method)
 
-        def violations(request: Message) -> list[FieldViolation]:
-            if check.ok(request, 0):
-                return []
-            found: Out = []
-            with contextlib.suppress(_Full):  # enough said
-                check.walk(request, "", found, 0)
-            return [FieldViolation(field=path, description=why) for path, why in found]
 
-        return violations
+def _violations_of(check: MessageCheck) -> Callable[[Message], list[FieldViolation]]:
+    def violations(request: Message) -> list[FieldViolation]:
+        if check.ok(request, 0):
+            return []
+        found: Out = []
+        with contextlib.suppress(_Full):  # enough said
+            check.walk(request, "", found, 0)
+        return [FieldViolation(field=path, description=why) for path, why in found]
+
+    return violations
 
 
 # ------------------------------------------------------------------------------------- docs
