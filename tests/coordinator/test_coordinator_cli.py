@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 
 from rollnet.reference.checkpoints import (
     CHECKPOINT_DOMAIN,
+    CheckpointDirError,
     flops_per_token,
     model_files,
     publish_model_dir,
@@ -249,3 +250,21 @@ async def test_checkpoint_publish(
     finally:
         await trainer.close()
         await reader.close()
+
+
+def test_a_model_dir_the_protocol_cannot_use_is_refused_before_any_upload(tmp_path: Path) -> None:
+    """The publisher needs tokenizer.json (workers and validators tokenize with it) and applies
+    the checkpoint path rule to every file it would publish, naming the file."""
+    model, _ = _model_dir(tmp_path / "model")
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointDirError, match=r"has no tokenizer\.json"):
+        model_files(model)
+    (model / "tokenizer.json").write_text("{}")
+    (model / "special tokens.json").write_text("{}")
+    with pytest.raises(CheckpointDirError, match=r"special tokens\.json: component 1"):
+        model_files(model)
+    (model / "special tokens.json").unlink()
+    (model / "Extra").mkdir()
+    (model / "Extra" / "merges.txt").write_text("a b\n")
+    with pytest.raises(CheckpointDirError, match="differs only in case"):
+        model_files(model)

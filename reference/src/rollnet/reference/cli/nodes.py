@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 
 from rollnet.sdk import (
+    PROTOCOL_VERSION,
     ConnectionConfig,
     Identity,
     KeyFileError,
@@ -106,7 +107,7 @@ async def register_as(client: RollnetClient, identity: Identity, role: int) -> N
         node_service_pb2.RegisterNodeRequest(
             public_key=identity.public_key,
             role=role,  # type: ignore[arg-type]
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            protocol_version=PROTOCOL_VERSION,
             software_version=SOFTWARE_VERSION,
         )
     )

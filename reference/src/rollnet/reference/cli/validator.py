@@ -38,9 +38,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument(
         "--dtype",
+        action="append",
         choices=("float32", "bfloat16"),
-        default="float32",
-        help="prefill dtype; selects the calibrated thresholds (default float32)",
+        default=None,
+        help="a dtype this validator may prefill in (repeatable; default both): each job is "
+        "prefilled in the dtype its task prescribes, with that dtype's calibrated thresholds",
     )
     parser.add_argument(
         "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         ValidatorFatalError,
         ValidatorMetrics,
     )
-    from rollnet.sdk.worker import run_until_signalled
+    from rollnet.sdk.node import run_until_signalled
 
     configure_logging(args.log_level)
     node_options.apply(args)
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         network_id=args.network_id,
         device=args.device,
-        dtype=args.dtype,
+        dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else ("float32", "bfloat16"),
         keep_checkpoints=args.keep_checkpoints,
         pull_wait=args.pull_wait,
         reward_time_limit_s=args.reward_time_limit,

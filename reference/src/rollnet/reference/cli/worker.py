@@ -47,7 +47,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--device", default=None, help="torch device (default: cpu; vllm: cuda)")
     parser.add_argument(
-        "--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype"
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype to compute in (default float32); must be the network's compute dtype, or "
+        "the coordinator refuses the worker at registration",
     )
     parser.add_argument(
         "--environment",

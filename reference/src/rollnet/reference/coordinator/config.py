@@ -17,6 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
+
 ENV_PREFIX = "ROLLNET_COORDINATOR_"
 
 
@@ -41,6 +43,8 @@ class CoordinatorConfig:
     listen: str = "127.0.0.1:7070"
     metrics_listen: str = ""
     network_id: str = "rollnet-local"
+    #: The dtype the network computes in: what workers generate and validators prefill in.
+    compute_dtype: str = FLOAT32
     key_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -142,6 +146,12 @@ def _positive_float(value: str | int | float) -> float:
     return number
 
 
+def _compute_dtype(value: str) -> str:
+    if value not in COMPUTE_DTYPES:
+        raise ValueError(f"must be one of {', '.join(COMPUTE_DTYPES)}")
+    return value
+
+
 def _path(value: str) -> Path:
     return Path(value).expanduser()
 
@@ -170,6 +180,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", str, "gRPC listen address HOST:PORT (port 0 picks a free port)"),
     Option("metrics_listen", str, "Prometheus metrics HOST:PORT ('' disables)"),
     Option("network_id", str, "network id: the audience every signed call must name"),
+    Option(
+        "compute_dtype",
+        _compute_dtype,
+        "dtype the network computes in: workers generate and validators prefill in it "
+        "(float32 or bfloat16)",
+    ),
     Option("key_file", _path, "coordinator Ed25519 key (default: DATA_DIR/coordinator.key)"),
     Option("tls_cert", _path, "PEM certificate chain: serve TLS (needs --tls-key)"),
     Option("tls_key", _path, "PEM private key of --tls-cert"),

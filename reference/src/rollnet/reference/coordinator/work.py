@@ -25,6 +25,7 @@ from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Commitment
 from rollnet.ledger.tasks import TaskTerms
+from rollnet.reference.coordinator import logprobs
 from rollnet.reference.coordinator.blobstore import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -50,7 +51,7 @@ from rollnet.reference.coordinator.nodes import (
     refuse_unusable,
     timestamp,
 )
-from rollnet.reference.coordinator.refusal import Refusal, invalid
+from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
@@ -779,8 +780,16 @@ class WorkDesk:
     ) -> validation_service_pb2.SubmitVerdictResponse:
         """Record a verdict: credit or slash, trust update, ejection after repeated rejects."""
         accept = validation_pb2.Verdict.DECISION_ACCEPT
-        if request.decision != accept and not request.reject_reason:
-            raise invalid(("reject_reason", "is required when rejecting"))
+        # Each field is in bounds (the FieldBoundsCheck interceptor: a known decision, finite
+        # figures and rewards); what relates them is checked here.
+        v = Violations()
+        v.require(
+            request.decision == accept or bool(request.reject_reason),
+            "reject_reason",
+            "is required when rejecting",
+        )
+        logprobs.check_values(request.validated_logprobs, request.decision == accept, v)
+        v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
         verdict_id = secrets.token_hex(12)
@@ -800,6 +809,10 @@ class WorkDesk:
             if accepted and len(request.validated_rewards) != expected:
                 raise invalid(
                     ("validated_rewards", f"must hold {expected} rewards, one per rollout")
+                )
+            if request.validated_logprobs:
+                logprobs.check_shape(
+                    request.validated_logprobs, self._completion_tokens(commitment)
                 )
             validated = request.validated_work
             if accepted and validated.prefill_tokens + validated.decode_tokens > max(
@@ -840,6 +853,11 @@ class WorkDesk:
                 check_figures=figures,
                 awarded_work=units if accepted else 0,
                 now=now,
+                validated_logprobs=(
+                    validation.pack_logprobs(e.logprobs for e in request.validated_logprobs)
+                    if request.validated_logprobs
+                    else None
+                ),
             )
             if outcome is LeaseOutcome.ALREADY_SUBMITTED:
                 raise Refusal(ErrorReason.VERDICT_ALREADY_RECORDED, "the job already has one")
@@ -943,6 +961,17 @@ class WorkDesk:
         else:
             signals.fire(signals.work_available)
         return response
+
+    def _completion_tokens(self, commitment: Commitment) -> list[int]:
+        """Completion tokens of each rollout of a commitment's batch, in order: from the stored
+        commitment (its digests were checked against the batch at submission), or from the
+        batch itself for a commitment stored before migration 0003 kept the record."""
+        if commitment.record is not None:
+            record = commitment_pb2.Commitment.FromString(commitment.record)
+            return [digest.completion_tokens for digest in record.rollouts]
+        _, data = self.ctx.blobs.read_range(bytes.fromhex(commitment.rollout_blob_hash), 0, 0)
+        batch = rollout_pb2.RolloutBatch.FromString(data)
+        return [len(rollout.completion_token_ids) for rollout in batch.rollouts]
 
 
 def _check_to_json(check: validation_pb2.CheckResult) -> dict[str, Any]:
