@@ -107,6 +107,14 @@ def typical_requests() -> dict[str, tuple[str, Message]]:
                 ],
                 validated_rewards=[common_pb2.Reward(task_reward=1.0, total=1.0)] * rollouts,
                 validated_work=commitment_pb2.WorkClaim(prefill_tokens=800, decode_tokens=1600),
+                # The validator's own log-probability of each completion token, one list per
+                # rollout: the longest lists a typical request carries.
+                validated_logprobs=[
+                    validation_pb2.ValidatedLogprobs(
+                        logprobs=[-0.25 - t / 1000 for t in range(200)]
+                    )
+                    for _ in range(rollouts)
+                ],
             ),
         ),
         "RegisterNode": (

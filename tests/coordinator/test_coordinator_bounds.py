@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from rollnet.reference.coordinator import bounds
 from rollnet.reference.coordinator.bounds import (
+    CheckpointPath,
     Choice,
     Each,
     Embedded,
@@ -47,6 +48,7 @@ from rollnet.reference.coordinator.bounds import (
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import Identity, RollnetClient, RollnetError, from_rpc_error
+from rollnet.sdk.checkpoints import MAX_CHECKPOINT_PATH_BYTES
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import default_method_policy
 from rollnet.v1 import (
@@ -57,6 +59,7 @@ from rollnet.v1 import (
     node_pb2,
     node_service_pb2,
     task_service_pb2,
+    validation_pb2,
     validation_service_pb2,
 )
 
@@ -92,6 +95,11 @@ def _leaf_values(descriptor: FieldDescriptor, rule: Rule) -> Iterator[tuple[str,
     elif isinstance(rule, Real):
         yield "nan", math.nan
         yield "inf", -math.inf
+        if rule.high is not None:
+            yield "range", rule.high + 1
+    elif isinstance(rule, CheckpointPath):
+        yield "nul", "a\x00b"
+        yield "long", "a" * (MAX_CHECKPOINT_PATH_BYTES + 1)
     elif isinstance(rule, Choice):
         yield "enum", 99
     elif isinstance(rule, Raw) and rule.sizes:
@@ -644,3 +652,32 @@ def test_descriptor_walk_reaches_the_embedded_manifest() -> None:
     assert {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"} <= (
         reached
     )
+
+
+def test_long_lists_of_log_probabilities_are_checked_value_by_value() -> None:
+    """A verdict's validated log-probabilities run to thousands of values, checked in one pass
+    each (the fast path of a long list): one value that is not finite or is above 0, anywhere,
+    is found and named; 0 itself is a log-probability."""
+    check = RequestBounds(CoordinatorConfig(data_dir=Path())).checker(
+        "/rollnet.v1.ValidationService/SubmitVerdict"
+    )
+    assert check is not None
+
+    def verdict(second: list[float]) -> validation_service_pb2.SubmitVerdictRequest:
+        return validation_service_pb2.SubmitVerdictRequest(
+            job_id="job",
+            lease_id="lease",
+            decision=validation_pb2.Verdict.DECISION_ACCEPT,
+            validated_logprobs=[
+                validation_pb2.ValidatedLogprobs(logprobs=[-0.5] * 1000),
+                validation_pb2.ValidatedLogprobs(logprobs=second),
+            ],
+        )
+
+    assert check(verdict([-0.5] * 999 + [0.0])) == []
+    for index, bad in [(0, 0.25), (517, math.nan), (999, -math.inf), (300, 1e-30)]:
+        values = [-0.5] * 1000
+        values[index] = bad
+        violations = check(verdict(values))
+        assert [v.field for v in violations] == [f"validated_logprobs[1].logprobs[{index}]"]
+        assert "is not finite, at most 0" in violations[0].description

@@ -781,14 +781,14 @@ class WorkDesk:
         """Record a verdict: credit or slash, trust update, ejection after repeated rejects."""
         accept = validation_pb2.Verdict.DECISION_ACCEPT
         # Each field is in bounds (the FieldBoundsCheck interceptor: a known decision, finite
-        # figures and rewards); what relates them is checked here.
+        # figures, rewards and log-probabilities); what relates them is checked here.
         v = Violations()
         v.require(
             request.decision == accept or bool(request.reject_reason),
             "reject_reason",
             "is required when rejecting",
         )
-        logprobs.check_values(request.validated_logprobs, request.decision == accept, v)
+        logprobs.check_decision(request.validated_logprobs, request.decision == accept, v)
         v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
