@@ -245,7 +245,7 @@ async def test_checkpoint_publish(
         assert "no *.safetensors" in capsys.readouterr().err
         # Step 0 is a valid first step (the demo's); a negative one is a usage error.
         assert await rollnet("checkpoint", "publish", *target, "--step", "-1") == 2
-        assert "--step must be 0 or more" in capsys.readouterr().err
+        assert "--step: -1: step must be 0 or more" in capsys.readouterr().err
     finally:
         await trainer.close()
         await reader.close()

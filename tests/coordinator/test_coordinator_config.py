@@ -22,8 +22,8 @@ network_id = "from-toml"
 max_attempts = 5
 lease_duration = 300
 heartbeat_interval = 7.5
-operators = ["AA00"]
-validators = ["bb11"]
+operators = ["AA00AA00AA00AA00AA00AA00AA00AA00"]
+validators = ["bb11bb11bb11bb11bb11bb11bb11bb11"]
 
 [pools.private]
 invite_tokens = ["sesame", "open"]
@@ -56,8 +56,10 @@ def test_flag_beats_environment_beats_toml_beats_default(tmp_path: Path) -> None
     assert config.lease_duration == timedelta(seconds=300)  # TOML > default
     assert config.heartbeat_interval == timedelta(seconds=7.5)
     assert config.max_leases_per_node == 4  # default
-    assert config.operators == frozenset({"aa00"})  # hex ids are case-insensitive
-    assert config.validators == frozenset({"bb11"})
+    assert config.operators == frozenset(
+        {"aa00aa00aa00aa00aa00aa00aa00aa00"}
+    )  # hex ids are case-insensitive
+    assert config.validators == frozenset({"bb11bb11bb11bb11bb11bb11bb11bb11"})
     assert config.pools["private"].invite_tokens == frozenset({"sesame", "open"})
     assert config.pools[""].invite_only is False
 
@@ -97,7 +99,9 @@ def test_cli_reports_config_errors_with_exit_2(
     config_file.write_text("colour = 'blue'\n")
     code = cli_main(["coordinator", "--data-dir", str(tmp_path), "--config", str(config_file)])
     assert code == 2
-    assert "unknown key 'colour'" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "unknown key 'colour'" in err
+    assert len(err.splitlines()) == 1  # one line on stderr, no traceback
 
 
 def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,6 +116,10 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
         assert flag in text, f"{flag} missing from --help"
         assert option.env in text, f"{option.env} missing from --help"
         assert option.help.split("(")[0].strip() in text
+    # The allow-lists and the other keys only the TOML file sets, and where a sample is.
+    for toml_only in ("validators =", "trainers", "operators", "environments", "[pools.NAME]"):
+        assert toml_only in text
+    assert "docs/coordinator.toml" in text
 
 
 def test_environment_and_sampling_settings_come_from_toml(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli import node_options
+from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
+from rollnet.reference.cli.option_types import directory, listen_address, network_id
 
 
 def register(subparsers: Any) -> None:
@@ -33,9 +35,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
     )
-    parser.add_argument("--data-dir", type=Path, required=True, help="checkpoint cache")
-    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--data-dir", type=directory, required=True, help="checkpoint cache")
+    parser.add_argument(
+        "--network-id",
+        type=network_id,
+        default="rollnet-local",
+        help="network id (audience; default rollnet-local)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device: cpu, cuda, cuda:N, mps (default: cpu); refused at start when this "
+        "machine has no such device",
+    )
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -43,7 +55,11 @@ def register(subparsers: Any) -> None:
         help="prefill dtype; selects the calibrated thresholds (default float32)",
     )
     parser.add_argument(
-        "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
+        "--metrics-listen",
+        type=listen_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics on HOST:PORT (default: none)",
     )
     node_options.add_node_arguments(parser)
     parser.set_defaults(handler=run)
@@ -62,13 +78,21 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     node_options.apply(args)
+    node_options.check_device(args.device)
+    metrics = ValidatorMetrics()
+    if args.metrics_listen:
+        # Before the key is created or anything registers: a port in use stops the start.
+        try:
+            metrics.serve(args.metrics_listen)
+        except OSError as error:
+            raise CliError(
+                f"--metrics-listen {args.metrics_listen}: cannot listen there: "
+                f"{error.strerror or error} (choose another port, or leave it out)"
+            ) from None
     hint = "; add the node id to the coordinator's validators allow-list"
     identity = node_options.node_identity("validator", args.key, hint)
     if identity is None or not node_options.ready_data_dir("validator", args.data_dir):
         return 2
-    metrics = ValidatorMetrics()
-    if args.metrics_listen:
-        metrics.serve(args.metrics_listen)
     config = ValidatorConfig(
         target=args.coordinator,
         data_dir=args.data_dir,
@@ -84,5 +108,5 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_until_signalled(validator))
     except ValidatorFatalError as error:
         print(f"rollnet validator: refused by the coordinator: {error}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED
     return 0
