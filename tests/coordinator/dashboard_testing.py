@@ -18,7 +18,6 @@ from coordinator_testing import (
     request_tasks,
 )
 
-from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.v1 import common_pb2, node_service_pb2
 
@@ -64,14 +63,14 @@ class Swarm:
         await judge_next_job(self.validator_client, accept=True)
 
 
-async def make_history(coordinator: Coordinator, trainer: Identity, validator: Identity) -> Swarm:
+async def make_history(address: str, trainer: Identity, validator: Identity) -> Swarm:
     """Register a worker, the validator and the trainer; publish checkpoint 1; commit three
     tasks and the rejected one's copy (three accepted, one rejected EXPONENT_MISMATCH);
     heartbeat: the worker at step 1, the validator at step 0."""
     worker = Identity.generate()
-    worker_client = connect(coordinator.address, worker)
-    validator_client = connect(coordinator.address, validator)
-    trainer_client = connect(coordinator.address, trainer)
+    worker_client = connect(address, worker)
+    validator_client = connect(address, validator)
+    trainer_client = connect(address, trainer)
     await register(worker_client, worker, common_pb2.ROLE_WORKER)
     await register(validator_client, validator, common_pb2.ROLE_VALIDATOR)
     await register(trainer_client, trainer, common_pb2.ROLE_TRAINER)

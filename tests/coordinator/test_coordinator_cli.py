@@ -13,7 +13,15 @@ import grpc
 import numpy as np
 import pytest
 import structlog
-from coordinator_testing import connect, pull, register
+from coordinator_testing import (
+    connect,
+    judge_next_job,
+    publish_checkpoint,
+    pull,
+    pull_and_commit,
+    register,
+    request_tasks,
+)
 from safetensors.numpy import save_file
 
 from rollnet.reference.checkpoints import (
@@ -26,7 +34,13 @@ from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
-from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2, node_service_pb2
+from rollnet.v1 import (
+    checkpoint_pb2,
+    checkpoint_service_pb2,
+    common_pb2,
+    node_pb2,
+    node_service_pb2,
+)
 
 
 async def rollnet(*argv: str) -> int:
@@ -249,3 +263,68 @@ async def test_checkpoint_publish(
     finally:
         await trainer.close()
         await reader.close()
+
+
+async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
+    coordinator: Coordinator,
+    operator_identity: Identity,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    key = _key_file(operator_identity, tmp_path / "operator.key")
+    target = ["--coordinator", coordinator.address, "--key", str(key), "--network-id"]
+    target.append("rollnet-test")
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 4)
+        # Three rejects eject the worker (eject_after_rejects = 3).
+        for _ in range(3):
+            await pull_and_commit(client, worker)
+            await judge_next_job(validator, accept=False)
+        refused = await client.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert refused.node.state == node_pb2.Node.STATE_EJECTED
+
+        # The operator reinstates it: OFFLINE until it heartbeats, then it works again.
+        assert (
+            await rollnet("nodes", "reinstate", worker.node_id, "--reason", "fixed", *target) == 0
+        )
+        assert capsys.readouterr().out.strip() == f"{worker.node_id}: offline (reinstated: fixed)"
+        beat = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        assert beat.state == node_pb2.Node.STATE_ACTIVE
+        # Its earlier rejects are forgiven: one more reject does not eject it again at once.
+        await pull_and_commit(client, worker)
+        await judge_next_job(validator, accept=False)
+        again = await client.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert again.node.state == node_pb2.Node.STATE_ACTIVE
+        # Reinstating a node that is not ejected changes nothing.
+        assert (
+            await rollnet("nodes", "reinstate", worker.node_id, "--reason", "again", *target) == 0
+        )
+        assert capsys.readouterr().out.strip().startswith(f"{worker.node_id}: active")
+
+        # An operator cannot eject or ban itself (it would lock itself out).
+        me = operator_identity.node_id
+        for verb in ("eject", "ban"):
+            assert await rollnet("nodes", verb, me, "--reason", "oops", *target) == 1
+            err = capsys.readouterr().err
+            assert f"INVALID_FIELDS: node_id: an operator cannot {verb} itself" in err
+        assert await rollnet("nodes", "show", me, *target) == 0
+        assert "operator" in capsys.readouterr().out
+
+        # A ban is for good: no reinstating it.
+        assert await rollnet("nodes", "ban", worker.node_id, "--reason", "sybil", *target) == 0
+        capsys.readouterr()
+        assert await rollnet("nodes", "reinstate", worker.node_id, "--reason", "x", *target) == 1
+        assert "NODE_BANNED" in capsys.readouterr().err
+    finally:
+        for each in (client, trainer, validator):
+            await each.close()

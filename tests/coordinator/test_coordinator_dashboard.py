@@ -75,7 +75,7 @@ async def test_dashboard_shows_the_swarm_and_updates(
 ) -> None:
     coordinator = dashboard_coordinator
     assert coordinator.dashboard is not None
-    swarm = await make_history(coordinator, trainer_identity, validator_identity)
+    swarm = await make_history(coordinator.address, trainer_identity, validator_identity)
     try:
         page = await browser.new_page()
         errors: list[str] = []

@@ -128,10 +128,18 @@ def preflight(config: CoordinatorConfig) -> None:
             raise ConfigError(f"key_file: {error}") from None
     if config.tls_cert is not None and config.tls_key is not None:
         check_tls_files(config.tls_cert, config.tls_key)
+    ports: dict[int, str] = {}
     for name in ("listen", "metrics_listen", "dashboard_listen"):
         value = getattr(config, name)
-        if value:
-            check_can_listen(name, value)
+        if not value:
+            continue
+        port = split_host_port(value, allow_port_zero=True)[1]
+        if port and port in ports:
+            raise ConfigError(
+                f"{name} {value}: port {port} is {ports[port]}'s too; give each its own port"
+            )
+        ports[port] = name
+        check_can_listen(name, value)
 
 
 def check_tls_files(cert: Path, key: Path) -> None:
@@ -603,14 +611,6 @@ async def serve_forever(config: CoordinatorConfig) -> None:
     # couple of calls.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    # Always said, whatever the log level: scripts and operators wait for this line.
-    print(
-        f"rollnet coordinator listening on {coordinator.address} (network {config.network_id})",
-        file=sys.stderr,
-        flush=True,
-    )
-    if coordinator.dashboard is not None:
-        print(f"rollnet coordinator dashboard on {coordinator.dashboard.url}", file=sys.stderr)
     signals = 0
     stop = asyncio.Event()
     force = asyncio.Event()
@@ -620,9 +620,18 @@ async def serve_forever(config: CoordinatorConfig) -> None:
         signals += 1
         (stop if signals == 1 else force).set()
 
+    # Installed before the line below is printed: whoever waits for it may signal at once.
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    # Always said, whatever the log level: scripts and operators wait for this line.
+    print(
+        f"rollnet coordinator listening on {coordinator.address} (network {config.network_id})",
+        file=sys.stderr,
+        flush=True,
+    )
+    if coordinator.dashboard is not None:
+        print(f"rollnet coordinator dashboard on {coordinator.dashboard.url}", file=sys.stderr)
     await stop.wait()
     print(
         "rollnet coordinator stopping (Ctrl-C again to stop at once)", file=sys.stderr, flush=True
