@@ -235,16 +235,26 @@ async def pull_and_commit(
 
 
 async def judge_next_job(
-    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH"
+    validator: RollnetClient,
+    accept: bool,
+    reason: str = "EXPONENT_MISMATCH",
+    *,
+    reward: float = 1.0,
 ) -> validation_service_pb2.SubmitVerdictResponse:
-    """Pull the next validation job (one must be queued) and accept or reject it."""
-    verdict = await try_judge_next_job(validator, accept, reason, wait=5.0)
+    """Pull the next validation job (one must be queued) and accept (every rollout's validated
+    reward ``reward``) or reject it."""
+    verdict = await try_judge_next_job(validator, accept, reason, wait=5.0, reward=reward)
     assert verdict is not None, "a validation job was queued"
     return verdict
 
 
 async def try_judge_next_job(
-    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH", *, wait: float
+    validator: RollnetClient,
+    accept: bool,
+    reason: str = "EXPONENT_MISMATCH",
+    *,
+    wait: float,
+    reward: float = 1.0,
 ) -> validation_service_pb2.SubmitVerdictResponse | None:
     """Like :func:`judge_next_job`, but ``None`` when no job came within ``wait`` seconds."""
     seconds = int(wait)
@@ -263,7 +273,9 @@ async def try_judge_next_job(
     )
     if accept:
         request.decision = validation_pb2.Verdict.DECISION_ACCEPT
-        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
+        request.validated_rewards.extend(
+            [common_pb2.Reward(task_reward=reward, total=reward)] * count
+        )
         request.validated_work.CopyFrom(
             commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -148,3 +149,22 @@ def test_postgres_write_threads_default_to_cores_plus_one(
     assert write_threads(chosen) == 5
     with pytest.raises(ConfigError, match="database_write_threads"):
         load_config(tmp_path, flags=_flags(database_write_threads="-1"))
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "coordinator.toml"
+
+
+def test_the_sample_configuration_loads_and_names_every_option(tmp_path: Path) -> None:
+    """docs/coordinator.toml (linked from the README, --help and ROLE_NOT_PERMITTED) is a
+    valid configuration as shipped and with every commented option switched on."""
+    text = SAMPLE.read_text()
+    config = load_config(tmp_path, config_file=SAMPLE)
+    assert all((config.validators, config.trainers, config.operators))
+    for option in OPTIONS:
+        assert f"# {option.name} = " in text, f"{option.name} is missing from {SAMPLE.name}"
+    everything = tmp_path / "everything.toml"
+    switched_on = re.sub(r"^# (\w+ = .*?)(  # \(default: none\))?$", r"\1", text, flags=re.M)
+    everything.write_text(switched_on.replace("# [pools.", "[pools.").replace("# invite", "invite"))
+    loaded = load_config(tmp_path, config_file=everything)
+    assert loaded.dashboard_listen == "127.0.0.1:7080"
+    assert loaded.pools["partners"].invite_only
