@@ -94,10 +94,9 @@ async def main(out: Path) -> None:
                 )
                 page = await browser.new_page(viewport={"width": 1400, "height": 1250})
                 await page.goto(coordinator.dashboard.url)
-                await page.wait_for_function(
-                    "document.querySelector('#chart-reward .uplot')?.dataset.points === '12'"
-                )
-                await page.wait_for_function("document.querySelector('#nodes tbody tr') !== null")
+                # (The page's Content-Security-Policy forbids evaluating strings: CSS waits only.)
+                await page.wait_for_selector('#chart-reward .uplot[data-points="12"]')
+                await page.wait_for_selector("#nodes tbody tr")
                 await page.screenshot(path=str(out), full_page=True)
                 await browser.close()
         finally:

@@ -110,7 +110,7 @@ def test_the_walkthrough_works_as_printed(tmp_path: Path) -> None:
         for terminal in terminals:
             terminal.process.kill()
     streamed = next(out for out in outputs if '"sequence"' in out)
-    rollouts = [json.loads(line) for line in streamed.splitlines()]
+    rollouts = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
     assert len(rollouts) == 8
     assert all(r["validated_reward"] is not None for r in rollouts)
     listed = next(out for out in outputs if out.startswith("NODE"))

@@ -119,7 +119,11 @@ async def test_nodes_commands(
         stranger = _key_file(Identity.generate(), tmp_path / "stranger.key")
         not_operator = [a if a != str(key) else str(stranger) for a in target]
         assert await rollnet("nodes", "list", *not_operator) == 1
-        assert "ROLE_NOT_PERMITTED" in capsys.readouterr().err
+        refused_role = capsys.readouterr().err
+        assert "ROLE_NOT_PERMITTED" in refused_role
+        # The refusal says where the key goes.
+        assert "operators = [...]" in refused_role
+        assert "docs/coordinator.toml" in refused_role
         assert await rollnet("nodes", "list", *target[:3], str(tmp_path / "missing.key")) == 2
     finally:
         await client.close()
