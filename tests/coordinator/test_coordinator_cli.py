@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import blake3
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import structlog
 from coordinator_testing import (
+    NETWORK,
     connect,
     judge_next_job,
     publish_checkpoint,
@@ -32,7 +34,7 @@ from rollnet.reference.checkpoints import (
 )
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.v1 import (
     checkpoint_pb2,
@@ -269,17 +271,18 @@ async def test_checkpoint_publish(
         await reader.close()
 
 
-async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
-    coordinator: Coordinator,
-    operator_identity: Identity,
-    trainer_identity: Identity,
-    validator_identity: Identity,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    key = _key_file(operator_identity, tmp_path / "operator.key")
-    target = ["--coordinator", coordinator.address, "--key", str(key), "--network-id"]
-    target.append("rollnet-test")
+def _cli_target(coordinator: Coordinator, identity: Identity, tmp_path: Path) -> list[str]:
+    """The connection options of a CLI command signing with ``identity``'s key."""
+    key = _key_file(identity, tmp_path / f"{identity.node_id}.key")
+    return ["--coordinator", coordinator.address, "--key", str(key), "--network-id", NETWORK]
+
+
+@asynccontextmanager
+async def _working_swarm(
+    coordinator: Coordinator, trainer_identity: Identity, validator_identity: Identity
+) -> AsyncIterator[tuple[Identity, RollnetClient, RollnetClient, RollnetClient]]:
+    """A registered worker, trainer and validator, checkpoint 1 published: (worker identity,
+    and the worker's, trainer's and validator's clients)."""
     worker = Identity.generate()
     client = connect(coordinator.address, worker)
     trainer = connect(coordinator.address, trainer_identity)
@@ -289,6 +292,23 @@ async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
         await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
         await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
         await publish_checkpoint(trainer, trainer_identity, step=1)
+        yield worker, client, trainer, validator
+    finally:
+        for each in (client, trainer, validator):
+            await each.close()
+
+
+async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
+    coordinator: Coordinator,
+    operator_identity: Identity,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = _cli_target(coordinator, operator_identity, tmp_path)
+    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
+        worker, client, trainer, validator = swarm
         await request_tasks(trainer, 4)
         # Three rejects eject the worker (eject_after_rejects = 3).
         for _ in range(3):
@@ -329,6 +349,40 @@ async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
         capsys.readouterr()
         assert await rollnet("nodes", "reinstate", worker.node_id, "--reason", "x", *target) == 1
         assert "NODE_BANNED" in capsys.readouterr().err
-    finally:
-        for each in (client, trainer, validator):
-            await each.close()
+
+
+async def test_rollouts_request_and_stream(
+    coordinator: Coordinator,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Demand and supply without code: the trainer's key asks for rollouts and reads the
+    accepted ones as JSON lines."""
+    target = _cli_target(coordinator, trainer_identity, tmp_path)
+    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
+        worker, client, _trainer, validator = swarm
+        request = ["rollouts", "request", *target, "--prompts", "2", "--samples", "3"]
+        assert await rollnet(*request, "--step", "5", "--max-new-tokens", "8", "--json") == 0
+        created = json.loads(capsys.readouterr().out)
+        assert len(created["task_ids"]) == 2
+        assert created["checkpoint_step"] == 1
+        for _ in range(2):
+            await pull_and_commit(client, worker)
+            await judge_next_job(validator, accept=True, reward=0.5)
+        stream = ["rollouts", "stream", *target, "--count", "6", "--idle", "30"]
+        assert await rollnet(*stream) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(lines) == 6
+        assert {line["task_id"] for line in lines} == set(created["task_ids"])
+        assert {line["rollout_step"] for line in lines} == {5}
+        assert {line["validated_reward"] for line in lines} == {0.5}
+        assert {line["node_id"] for line in lines} == {worker.node_id}
+        # Resuming after the last sequence: nothing more arrives within --idle.
+        after = ["--after", str(lines[-1]["sequence"]), "--idle", "0.5"]
+        assert await rollnet("rollouts", "stream", *target, *after) == 0
+        assert capsys.readouterr().out == ""
+        # The stream never ends by itself: one of --count and --idle is required.
+        assert await rollnet("rollouts", "stream", *target) == 2
+        assert "--count N, --idle SECONDS" in capsys.readouterr().err
