@@ -184,6 +184,9 @@ def check_can_listen(option: str, address: str) -> None:
         raise ConfigError(f"{option} {address}: unknown host {host!r} ({error.strerror})") from None
     for family, kind, proto, _name, sockaddr in found:
         with socket.socket(family, kind, proto) as probe:
+            # As the servers themselves bind: connections of a previous run in TIME_WAIT do not
+            # block the port (on Linux a listening socket still does).
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(sockaddr)
             except OSError as error:
