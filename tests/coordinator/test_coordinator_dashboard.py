@@ -133,7 +133,11 @@ async def test_dashboard_shows_the_swarm_and_updates(
 
         await wait_until(updated, within=DEADLINE, what="the page to show the new task")
         assert await page.evaluate("document.body.dataset.generatedAt") != before
-        assert await reward_chart.get_attribute("data-points") == "2"  # step 2 appeared
+
+        async def new_step() -> bool:  # the reward curve is re-read every few seconds
+            return await reward_chart.get_attribute("data-points") == "2"
+
+        await wait_until(new_step, within=DEADLINE, what="step 2 on the reward chart")
         # Filtering the node list by role is answered by the server.
         await page.select_option("#filter-role", "validator")
 

@@ -107,9 +107,19 @@ def step_rewards(session: Session, *, limit: int = 1000) -> list[StepReward]:
     ]
 
 
+def node_counts(session: Session) -> dict[tuple[NodeRole, NodeState], int]:
+    """Registered nodes by role and state (a pass over the nodes table)."""
+    return {
+        (NodeRole(role), NodeState(state)): int(count)
+        for role, state, count in session.execute(
+            select(Node.role, Node.state, func.count()).group_by(Node.role, Node.state)
+        )
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class OpenWork:
-    """Nodes by role and state, and the work in flight by state."""
+    """The work in flight by state (and nodes by role and state, when asked)."""
 
     nodes: dict[tuple[NodeRole, NodeState], int]
     tasks: dict[TaskState, int]
@@ -118,16 +128,11 @@ class OpenWork:
     failed_jobs: int
 
 
-def open_work(session: Session) -> OpenWork:
-    """Counts of nodes (by role and state), open tasks and open validation jobs (by state),
-    and of failed ones. Tasks and jobs are counted through their ``(state, ...)`` indexes, in
-    the open states only, so the cost follows the work in flight."""
-    nodes = {
-        (NodeRole(role), NodeState(state)): count
-        for role, state, count in session.execute(
-            select(Node.role, Node.state, func.count()).group_by(Node.role, Node.state)
-        )
-    }
+def open_work(session: Session, *, with_nodes: bool = True) -> OpenWork:
+    """Counts of open tasks and open validation jobs (by state), of failed ones, and (with
+    ``with_nodes``) of nodes by role and state. Tasks and jobs are counted through their
+    ``(state, ...)`` indexes, in the open states only, so the cost follows the work in flight."""
+    nodes = node_counts(session) if with_nodes else {}
     tasks = {
         TaskState(state): count
         for state, count in session.execute(

@@ -27,6 +27,10 @@ from rollnet.reference.coordinator.context import CoordinatorContext
 
 #: A snapshot is reused by every request for this long.
 REFRESH_SECONDS = 1.0
+#: Figures that scan the nodes table (counts by role and state, checkpoint steps) and the reward
+#: curve change slowly: they are read anew at most this often (each scan of 10,000 nodes is tens
+#: of milliseconds on SQLite).
+SLOW_REFRESH_SECONDS = 5.0
 #: Throughput buckets: their width and how many are kept (10 minutes).
 BUCKET_SECONDS = 5
 BUCKETS = 120
@@ -82,6 +86,7 @@ class SwarmView:
         self._buckets: deque[_Bucket] = deque(maxlen=BUCKETS)
         self._snapshot: dict[str, Any] | None = None
         self._taken_at = 0.0
+        self._slow: tuple[float, dict[Any, int], dict[int | None, int], list[Any]] | None = None
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> dict[str, Any]:
@@ -131,16 +136,22 @@ class SwarmView:
         totals = self._totals
         assert totals is not None
         self._follow(session, totals, ENTRIES_PER_SNAPSHOT)
-        work = overview.open_work(session)
+        work = overview.open_work(session, with_nodes=False)
         head = chain.latest_signed_head(session, self.ctx.config.network_id)
         latest = artifacts.latest_checkpoint_step(session)
-        steps = overview.checkpoint_steps(session)
-        rewards = overview.step_rewards(session)
+        if self._slow is None or time.monotonic() - self._slow[0] >= SLOW_REFRESH_SECONDS:
+            self._slow = (
+                time.monotonic(),
+                overview.node_counts(session),
+                overview.checkpoint_steps(session),
+                overview.step_rewards(session),
+            )
+        _, node_counts, steps, rewards = self._slow
         return {
             "generated_at": _iso(self.ctx.clock()),
             "network_id": self.ctx.config.network_id,
             "coordinator_public_key": self.ctx.identity.public_key.hex(),
-            "nodes": _nodes(work),
+            "nodes": _nodes(node_counts),
             "tasks": {
                 **{state.value: count for state, count in work.tasks.items()},
                 "accepted": totals.kind_counts.get(EntryKind.CREDIT.value, 0),
@@ -274,12 +285,12 @@ class SwarmView:
         }
 
 
-def _nodes(work: overview.OpenWork) -> dict[str, Any]:
+def _nodes(counts: dict[Any, int]) -> dict[str, Any]:
     by_role: dict[str, dict[str, int]] = {}
-    for (role, state), count in work.nodes.items():
+    for (role, state), count in counts.items():
         by_role.setdefault(role.value, {})[state.value] = count
     by_state: dict[str, int] = {}
-    for (_role, state), count in work.nodes.items():
+    for (_role, state), count in counts.items():
         by_state[state.value] = by_state.get(state.value, 0) + count
     return {"by_role": by_role, "by_state": by_state, "total": sum(by_state.values())}
 
