@@ -34,21 +34,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import blake3
 import torch
-from transformers import AutoTokenizer
 
 from rollnet.reference.envs import load_environment
 from rollnet.reference.inference.base import SamplingParams
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
 from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
 from rollnet.reference.worker import encode_prompt
+from rollnet.sdk.commitments import seal_batch
 from rollnet.sdk.proofs import (
     LeaseBinding,
-    commitment_digest,
     derive_sampling_seed,
-    proof_digest,
     thresholds_for,
 )
 from rollnet.v1 import commitment_pb2, common_pb2, rollout_pb2, task_pb2, validation_pb2
@@ -87,7 +85,7 @@ def main() -> None:
     model_dir = init_tiny_model(root / "tiny", seed=0, spec=spec)
     worker = TorchBackend()
     worker.load(str(model_dir))
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = CheckpointTokenizer.load(model_dir)
     model = load_validator_model(model_dir)
     environments = EnvironmentCache()
 
@@ -165,14 +163,14 @@ def load_validator_model(model_dir: Path) -> CheckpointModel:
     """The validator's loaded checkpoint, as ``rollnet validator`` holds it."""
     validator = TorchBackend()
     validator.load(str(model_dir))
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = CheckpointTokenizer.load(model_dir)
     return CheckpointModel(
         step=1, backend=validator, tokenizer=tokenizer, thresholds=thresholds_for("float32")
     )
 
 
 def generate_jobs(
-    worker: TorchBackend, tokenizer: Any, args: argparse.Namespace
+    worker: TorchBackend, tokenizer: CheckpointTokenizer, args: argparse.Namespace
 ) -> list[tuple[validation_pb2.ValidationJob, bytes]]:
     """Generate and seal every job's rollouts as a worker does (the same rollouts every call)."""
     environment = load_environment("arithmetic", {})
@@ -284,45 +282,28 @@ def seal(
     task: task_pb2.Task, lease: LeaseBinding, rollouts: list[rollout_pb2.Rollout]
 ) -> tuple[validation_pb2.ValidationJob, bytes]:
     """The job and blob a coordinator would hand a validator for these rollouts."""
-    batch = rollout_pb2.RolloutBatch(
-        task_id=task.task_id,
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
+    sealed = seal_batch(
+        network_id=lease.network_id,
         node_id=lease.node_id,
-        checkpoint_step=task.checkpoint_step,
+        task=task,
+        lease=task_pb2.Lease(lease_id=lease.lease_id, fencing_token=lease.fencing_token),
         rollouts=rollouts,
-    ).SerializeToString(deterministic=True)
-    digest = blake3.blake3(batch).digest()
+    )
+    request = sealed.request
     commitment = commitment_pb2.Commitment(
         commitment_id="c-" + task.task_id,
         task_id=task.task_id,
         lease_id=lease.lease_id,
         fencing_token=lease.fencing_token,
         node_id=lease.node_id,
-        rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+        rollout_batch=request.rollout_batch,
         checkpoint_step=task.checkpoint_step,
-        rollouts=[
-            commitment_pb2.RolloutDigest(
-                sampling_seed=r.sampling_seed,
-                proof_blake3=proof_digest(r.toploc_proof),
-                completion_tokens=len(r.completion_token_ids),
-                commitment_digest=commitment_digest(
-                    lease,
-                    blob_blake3=digest,
-                    rollout_index=index,
-                    sampling_seed=r.sampling_seed,
-                    prompt_ids=r.prompt_token_ids,
-                    completion_ids=r.completion_token_ids,
-                    proof=r.toploc_proof,
-                ),
-            )
-            for index, r in enumerate(rollouts)
-        ],
+        rollouts=request.rollouts,
     )
     job = validation_pb2.ValidationJob(
         job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=NETWORK
     )
-    return job, batch
+    return job, sealed.batch
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def test_a_directory_given_as_a_key_file(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")  # the publisher refuses a model without one
     (model / "model.safetensors").write_bytes(b"x")
     filled = [a.format(dir=tmp_path, model=model) for a in argv]
     fails(capsys, *filled, says=f"key file {tmp_path} is a directory")
@@ -222,6 +223,37 @@ def test_a_malformed_network_id(
     fails(capsys, *filled, says="'bad id' is not a network id")
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["coordinator", "--data-dir", "{tmp}/data", "--compute-dtype", "fp16"],
+            "--compute-dtype: compute_dtype = 'fp16': 'fp16' is not a compute dtype",
+        ),
+        (
+            [
+                *["worker", "--coordinator", "127.0.0.1:1", "--key", "{tmp}/k"],
+                *["--data-dir", "{tmp}/data", "--dtype", "fp16"],
+            ],
+            "argument --dtype: 'fp16' is not a compute dtype: one of float32, bfloat16",
+        ),
+        (
+            [
+                *["validator", "--coordinator", "127.0.0.1:1", "--key", "{tmp}/k"],
+                *["--data-dir", "{tmp}/data", "--dtype", "float32", "--dtype", "half"],
+            ],
+            "argument --dtype: 'half' is not a compute dtype: one of float32, bfloat16",
+        ),
+    ],
+    ids=["coordinator", "worker", "validator"],
+)
+def test_an_unknown_compute_dtype(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails(capsys, *[a.format(tmp=tmp_path) for a in argv], says=says)
+    assert list(tmp_path.iterdir()) == []  # no key, no data directory
+
+
 @pytest.mark.parametrize("command", ["coordinator", "worker", "validator"])
 def test_an_unknown_log_level(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -297,6 +329,10 @@ def test_a_validator_metrics_port_in_use(
         ('environments = ["arithmetic", "nope"]', "environments: 'nope' not installed here"),
         ("network_id = 'has space'", "is not a network id"),
         ("listen = 'localhost'", "'localhost' is not HOST:PORT"),
+        (
+            "compute_dtype = 'float16'",
+            "compute_dtype = 'float16': 'float16' is not a compute dtype: one of float32, bfloat16",
+        ),
     ],
 )
 def test_configuration_values(

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import structlog
 from coordinator_testing import (
+    COMPLETION_TOKENS,
     NETWORK,
     connect,
     judge_next_job,
@@ -28,6 +29,7 @@ from safetensors.numpy import save_file
 
 from rollnet.reference.checkpoints import (
     CHECKPOINT_DOMAIN,
+    CheckpointDirError,
     flops_per_token,
     model_files,
     publish_model_dir,
@@ -370,7 +372,7 @@ async def test_rollouts_request_and_stream(
         assert created["checkpoint_step"] == 1
         for _ in range(2):
             await pull_and_commit(client, worker)
-            await judge_next_job(validator, accept=True, reward=0.5)
+            await judge_next_job(validator, accept=True, reward=0.5, logprob=-0.75)
         stream = ["rollouts", "stream", *target, "--count", "6", "--idle", "30"]
         assert await rollnet(*stream) == 0
         lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -379,6 +381,15 @@ async def test_rollouts_request_and_stream(
         assert {line["rollout_step"] for line in lines} == {5}
         assert {line["validated_reward"] for line in lines} == {0.5}
         assert {line["node_id"] for line in lines} == {worker.node_id}
+        # --full: the rollout as the worker sent it, and the validator's log-probabilities (what
+        # a trainer's importance ratios use, not the worker's behaviour_logprobs).
+        assert await rollnet(*stream, "--full") == 0
+        full = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [line["sequence"] for line in full] == [line["sequence"] for line in lines]
+        assert {tuple(line["validated_logprobs"]) for line in full} == {
+            (-0.75,) * COMPLETION_TOKENS
+        }
+        assert {len(line["rollout"]["behaviour_logprobs"]) for line in full} == {COMPLETION_TOKENS}
         # Resuming after the last sequence: nothing more arrives within --idle.
         after = ["--after", str(lines[-1]["sequence"]), "--idle", "0.5"]
         assert await rollnet("rollouts", "stream", *target, *after) == 0
@@ -386,3 +397,21 @@ async def test_rollouts_request_and_stream(
         # The stream never ends by itself: one of --count and --idle is required.
         assert await rollnet("rollouts", "stream", *target) == 2
         assert "--count N, --idle SECONDS" in capsys.readouterr().err
+
+
+def test_a_model_dir_the_protocol_cannot_use_is_refused_before_any_upload(tmp_path: Path) -> None:
+    """The publisher needs tokenizer.json (workers and validators tokenize with it) and applies
+    the checkpoint path rule to every file it would publish, naming the file."""
+    model, _ = _model_dir(tmp_path / "model")
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointDirError, match=r"has no tokenizer\.json"):
+        model_files(model)
+    (model / "tokenizer.json").write_text("{}")
+    (model / "special tokens.json").write_text("{}")
+    with pytest.raises(CheckpointDirError, match=r"special tokens\.json: component 1"):
+        model_files(model)
+    (model / "special tokens.json").unlink()
+    (model / "Extra").mkdir()
+    (model / "Extra" / "merges.txt").write_text("a b\n")
+    with pytest.raises(CheckpointDirError, match="differs only in case"):
+        model_files(model)

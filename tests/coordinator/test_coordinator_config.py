@@ -15,6 +15,7 @@ from rollnet.reference.coordinator.config import (
     OPTIONS,
     ConfigError,
     load_config,
+    with_overrides,
     write_threads,
 )
 
@@ -91,6 +92,14 @@ def test_unknown_key_and_bad_values_are_clear_errors(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="tls_cert and tls_key"):
         load_config(tmp_path, flags=_flags(tls_cert="cert.pem"))
+
+    # The compute dtype from every source, and from code (with_overrides) too.
+    with pytest.raises(ConfigError, match=f"{ENV_PREFIX}COMPUTE_DTYPE: .*'fp16' is not a"):
+        load_config(tmp_path, environ={f"{ENV_PREFIX}COMPUTE_DTYPE": "fp16"})
+    config = load_config(tmp_path, flags=_flags(compute_dtype="bfloat16"))
+    assert config.compute_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is not a compute dtype"):
+        with_overrides(config, compute_dtype="float16")
 
 
 def test_cli_reports_config_errors_with_exit_2(

@@ -21,10 +21,11 @@ import torch
 
 from rollnet.reference.inference import SamplingParams
 from rollnet.reference.inference import torch_backend as torch_backend_module
-from rollnet.reference.inference.base import checkpoint_eos_token_ids, eos_token_ids_of
+from rollnet.reference.inference.base import eos_token_ids_of
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.inference.vllm_backend import VllmBackend
 from rollnet.reference.model import init_tiny_model
+from rollnet.sdk.proofs import checkpoint_eos_token_ids
 
 EXTRA_EOS = 5  # a token the tiny model's config.json does not call EOS
 
@@ -73,9 +74,9 @@ def test_the_helper_unites_config_and_generation_config(
 def test_the_helper_accepts_configs_without_the_attribute_and_refuses_odd_values() -> None:
     assert eos_token_ids_of(SimpleNamespace(), SimpleNamespace()) == frozenset()
     assert eos_token_ids_of(SimpleNamespace(eos_token_id=[2, 3]), None) == {2, 3}
-    with pytest.raises(TypeError, match="eos_token_id"):
+    with pytest.raises(ValueError, match="eos_token_id"):
         eos_token_ids_of(SimpleNamespace(eos_token_id="2"))
-    with pytest.raises(TypeError, match="eos_token_id"):
+    with pytest.raises(ValueError, match="eos_token_id"):
         eos_token_ids_of(SimpleNamespace(eos_token_id=[2, None]))
 
 
@@ -165,3 +166,117 @@ def test_the_vllm_backend_has_the_torch_backends_eos_set_and_stops_on_it(chat_di
     for param in params:
         assert param.kwargs["stop_token_ids"] == sorted(reference.eos_token_ids)
         assert param.kwargs["ignore_eos"] is True  # the tokenizer's own EOS stops nothing extra
+
+
+def test_a_checkpoints_eos_set_is_what_its_files_name_not_the_model_class_default(
+    tmp_path: Path,
+) -> None:
+    """transformers gives a Llama config without ``eos_token_id`` the class default (2); the
+    protocol's set is the files' alone, so the backend must not stop on 2 here."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    assert config.eos_token_id == 2, "the class default this test is about"
+    directory = tmp_path / "llama"
+    LlamaForCausalLM(config).save_pretrained(directory)
+    written = _json(directory / "config.json")
+    written.pop("eos_token_id", None)
+    (directory / "config.json").write_text(json.dumps(written))
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
+
+    assert checkpoint_eos_token_ids(directory) == {7}
+    backend = TorchBackend()
+    backend.load(str(directory))
+    assert backend.eos_token_ids == {7}
+
+
+def test_an_eos_at_exactly_the_length_limit_is_eos_for_worker_and_validator(
+    tmp_path: Path,
+) -> None:
+    """docs/protocol.md, "End of sequence": a completion of exactly ``max_new_tokens`` tokens that
+    ends with EOS finishes with EOS. The worker's backend says so, the validator's checks accept
+    it, and the same completion claimed as LENGTH is refused."""
+    from rollnet.sdk.proofs import (
+        FLOAT32,
+        LeaseBinding,
+        Reason,
+        RolloutAssignment,
+        RolloutClaim,
+        commitment_digest,
+        derive_sampling_seed,
+        finish_reason,
+        verify_rollouts,
+    )
+
+    path = init_tiny_model(tmp_path / "tiny", seed=0)
+    # Half the vocabulary ends a completion, so EOS lands on the last allowed step often.
+    generation = _json(path / "generation_config.json")
+    generation["eos_token_id"] = list(range(0, 101, 2))
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    backend = TorchBackend()
+    backend.load(str(path))
+    eos = backend.eos_token_ids
+    lease = LeaseBinding("rollnet-test", "node-a", "task-1", "lease-1", 1)
+    count, limit, prompt = 48, 3, [30, 31, 32]
+    seeds = [derive_sampling_seed(lease, index) for index in range(count)]
+    generations = backend.generate(
+        [prompt] * count, SamplingParams(temperature=1.0, max_new_tokens=limit, seeds=seeds)
+    )
+    at_limit = [
+        i
+        for i, g in enumerate(generations)
+        if len(g.completion_ids) == limit and g.completion_ids[-1] in eos
+    ]
+    assert at_limit, "some completion ends with EOS on its last allowed token"
+    assert any(g.finish_reason == "length" for g in generations), "and some run out of room"
+    for g in generations:
+        assert g.finish_reason == finish_reason(g.completion_ids, eos, limit)
+    for i in at_limit:
+        assert generations[i].finish_reason == "eos"
+
+    def claims(flip: bool) -> list[RolloutClaim]:
+        made = []
+        for index, g in enumerate(generations):
+            claimed = "length" if flip and index in at_limit else g.finish_reason
+            digest = commitment_digest(
+                lease,
+                blob_blake3=bytes(32),
+                rollout_index=index,
+                sampling_seed=seeds[index],
+                prompt_ids=prompt,
+                completion_ids=g.completion_ids,
+                proof=g.proof,
+            )
+            claim = RolloutClaim(
+                prompt, g.completion_ids, claimed, g.proof, seeds[index], index, digest
+            )
+            made.append(claim)
+        return made
+
+    assignments = [
+        RolloutAssignment(lease, bytes(32), prompt, 1.0, limit, frozenset(eos)) for _ in generations
+    ]
+    prefills = backend.prefill_batch([(prompt, g.completion_ids) for g in generations])
+    hidden = [p.hidden_states for p in prefills]
+    logits = [p.logits for p in prefills]
+    honest = verify_rollouts(
+        claims(False), assignments, hidden_states=hidden, logits=logits, thresholds=FLOAT32
+    )
+    assert all(report.verdict == "accept" for report in honest), [r.summary() for r in honest]
+    flipped = verify_rollouts(
+        claims(True), assignments, hidden_states=hidden, logits=logits, thresholds=FLOAT32
+    )
+    for index, report in enumerate(flipped):
+        if index in at_limit:
+            assert report.first_failure is not None
+            assert report.first_failure.reason is Reason.FINISH_REASON_MISMATCH
+        else:
+            assert report.verdict == "accept"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import blake3
+import numpy as np
 import pytest
 from validator_testing import NETWORK, seal_job
 
@@ -29,7 +30,7 @@ from rollnet.reference.validator.pipeline import refuse_oversized
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.commitments import max_batch_bytes
-from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed
+from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed, token_logprobs
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -338,6 +339,36 @@ async def test_behaviour_logprobs_the_trainer_will_use_are_checked(bench: Bench)
             outcome = judge(bench, job, blob)
             failed = [(c.rollout_index, c.check, c.reason) for c in outcome.checks if not c.passed]
             assert failed == [(1, "behaviour_logprobs", reason)], failed
+
+
+async def test_an_accept_carries_the_validators_own_log_probabilities(bench: Bench) -> None:
+    # The trainer's importance ratios use these: the prefill's log_softmax(logits / T) of each
+    # completion token, in batch order, sent as float32 with an ACCEPT and never with a REJECT.
+    task, lease, honest = await generate(bench, None)
+    job, blob = seal_job(task, lease, honest)
+    outcome = judge(bench, job, blob)
+    assert outcome.accepted
+    assert [len(v) for v in outcome.validated_logprobs] == [
+        len(r.completion_token_ids) for r in honest
+    ]
+    prefills = bench.model.backend.prefill_batch(
+        [(list(r.prompt_token_ids), list(r.completion_token_ids)) for r in honest]
+    )
+    for values, prefill, rollout in zip(outcome.validated_logprobs, prefills, honest, strict=True):
+        expected = token_logprobs(prefill.logits, rollout.completion_token_ids, 1.0)
+        np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6)
+    request = outcome.to_request(job.job_id, "lease", 1, "request")
+    sent = [np.asarray(e.logprobs, dtype=np.float32) for e in request.validated_logprobs]
+    assert len(sent) == len(honest)
+    for values, mine in zip(sent, outcome.validated_logprobs, strict=True):
+        assert np.array_equal(values, mine.astype(np.float32))
+    # A rejected job's request carries none (the coordinator refuses them with a REJECT).
+    rollouts = [rollout_pb2.Rollout.FromString(r.SerializeToString()) for r in honest]
+    rollouts[0].behaviour_logprobs[0] -= 0.01
+    job, blob = seal_job(task, lease, rollouts)
+    rejected = judge(bench, job, blob)
+    assert not rejected.accepted
+    assert not rejected.to_request(job.job_id, "lease", 1, "request").validated_logprobs
 
 
 async def test_rollouts_are_checked_in_groups_within_the_logits_budget(

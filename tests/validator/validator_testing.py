@@ -25,6 +25,7 @@ from swarm_testing import start_trainer as start_trainer
 from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
 from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.reference.inference.base import DType
 from rollnet.reference.validator import Validator, ValidatorConfig
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk import Identity
@@ -67,15 +68,19 @@ def coordinator_config_for(
     return with_overrides(base, **settings)
 
 
-def honest_worker(address: str, data_dir: Path) -> tuple[Worker, InferenceGenerator]:
-    """An in-process reference worker (torch backend) and its generator (close it after)."""
+def honest_worker(
+    address: str, data_dir: Path, dtype: DType = "float32"
+) -> tuple[Worker, InferenceGenerator]:
+    """An in-process reference worker (torch backend, computing in ``dtype``) and its generator
+    (close it after)."""
     store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK)
-    generator = InferenceGenerator(lambda: make_backend("torch"), store)
+    generator = InferenceGenerator(lambda: make_backend("torch"), store, dtype=dtype)
     worker = Worker(
         WorkerConfig(
             target=address,
             data_dir=data_dir,
             network_id=NETWORK,
+            dtypes=(dtype,),
             pull_wait=1.0,
             backoff=Backoff(initial=0.1, maximum=1.0),
         ),

@@ -3,7 +3,9 @@ shard and every file check out; versions beyond ``keep`` are pruned; downloads r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -151,3 +153,46 @@ def test_verify_checkpoint_checks_the_step() -> None:
     assert verify_checkpoint(checkpoint, network_id=NETWORK, step=2).step == 2
     with pytest.raises(CheckpointVerificationError):
         verify_checkpoint(checkpoint, network_id=NETWORK, step=3)
+
+
+PATH_CASES = json.loads(
+    (Path(__file__).resolve().parents[2] / "protos" / "rollnet" / "v1" / "vectors.json").read_text()
+)["checkpoint_paths"]["cases"]
+
+
+@pytest.mark.parametrize("case", PATH_CASES, ids=[str(index) for index in range(len(PATH_CASES))])
+async def test_the_store_applies_the_path_rule_before_writing_anything(
+    tmp_path: Path, case: dict[str, Any]
+) -> None:
+    """The table the coordinator is tested with (vectors.json): a manifest whose paths break the
+    rule is refused, naming the path, before a byte reaches the disk; the others are stored."""
+    source, trainer = MemoryShards(), Identity.generate()
+    shard = source.add(b"content")
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=1,
+        network_id=NETWORK,
+        files=[
+            checkpoint_pb2.CheckpointFile(path=path, content=shard, shards=[shard])
+            for path in case["paths"]
+        ],
+        flops_per_token=1,
+    ).SerializeToString()
+    checkpoint = checkpoint_pb2.Checkpoint(
+        manifest=manifest,
+        signature=trainer.sign(CHECKPOINT_DOMAIN + manifest),
+        trainer_public_key=trainer.public_key,
+        step=1,
+    )
+    root = tmp_path / "checkpoints"
+    store = CheckpointStore(root, network_id=NETWORK)
+    if case["valid"]:
+        directory = await store.ensure(checkpoint, source)
+        for path in case["paths"]:
+            assert (directory / path).read_bytes() == b"content"
+        return
+    with pytest.raises(CheckpointVerificationError) as refused:
+        await store.ensure(checkpoint, source)
+    for violation in case["violations"]:
+        assert f"{violation['field']}: {violation['description']}" in str(refused.value)
+    assert not root.exists(), "nothing was written"
+    assert source.fetched == [], "nothing was downloaded"

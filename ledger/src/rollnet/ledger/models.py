@@ -299,6 +299,10 @@ class Verdict(Base):
     check_figures: Mapped[dict[str, Any]]
     awarded_work: Mapped[int] = mapped_column(BigInteger)
     decided_at: Mapped[datetime]
+    #: The validator's recomputed log-probabilities of every completion token, per rollout
+    #: (:func:`rollnet.ledger.validation.pack_logprobs`); NULL when it sent none (a reject, or
+    #: a validator predating them).
+    validated_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class Checkpoint(Base):

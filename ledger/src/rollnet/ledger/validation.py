@@ -9,7 +9,10 @@ the job's current, unexpired lease.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -114,8 +117,12 @@ def submit_verdict(
     check_figures: Mapping[str, Any],
     awarded_work: int,
     now: datetime,
+    validated_logprobs: bytes | None = None,
 ) -> LeaseOutcome:
-    """Complete a leased job and store its verdict, if the caller holds the current lease."""
+    """Complete a leased job and store its verdict, if the caller holds the current lease.
+
+    ``validated_logprobs`` is :func:`pack_logprobs` of the validator's recomputed
+    log-probabilities (``None`` when it sent none)."""
     commitment_id = session.execute(
         update(ValidationJob)
         .where(
@@ -143,10 +150,59 @@ def submit_verdict(
             check_figures=dict(check_figures),
             awarded_work=awarded_work,
             decided_at=now,
+            validated_logprobs=validated_logprobs,
         )
     )
     session.flush()
     return LeaseOutcome.OK
+
+
+_COUNT = struct.Struct("<I")
+
+
+def pack_logprobs(rollouts: Iterable[Sequence[float]]) -> bytes:
+    """The stored form of per-rollout log-probabilities: little-endian ``uint32`` rollout
+    count, one ``uint32`` value count per rollout, then every value as ``float32`` in order.
+
+    Values must be float32-representable (they come off the wire as ``float``); 4 bytes per
+    token, the same as the wire, and read back without parsing anything but two arrays.
+    """
+    rows = [array("f", values) for values in rollouts]
+    counts = array("I", (len(row) for row in rows))
+    values = array("f")
+    for row in rows:
+        values.extend(row)
+    if sys.byteorder == "big":  # pragma: no cover - stored little-endian everywhere
+        counts.byteswap()
+        values.byteswap()
+    return _COUNT.pack(len(rows)) + counts.tobytes() + values.tobytes()
+
+
+def unpack_logprobs(data: bytes) -> list[list[float]]:
+    """The per-rollout log-probabilities :func:`pack_logprobs` stored; ``ValueError`` when the
+    bytes are not exactly what it writes."""
+    damaged = ValueError("packed log-probabilities are truncated or padded")
+    if len(data) < _COUNT.size or len(data) % 4:
+        raise damaged
+    (rollouts,) = _COUNT.unpack_from(data)
+    head = _COUNT.size + 4 * rollouts
+    if head > len(data):
+        raise damaged
+    counts = array("I")
+    counts.frombytes(data[_COUNT.size : head])
+    values = array("f")
+    values.frombytes(data[head:])
+    if sys.byteorder == "big":  # pragma: no cover
+        counts.byteswap()
+        values.byteswap()
+    if sum(counts) != len(values):
+        raise damaged
+    out: list[list[float]] = []
+    start = 0
+    for count in counts:
+        out.append(values[start : start + count].tolist())
+        start += count
+    return out
 
 
 def _refusal(

@@ -25,6 +25,7 @@ import blake3
 from google.protobuf import timestamp_pb2
 
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.checkpoints import checkpoint_path_violations
 from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
 CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
@@ -72,7 +73,8 @@ class PublishedCheckpoint:
 def model_files(model_dir: Path) -> list[Path]:
     """The files of ``model_dir`` that a checkpoint carries, sorted by relative path.
 
-    Raises :class:`CheckpointDirError` when there is no ``config.json`` or no ``*.safetensors``.
+    Raises :class:`CheckpointDirError` when there is no ``config.json``, no ``*.safetensors`` or
+    no ``tokenizer.json``, or when a path breaks the checkpoint path rule.
     """
     if not model_dir.is_dir():
         raise CheckpointDirError(f"{model_dir} is not a directory")
@@ -86,11 +88,19 @@ def model_files(model_dir: Path) -> list[Path]:
         ),
         key=lambda path: path.relative_to(model_dir).as_posix(),
     )
-    names = {path.relative_to(model_dir).as_posix() for path in files}
+    relative = [path.relative_to(model_dir).as_posix() for path in files]
+    names = set(relative)
     if "config.json" not in names:
         raise CheckpointDirError(f"{model_dir} has no config.json")
     if not any(name.endswith(".safetensors") for name in names):
         raise CheckpointDirError(f"{model_dir} has no *.safetensors weights")
+    if "tokenizer.json" not in names:
+        # Workers and validators tokenize with it (docs/protocol.md, "Tokenization").
+        raise CheckpointDirError(f"{model_dir} has no tokenizer.json")
+    # Refused here, before any upload, rather than by the coordinator after the last shard.
+    for violation in checkpoint_path_violations(relative):
+        where = model_dir if violation.index is None else model_dir / relative[violation.index]
+        raise CheckpointDirError(f"{where}: {violation.description} (checkpoint path rule)")
     return files
 
 

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollnet.sdk import ConnectionConfig, Identity, RollnetClient
+from rollnet.sdk import PROTOCOL_VERSION, ConnectionConfig, Identity, RollnetClient
 from rollnet.v1 import (
     common_pb2,
     ledger_pb2,
@@ -197,7 +197,7 @@ async def run_demo(config: DemoConfig) -> int:
                 node_service_pb2.RegisterNodeRequest(
                     public_key=trainer.public_key,
                     role=common_pb2.ROLE_TRAINER,
-                    protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+                    protocol_version=PROTOCOL_VERSION,
                     software_version="rollnet-demo/0.1",
                     capabilities=node_pb2.Capabilities(),
                 )

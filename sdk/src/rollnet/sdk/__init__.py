@@ -1,8 +1,9 @@
 """The rollnet Python SDK: identity, request signing, rich errors and typed async clients.
 
-Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs``. The worker
-runtime (:class:`Worker`, :class:`RolloutGenerator`) and checkpoint transfer
-(:class:`CheckpointStore`) are re-exported here. Importing this package never imports torch,
+Generated protocol messages live in ``rollnet.v1``; proofs in ``rollnet.sdk.proofs``. The node
+lifecycle every role shares (:class:`NodeSession`), the worker runtime (:class:`Worker`,
+:class:`RolloutGenerator`) and checkpoint transfer (:class:`CheckpointStore`) are re-exported
+here. Importing this package never imports torch,
 SQLAlchemy or vLLM.
 """
 
@@ -10,7 +11,10 @@ from rollnet.sdk.checkpoints import (
     BlobServiceShards,
     CheckpointStore,
     CheckpointVerificationError,
+    PathViolation,
     ShardSource,
+    checkpoint_path_error,
+    checkpoint_path_violations,
     verify_checkpoint,
 )
 from rollnet.sdk.client import (
@@ -30,7 +34,7 @@ from rollnet.sdk.client import (
     ValidationClient,
     open_channel,
 )
-from rollnet.sdk.commitments import batch_binding_digest, verify_receipt
+from rollnet.sdk.commitments import SealedBatch, batch_binding_digest, seal_batch, verify_receipt
 from rollnet.sdk.errors import (
     ERROR_DOMAIN,
     REASON_CODES,
@@ -65,7 +69,21 @@ from rollnet.sdk.identity import (
     verify_signature,
 )
 from rollnet.sdk.methods import ALL_METHODS, REGISTER_NODE, default_method_policy, method_path
-from rollnet.sdk.retry import RetryPolicy, is_retryable
+from rollnet.sdk.node import (
+    DEFAULT_NETWORK_ID,
+    FATAL_REASONS,
+    PROTOCOL_VERSION,
+    REREGISTER_REASONS,
+    LeaseReport,
+    NodeConfig,
+    NodeFatalError,
+    NodeReport,
+    NodeSession,
+    StopRequested,
+    default_hardware,
+    run_until_signalled,
+)
+from rollnet.sdk.retry import Backoff, RetryPolicy, backoff_delay, is_retryable
 from rollnet.sdk.signing import (
     AUDIENCE_HEADER,
     BODY_HASH_HEADER,
@@ -92,7 +110,6 @@ from rollnet.sdk.verifier import (
     current_request_id,
 )
 from rollnet.sdk.worker import (
-    Backoff,
     LeaseContext,
     LeaseLost,
     Outbox,
@@ -101,7 +118,6 @@ from rollnet.sdk.worker import (
     Worker,
     WorkerConfig,
     WorkerFatalError,
-    run_until_signalled,
 )
 
 __all__ = [
@@ -109,11 +125,15 @@ __all__ = [
     "AUDIENCE_HEADER",
     "BODY_HASH_HEADER",
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_NETWORK_ID",
     "ERROR_DOMAIN",
+    "FATAL_REASONS",
     "KEY_HEADER",
     "NONCE_HEADER",
+    "PROTOCOL_VERSION",
     "REASON_CODES",
     "REGISTER_NODE",
+    "REREGISTER_REASONS",
     "SIGNATURE_HEADER",
     "SIGNING_HEADERS",
     "TIMESTAMP_HEADER",
@@ -143,13 +163,19 @@ __all__ = [
     "KnownKey",
     "LeaseContext",
     "LeaseLost",
+    "LeaseReport",
     "LedgerClient",
     "Metadata",
     "NodeClient",
+    "NodeConfig",
+    "NodeFatalError",
+    "NodeReport",
+    "NodeSession",
     "NonceCache",
     "NotFound",
     "OutOfRange",
     "Outbox",
+    "PathViolation",
     "PendingSubmission",
     "PermissionDenied",
     "RequestSigner",
@@ -160,8 +186,10 @@ __all__ = [
     "RollnetError",
     "RolloutClient",
     "RolloutGenerator",
+    "SealedBatch",
     "ShardSource",
     "SignedHeaders",
+    "StopRequested",
     "TaskClient",
     "TlsConfig",
     "Unauthenticated",
@@ -175,11 +203,15 @@ __all__ = [
     "WorkerConfig",
     "WorkerFatalError",
     "abort",
+    "backoff_delay",
     "batch_binding_digest",
     "body_digest",
     "build_status",
+    "checkpoint_path_error",
+    "checkpoint_path_violations",
     "current_caller",
     "current_request_id",
+    "default_hardware",
     "default_method_policy",
     "error_type",
     "from_rpc_error",
@@ -188,6 +220,7 @@ __all__ = [
     "node_id_from_public_key",
     "open_channel",
     "run_until_signalled",
+    "seal_batch",
     "signed_bytes",
     "signing_interceptors",
     "verify_checkpoint",

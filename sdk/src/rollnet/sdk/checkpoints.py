@@ -6,7 +6,8 @@ shards stored as blobs. The trainer signs ``b"rollnet-checkpoint-v1\\n" + manife
 verbatim in ``Checkpoint.manifest``. Nothing is trusted before it is checked:
 
 * :func:`verify_checkpoint` checks the trainer's signature, the network id, the step and that
-  every path is a safe relative path;
+  the file paths follow the canonical path rule (:func:`checkpoint_path_violations`, the rule the
+  coordinator applies at ``PublishCheckpoint``; docs/protocol.md, "Checkpoint file paths");
 * :class:`CheckpointStore` downloads each shard, checks its BLAKE3 digest and size, checks each
   whole file's digest, and only then renames the directory into place, so a directory it returns
   is always complete and verified. It keeps the newest ``keep`` versions (``async_level + 1``).
@@ -21,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import secrets
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import blake3
@@ -92,29 +95,138 @@ def verify_checkpoint(
         )
     if step is not None and manifest.step != step:
         raise CheckpointVerificationError(f"manifest is for step {manifest.step}, not {step}")
-    seen: set[str] = set()
+    violations = checkpoint_path_violations([item.path for item in manifest.files])
+    if violations:
+        raise CheckpointVerificationError(
+            "manifest paths break the path rule: "
+            + "; ".join(f"{v.field}: {v.description}" for v in violations[:5])
+            + (f" (and {len(violations) - 5} more)" if len(violations) > 5 else "")
+        )
     for item in manifest.files:
-        _check_path(item.path)
-        if item.path in seen:
-            raise CheckpointVerificationError(f"manifest names {item.path!r} twice")
-        seen.add(item.path)
         if sum(s.size for s in item.shards) != item.content.size:
             raise CheckpointVerificationError(f"{item.path}: shard sizes do not add up")
-    if not manifest.files:
-        raise CheckpointVerificationError("manifest names no files")
     return manifest
 
 
-def _check_path(path: str) -> None:
-    parts = PurePosixPath(path).parts
-    if (
-        not path
-        or path.startswith("/")
-        or "\\" in path
-        or any(part in ("", ".", "..") for part in parts)
-        or path != "/".join(parts)
-    ):
-        raise CheckpointVerificationError(f"unsafe path in manifest: {path!r}")
+MAX_CHECKPOINT_FILES = 4096
+"""Most files a checkpoint manifest may name."""
+MAX_CHECKPOINT_PATH_BYTES = 1024
+"""Longest file path, in bytes."""
+MAX_CHECKPOINT_COMPONENT_BYTES = 255
+"""Longest path component (a file or directory name), in bytes: ``NAME_MAX`` almost everywhere."""
+MAX_CHECKPOINT_PATH_DEPTH = 16
+"""Most components in a path (``a/b/c`` has 3)."""
+
+# Portable names: letters, digits, '.', '_' and '-', neither starting nor ending with '.'. A name
+# that starts with '.' is hidden, and that space is the store's own (its manifest copy and
+# temporary files); Windows drops a trailing '.', so 'a.' and 'a' would be one file there.
+_COMPONENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?")
+# Windows device names, reserved whatever the extension ('nul.json' opens the null device).
+_RESERVED_STEMS = frozenset(
+    {"con", "prn", "aux", "nul"}
+    | {f"com{digit}" for digit in range(1, 10)}
+    | {f"lpt{digit}" for digit in range(1, 10)}
+)
+
+
+@dataclass(frozen=True)
+class PathViolation:
+    """One way a manifest's file paths break the path rule."""
+
+    index: int | None
+    """The position of the offending path in the list; ``None`` when the list itself is wrong."""
+    description: str
+    """What is wrong, in words."""
+
+    @property
+    def field(self) -> str:
+        """Where, relative to the manifest: ``files[3].path``, or ``files`` for the list."""
+        return "files" if self.index is None else f"files[{self.index}].path"
+
+
+def checkpoint_path_error(path: str) -> str | None:
+    """Why ``path`` is not a canonical checkpoint file path, or ``None`` when it is one.
+
+    The rule (docs/protocol.md, "Checkpoint file paths"): 1 to 1024 bytes; components separated
+    by single ``/`` (no leading or trailing ``/``, no empty component), at most 16 of them, each
+    1 to 255 characters from ``A-Z a-z 0-9 . _ -``, neither starting nor ending with ``.`` (so no
+    ``.`` or ``..`` component, no hidden file), and none a Windows device name (``con``, ``nul``,
+    ``com1``, ... whatever the case and extension). Backslashes, NUL, spaces and every non-ASCII
+    character are outside the set. The same path then names the same file on every file system.
+    """
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size == 0:
+        return "must not be empty"
+    if size > MAX_CHECKPOINT_PATH_BYTES:
+        return f"is {size} bytes long; at most {MAX_CHECKPOINT_PATH_BYTES}"
+    components = path.split("/")
+    if len(components) > MAX_CHECKPOINT_PATH_DEPTH:
+        return f"has {len(components)} components; at most {MAX_CHECKPOINT_PATH_DEPTH}"
+    for position, component in enumerate(components):
+        where = f"component {position + 1} ({component!r})"
+        if not component:
+            if position == 0:
+                return "must be relative (no leading '/')"
+            if position == len(components) - 1:
+                return "must name a file (no trailing '/')"
+            return "must not contain an empty component ('//')"
+        if len(component) > MAX_CHECKPOINT_COMPONENT_BYTES:
+            return f"{where} is longer than {MAX_CHECKPOINT_COMPONENT_BYTES} characters"
+        if component in (".", ".."):
+            return f"{where} is not allowed ('.' and '..' are not names)"
+        if not _COMPONENT.fullmatch(component):
+            bad = sorted({c for c in component if not _COMPONENT.fullmatch(c) and c != "."})
+            if bad:
+                shown = ", ".join(repr(c) for c in bad[:5])
+                return f"{where} has characters outside A-Z a-z 0-9 . _ -: {shown}"
+            return f"{where} must not start or end with '.'"
+        if component.split(".", 1)[0].lower() in _RESERVED_STEMS:
+            return f"{where} is a reserved device name on Windows"
+    return None
+
+
+def checkpoint_path_violations(paths: Sequence[str]) -> list[PathViolation]:
+    """Every way the file paths of one manifest break the canonical path rule (empty: none).
+
+    Each path must pass :func:`checkpoint_path_error`; the list holds 1 to 4096 paths, no two
+    equal when letters are compared without case (they would be one file on case-insensitive file
+    systems), and no path is a directory of another (``a`` and ``a/b``). Coordinators refuse a
+    manifest that breaks it (``INVALID_FIELDS``, one field violation each, under ``manifest.``),
+    and workers refuse it again before writing a file.
+    """
+    found: list[PathViolation] = []
+    if not paths:
+        found.append(PathViolation(None, "must name at least one file"))
+    elif len(paths) > MAX_CHECKPOINT_FILES:
+        found.append(
+            PathViolation(None, f"names {len(paths)} files; at most {MAX_CHECKPOINT_FILES}")
+        )
+    files: dict[str, int] = {}
+    for index, path in enumerate(paths):
+        error = checkpoint_path_error(path)
+        if error is not None:
+            found.append(PathViolation(index, error))
+            continue
+        folded = path.lower()
+        first = files.setdefault(folded, index)
+        if first != index:
+            same = "names the same file as" if paths[first] == path else "differs only in case from"
+            found.append(PathViolation(index, f"{same} files[{first}].path"))
+    kept = set(files.values())
+    for index, path in enumerate(paths):
+        if index not in kept:
+            continue
+        components = path.lower().split("/")
+        for depth in range(1, len(components)):
+            directory = "/".join(components[:depth])
+            if directory in files:
+                found.append(
+                    PathViolation(
+                        index, f"lies under files[{files[directory]}].path, which is a file"
+                    )
+                )
+                break
+    return found
 
 
 class CheckpointStore:
@@ -222,16 +334,25 @@ def _file_matches(path: Path, ref: common_pb2.BlobRef) -> bool:
 
 
 def _write_atomically(path: Path, content: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    # A short name of its own: the file's name may already be as long as names may be, and one
+    # starting with "." can be no manifest path's.
+    tmp = path.with_name(f".{secrets.token_hex(8)}.tmp")
     tmp.write_bytes(content)
     os.replace(tmp, path)
 
 
 __all__ = [
     "CHECKPOINT_DOMAIN",
+    "MAX_CHECKPOINT_COMPONENT_BYTES",
+    "MAX_CHECKPOINT_FILES",
+    "MAX_CHECKPOINT_PATH_BYTES",
+    "MAX_CHECKPOINT_PATH_DEPTH",
     "BlobServiceShards",
     "CheckpointStore",
     "CheckpointVerificationError",
+    "PathViolation",
     "ShardSource",
+    "checkpoint_path_error",
+    "checkpoint_path_violations",
     "verify_checkpoint",
 ]

@@ -81,7 +81,9 @@ class BlobHeader(_message.Message):
     BLOB_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     kind: Global___BlobKind.ValueType
-    """What the blob holds (for quotas and logs)."""
+    """What the blob holds: required (INVALID_FIELDS when unset); workers may upload
+    BLOB_KIND_ROLLOUT_BATCH only, trainers checkpoint shards too.
+    """
     @_builtins.property
     def blob(self) -> _common_pb2.BlobRef:
         """The declared BLAKE3 digest and size; the server checks both on arrival."""

@@ -41,7 +41,10 @@ class CheckpointManifest(_message.Message):
     """Model FLOPs per token (forward), the basis of work units."""
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointFile]:
-        """The files of the checkpoint directory (Hugging Face layout: config, tokenizer, weights)."""
+        """The files of the checkpoint directory (Hugging Face layout): config.json, tokenizer.json
+        (docs/protocol.md, "Tokenization"), generation_config.json when there is one (its EOS ids
+        count, "End of sequence"), the safetensors weights.
+        """
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
@@ -74,7 +77,10 @@ class CheckpointFile(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """Relative path inside the checkpoint directory, "/"-separated, no ".."."""
+    """Relative path inside the checkpoint directory under the canonical path rule (docs/protocol.md,
+    "Checkpoint file paths"): "/"-separated names of A-Z a-z 0-9 . _ -, none starting or ending
+    with "."; coordinators refuse a manifest that breaks it, workers before writing a file.
+    """
     @_builtins.property
     def content(self) -> _common_pb2.BlobRef:
         """Digest and size of the whole file."""

@@ -166,7 +166,9 @@ class WatchCheckpointsRequest(_message.Message):
 
     AFTER_STEP_FIELD_NUMBER: _builtins.int
     after_step: _builtins.int
-    """Send checkpoints with a step greater than this (the newest one first if it qualifies)."""
+    """Send checkpoints with a step greater than this (the newest one first if it qualifies).
+    Streams go on until the caller cancels them.
+    """
     def __init__(
         self,
         *,

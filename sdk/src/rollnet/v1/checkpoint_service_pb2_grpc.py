@@ -83,7 +83,8 @@ class CheckpointServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchCheckpoints(self, request, context):
-        """Streams every checkpoint published after a step, as it is published.
+        """Streams the newest checkpoint published after a step, then each newer one as it is seen (a
+        checkpoint superseded before the stream saw it is skipped: only the newest matters).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

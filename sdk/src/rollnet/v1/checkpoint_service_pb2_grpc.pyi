@@ -40,7 +40,9 @@ class CheckpointServiceStub:
     GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_checkpoint_service_pb2.GetCheckpointRequest, _checkpoint_service_pb2.GetCheckpointResponse]
     """Returns the checkpoint of one step."""
     WatchCheckpoints: _grpc.UnaryStreamMultiCallable[_checkpoint_service_pb2.WatchCheckpointsRequest, _checkpoint_service_pb2.WatchCheckpointsResponse]
-    """Streams every checkpoint published after a step, as it is published."""
+    """Streams the newest checkpoint published after a step, then each newer one as it is seen (a
+    checkpoint superseded before the stream saw it is skipped: only the newest matters).
+    """
 
 @_typing.type_check_only
 class CheckpointServiceAsyncStub(CheckpointServiceStub):
@@ -54,7 +56,9 @@ class CheckpointServiceAsyncStub(CheckpointServiceStub):
     GetCheckpoint: _aio.UnaryUnaryMultiCallable[_checkpoint_service_pb2.GetCheckpointRequest, _checkpoint_service_pb2.GetCheckpointResponse]  # type: ignore[assignment]
     """Returns the checkpoint of one step."""
     WatchCheckpoints: _aio.UnaryStreamMultiCallable[_checkpoint_service_pb2.WatchCheckpointsRequest, _checkpoint_service_pb2.WatchCheckpointsResponse]  # type: ignore[assignment]
-    """Streams every checkpoint published after a step, as it is published."""
+    """Streams the newest checkpoint published after a step, then each newer one as it is seen (a
+    checkpoint superseded before the stream saw it is skipped: only the newest matters).
+    """
 
 class CheckpointServiceServicer(metaclass=_abc_1.ABCMeta):
     """Publication and discovery of model checkpoints."""
@@ -89,6 +93,8 @@ class CheckpointServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _checkpoint_service_pb2.WatchCheckpointsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_checkpoint_service_pb2.WatchCheckpointsResponse], _abc.AsyncIterator[_checkpoint_service_pb2.WatchCheckpointsResponse]]:
-        """Streams every checkpoint published after a step, as it is published."""
+        """Streams the newest checkpoint published after a step, then each newer one as it is seen (a
+        checkpoint superseded before the stream saw it is skipped: only the newest matters).
+        """
 
 def add_CheckpointServiceServicer_to_server(servicer: CheckpointServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

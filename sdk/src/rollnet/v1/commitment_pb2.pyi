@@ -94,13 +94,17 @@ class Commitment(_message.Message):
     checkpoint_step: _builtins.int
     """The checkpoint step used for generation."""
     binding_digest: _builtins.bytes
-    """The binding digest (docs/verification.md): BLAKE3 over network, node, task, lease, fencing
-    token and blob digest. Binds the work to this node and lease so it cannot be replayed.
+    """The batch binding digest (docs/protocol.md, "Other signed bytes"): the domain-tagged
+    BLAKE3-256 ("rollnet/v1/batch-commitment", the encoding of docs/verification.md, "Binding")
+    of network id, node id, task id, lease id, fencing token and the blob's BLAKE3. Binds the
+    work to this node and lease so it cannot be replayed.
     """
     state: Global___Commitment.State.ValueType
     """The lifecycle state."""
     validated: _builtins.bool
-    """True when a validator checked the work; false when a trusted node's spot check was skipped."""
+    """True once a validator judged the work; false while it waits, when it was given up, and when
+    the spot check skipped a trusted node's work.
+    """
     @_builtins.property
     def rollout_batch(self) -> _common_pb2.BlobRef:
         """The rollout batch blob."""
@@ -153,9 +157,12 @@ class RolloutDigest(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     COMMITMENT_DIGEST_FIELD_NUMBER: _builtins.int
     sampling_seed: _builtins.int
-    """The Gumbel-max seed used."""
+    """The Gumbel-max seed used (equal to the rollout's sampling_seed in the batch)."""
     proof_blake3: _builtins.bytes
-    """BLAKE3 of the rollout's TOPLOC proof bytes."""
+    """The proof digest of docs/verification.md ("Binding"): the domain-tagged BLAKE3-256 with
+    domain "rollnet/v1/toploc-proof" of the rollout's toploc_proof bytes, not the plain BLAKE3
+    of those bytes (golden vector "proof_digest" in protos/rollnet/v1/vectors.json).
+    """
     completion_tokens: _builtins.int
     """Number of completion tokens."""
     commitment_digest: _builtins.bytes
@@ -221,12 +228,12 @@ class Receipt(_message.Message):
     binding_digest: _builtins.bytes
     """The binding digest acknowledged."""
     coordinator_public_key: _builtins.bytes
-    """The coordinator's Ed25519 public key."""
+    """The coordinator's Ed25519 public key (RegisterNodeResponse.coordinator_public_key)."""
     signature: _builtins.bytes
     """Ed25519 signature over the receipt bytes defined in docs/protocol.md."""
     @_builtins.property
     def received_at(self) -> _timestamp_pb2.Timestamp:
-        """When it was stored."""
+        """When it was stored; the signature covers it in whole Unix microseconds."""
 
     def __init__(
         self,

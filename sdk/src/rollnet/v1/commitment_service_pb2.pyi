@@ -43,7 +43,9 @@ class SubmitCommitmentRequest(_message.Message):
     task_id: _builtins.str
     """The task answered."""
     binding_digest: _builtins.bytes
-    """The binding digest (docs/verification.md)."""
+    """The batch binding digest (Commitment.binding_digest); a mismatch is refused
+    (COMMITMENT_BINDING_INVALID).
+    """
     @_builtins.property
     def rollout_batch(self) -> _common_pb2.BlobRef:
         """The uploaded rollout batch."""

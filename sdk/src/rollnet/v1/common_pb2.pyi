@@ -49,6 +49,33 @@ ROLE_OPERATOR: Role.ValueType  # 4
 """Trusted and allow-listed: inspects, ejects and bans nodes."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
+class _ComputeDtype:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ComputeDtypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ComputeDtype.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPUTE_DTYPE_UNSPECIFIED: _ComputeDtype.ValueType  # 0
+    """Not given: means float32, the only dtype of networks that predate the field."""
+    COMPUTE_DTYPE_FLOAT32: _ComputeDtype.ValueType  # 1
+    """IEEE 754 binary32 weights and activations ("float32" in Capabilities.dtypes)."""
+    COMPUTE_DTYPE_BFLOAT16: _ComputeDtype.ValueType  # 2
+    """bfloat16 weights and activations ("bfloat16" in Capabilities.dtypes)."""
+
+class ComputeDtype(_ComputeDtype, metaclass=_ComputeDtypeEnumTypeWrapper):
+    """The numeric format a network computes in: the dtype of the weights and activations workers
+    generate with and validators prefill with. Each has its calibrated proof thresholds
+    (docs/verification.md, "Thresholds"); a rollout generated in another dtype fails them.
+    """
+
+COMPUTE_DTYPE_UNSPECIFIED: ComputeDtype.ValueType  # 0
+"""Not given: means float32, the only dtype of networks that predate the field."""
+COMPUTE_DTYPE_FLOAT32: ComputeDtype.ValueType  # 1
+"""IEEE 754 binary32 weights and activations ("float32" in Capabilities.dtypes)."""
+COMPUTE_DTYPE_BFLOAT16: ComputeDtype.ValueType  # 2
+"""bfloat16 weights and activations ("bfloat16" in Capabilities.dtypes)."""
+Global___ComputeDtype: _TypeAlias = ComputeDtype  # noqa: Y015
+
 @_typing.final
 class ProtocolVersion(_message.Message):
     """A protocol version. Nodes and coordinators agree when their major versions are equal."""
@@ -90,7 +117,9 @@ class SamplingParams(_message.Message):
     (2.0 by default). Smaller values make logits / T overflow in the validator's re-check.
     """
     max_new_tokens: _builtins.int
-    """Upper bound on generated tokens per completion (the length limit)."""
+    """Upper bound on generated tokens per completion (the length limit): 1 to the coordinator's
+    max_new_tokens. A completion stops at its first EOS token or at this many tokens.
+    """
     def __init__(
         self,
         *,

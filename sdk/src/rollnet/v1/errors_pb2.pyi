@@ -60,6 +60,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: the public key in the body differs from the signing key."""
     ERROR_REASON_ROLE_CONFLICT: _ErrorReason.ValueType  # 25
     """FAILED_PRECONDITION: the key is already registered with another role."""
+    ERROR_REASON_COMPUTE_DTYPE_UNSUPPORTED: _ErrorReason.ValueType  # 26
+    """The node's capabilities list dtypes, none of them the one the network computes in, which
+    ErrorInfo.metadata["compute_dtype"] names.
+    FAILED_PRECONDITION: the node does not compute in the network's dtype.
+    """
     ERROR_REASON_INVALID_FIELDS: _ErrorReason.ValueType  # 30
     """INVALID_ARGUMENT: one or more fields are invalid; see the BadRequest field violations."""
     ERROR_REASON_RATE_LIMITED: _ErrorReason.ValueType  # 31
@@ -163,6 +168,11 @@ ERROR_REASON_KEY_MISMATCH: ErrorReason.ValueType  # 24
 """INVALID_ARGUMENT: the public key in the body differs from the signing key."""
 ERROR_REASON_ROLE_CONFLICT: ErrorReason.ValueType  # 25
 """FAILED_PRECONDITION: the key is already registered with another role."""
+ERROR_REASON_COMPUTE_DTYPE_UNSUPPORTED: ErrorReason.ValueType  # 26
+"""The node's capabilities list dtypes, none of them the one the network computes in, which
+ErrorInfo.metadata["compute_dtype"] names.
+FAILED_PRECONDITION: the node does not compute in the network's dtype.
+"""
 ERROR_REASON_INVALID_FIELDS: ErrorReason.ValueType  # 30
 """INVALID_ARGUMENT: one or more fields are invalid; see the BadRequest field violations."""
 ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 31

@@ -172,7 +172,10 @@ class Capabilities(_message.Message):
 
     @_builtins.property
     def dtypes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Numeric formats the node can compute in, for example "bfloat16"."""
+        """Numeric formats the node can compute in: "float32", "bfloat16" (ComputeDtype's names).
+        When not empty it must include the network's, or RegisterNode is refused
+        (COMPUTE_DTYPE_UNSUPPORTED); empty declares nothing (the node checks each task itself).
+        """
 
     def __init__(
         self,

@@ -124,10 +124,16 @@ class RegisterNodeResponse(_message.Message):
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    COMPUTE_DTYPE_FIELD_NUMBER: _builtins.int
     network_id: _builtins.str
     """The network id the coordinator serves: the audience of every signed call."""
     coordinator_public_key: _builtins.bytes
     """The coordinator's Ed25519 public key, which signs receipts and ledger chain heads."""
+    compute_dtype: _common_pb2.ComputeDtype.ValueType
+    """The dtype the network computes in (Task.compute_dtype of the tasks created now). A node that
+    lists Capabilities.dtypes without it is refused (COMPUTE_DTYPE_UNSUPPORTED), so this is what
+    a registered worker loads its model in. UNSPECIFIED (an older coordinator) means float32.
+    """
     @_builtins.property
     def node(self) -> _node_pb2.Node:
         """The node as registered."""
@@ -158,10 +164,11 @@ class RegisterNodeResponse(_message.Message):
         lease_duration: _duration_pb2.Duration | None = ...,
         server_time: _timestamp_pb2.Timestamp | None = ...,
         coordinator_public_key: _builtins.bytes = ...,
+        compute_dtype: _common_pb2.ComputeDtype.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "node", b"node", "server_protocol_version", b"server_protocol_version", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_public_key", b"coordinator_public_key", "heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "network_id", b"network_id", "node", b"node", "server_protocol_version", b"server_protocol_version", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_dtype", b"compute_dtype", "coordinator_public_key", b"coordinator_public_key", "heartbeat_interval", b"heartbeat_interval", "lease_duration", b"lease_duration", "network_id", b"network_id", "node", b"node", "server_protocol_version", b"server_protocol_version", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,9 +29,11 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     FINISH_REASON_UNSPECIFIED: _FinishReason.ValueType  # 0
     """Not given (invalid)."""
     FINISH_REASON_EOS: _FinishReason.ValueType  # 1
-    """The model sampled the end-of-sequence token."""
+    """The last completion token is an end-of-sequence token, whatever the completion's length (a
+    completion of exactly max_new_tokens tokens that ends with EOS is EOS, not LENGTH).
+    """
     FINISH_REASON_LENGTH: _FinishReason.ValueType  # 2
-    """The completion reached max_new_tokens."""
+    """The completion has exactly max_new_tokens tokens and its last one is not an EOS token."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """Why generation of a completion stopped."""
@@ -39,9 +41,11 @@ class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
 FINISH_REASON_UNSPECIFIED: FinishReason.ValueType  # 0
 """Not given (invalid)."""
 FINISH_REASON_EOS: FinishReason.ValueType  # 1
-"""The model sampled the end-of-sequence token."""
+"""The last completion token is an end-of-sequence token, whatever the completion's length (a
+completion of exactly max_new_tokens tokens that ends with EOS is EOS, not LENGTH).
+"""
 FINISH_REASON_LENGTH: FinishReason.ValueType  # 2
-"""The completion reached max_new_tokens."""
+"""The completion has exactly max_new_tokens tokens and its last one is not an EOS token."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 @_typing.final
@@ -74,18 +78,27 @@ class Rollout(_message.Message):
     finish_reason: Global___FinishReason.ValueType
     """Why generation stopped."""
     toploc_proof: _builtins.bytes
-    """TOPLOC proof: the concatenation of 258-byte window proofs, one per 32 completion tokens."""
+    """TOPLOC proof: the concatenation of 258-byte window proofs, one per window of 32 completion
+    tokens (the last window may be shorter): 258 x ceil(completion tokens / 32) bytes.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Prompt token ids as fed to the model."""
+        """Prompt token ids as fed to the model: the environment's prompt text for prompt_id, encoded
+        with the checkpoint's tokenizer.json and no special tokens added (docs/protocol.md,
+        "Tokenization"); validators rebuild and compare them (the assigned-data check).
+        """
 
     @_builtins.property
     def completion_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Generated token ids, including the final EOS token when finish_reason is EOS."""
+        """Generated token ids, including the final EOS token when finish_reason is EOS; an EOS token
+        (docs/protocol.md, "End of sequence") may only be the last one.
+        """
 
     @_builtins.property
     def behaviour_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Behaviour log-probability of each completion token under the sampling distribution."""
+        """Behaviour log-probability of each completion token: log_softmax(logits / temperature) of
+        the token, one per completion token, finite and <= 0 (validators recompute them).
+        """
 
     @_builtins.property
     def claimed_reward(self) -> _common_pb2.Reward:
@@ -175,6 +188,7 @@ class AcceptedRollout(_message.Message):
     ROLLOUT_FIELD_NUMBER: _builtins.int
     VALIDATED_REWARD_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
+    VALIDATED_LOGPROBS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Position in the coordinator's stream of accepted rollouts (strictly increasing)."""
     task_id: _builtins.str
@@ -200,6 +214,15 @@ class AcceptedRollout(_message.Message):
         never trusts a worker's claimed reward.
         """
 
+    @_builtins.property
+    def validated_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The validator's recomputed log-probability of each completion token under the task's
+        sampling distribution (temperature-scaled: the definition of Rollout.behaviour_logprobs),
+        set when the rollout was validated; empty when it was accepted without a spot check. A
+        worker can shade its behaviour_logprobs by anything under the validator's tolerance;
+        these it cannot touch, so the trainer's importance ratios use them.
+        """
+
     def __init__(
         self,
         *,
@@ -212,10 +235,11 @@ class AcceptedRollout(_message.Message):
         rollout: Global___Rollout | None = ...,
         validated_reward: _common_pb2.Reward | None = ...,
         group_id: _builtins.str = ...,
+        validated_logprobs: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout", "validated_reward", b"validated_reward"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_step", b"checkpoint_step", "commitment_id", b"commitment_id", "group_id", b"group_id", "node_id", b"node_id", "rollout", b"rollout", "rollout_step", b"rollout_step", "sequence", b"sequence", "task_id", b"task_id", "validated_reward", b"validated_reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_step", b"checkpoint_step", "commitment_id", b"commitment_id", "group_id", b"group_id", "node_id", b"node_id", "rollout", b"rollout", "rollout_step", b"rollout_step", "sequence", b"sequence", "task_id", b"task_id", "validated_logprobs", b"validated_logprobs", "validated_reward", b"validated_reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

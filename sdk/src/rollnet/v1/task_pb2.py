@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rollnet.v1 import common_pb2 as rollnet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rollnet/v1/task.proto\x12\nrollnet.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\xac\x05\n\x04Task\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12 \n\x0b\x65nvironment\x18\x02 \x01(\tR\x0b\x65nvironment\x12\x46\n\x12\x65nvironment_config\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x11\x65nvironmentConfig\x12\x1d\n\nprompt_ids\x18\x04 \x03(\x04R\tpromptIds\x12,\n\x12samples_per_prompt\x18\x05 \x01(\rR\x10samplesPerPrompt\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.rollnet.v1.SamplingParamsR\x08sampling\x12\'\n\x0f\x63heckpoint_step\x18\x07 \x01(\x04R\x0e\x63heckpointStep\x12!\n\x0crollout_step\x18\x08 \x01(\x04R\x0brolloutStep\x12#\n\rsampling_seed\x18\t \x01(\x04R\x0csamplingSeed\x12,\n\x05state\x18\n \x01(\x0e\x32\x16.rollnet.v1.Task.StateR\x05state\x12\x18\n\x07\x61ttempt\x18\x0b \x01(\rR\x07\x61ttempt\x12\x39\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\"\xa7\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_QUEUED\x10\x01\x12\x10\n\x0cSTATE_LEASED\x10\x02\x12\x13\n\x0fSTATE_SUBMITTED\x10\x03\x12\x14\n\x10STATE_VALIDATING\x10\x04\x12\x12\n\x0eSTATE_ACCEPTED\x10\x05\x12\x12\n\x0eSTATE_REJECTED\x10\x06\x12\x10\n\x0cSTATE_FAILED\x10\x07\"\xb8\x01\n\x05Lease\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x02 \x01(\x04R\x0c\x66\x65ncingToken\x12\x36\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x64\x65\x61\x64line\x12\x37\n\tissued_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08issuedAtb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rollnet/v1/task.proto\x12\nrollnet.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\xeb\x05\n\x04Task\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12 \n\x0b\x65nvironment\x18\x02 \x01(\tR\x0b\x65nvironment\x12\x46\n\x12\x65nvironment_config\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x11\x65nvironmentConfig\x12\x1d\n\nprompt_ids\x18\x04 \x03(\x04R\tpromptIds\x12,\n\x12samples_per_prompt\x18\x05 \x01(\rR\x10samplesPerPrompt\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.rollnet.v1.SamplingParamsR\x08sampling\x12\'\n\x0f\x63heckpoint_step\x18\x07 \x01(\x04R\x0e\x63heckpointStep\x12!\n\x0crollout_step\x18\x08 \x01(\x04R\x0brolloutStep\x12#\n\rsampling_seed\x18\t \x01(\x04R\x0csamplingSeed\x12,\n\x05state\x18\n \x01(\x0e\x32\x16.rollnet.v1.Task.StateR\x05state\x12\x18\n\x07\x61ttempt\x18\x0b \x01(\rR\x07\x61ttempt\x12\x39\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n\rcompute_dtype\x18\r \x01(\x0e\x32\x18.rollnet.v1.ComputeDtypeR\x0c\x63omputeDtype\"\xa7\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATE_QUEUED\x10\x01\x12\x10\n\x0cSTATE_LEASED\x10\x02\x12\x13\n\x0fSTATE_SUBMITTED\x10\x03\x12\x14\n\x10STATE_VALIDATING\x10\x04\x12\x12\n\x0eSTATE_ACCEPTED\x10\x05\x12\x12\n\x0eSTATE_REJECTED\x10\x06\x12\x10\n\x0cSTATE_FAILED\x10\x07\"\xb8\x01\n\x05Lease\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x02 \x01(\x04R\x0c\x66\x65ncingToken\x12\x36\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x64\x65\x61\x64line\x12\x37\n\tissued_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08issuedAtb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollnet.v1.task_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASK']._serialized_start=126
-  _globals['_TASK']._serialized_end=810
-  _globals['_TASK_STATE']._serialized_start=643
-  _globals['_TASK_STATE']._serialized_end=810
-  _globals['_LEASE']._serialized_start=813
-  _globals['_LEASE']._serialized_end=997
+  _globals['_TASK']._serialized_end=873
+  _globals['_TASK_STATE']._serialized_start=706
+  _globals['_TASK_STATE']._serialized_end=873
+  _globals['_LEASE']._serialized_start=876
+  _globals['_LEASE']._serialized_end=1060
 # @@protoc_insertion_point(module_scope)

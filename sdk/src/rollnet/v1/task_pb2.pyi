@@ -47,13 +47,16 @@ class Task(_message.Message):
         STATE_ACCEPTED: Task._State.ValueType  # 5
         """The rollouts were accepted (validated, or spot-check skipped for a trusted node)."""
         STATE_REJECTED: Task._State.ValueType  # 6
-        """A validator rejected the rollouts."""
+        """A validator rejected the rollouts (a fresh copy of the task, same prompts, is queued)."""
         STATE_FAILED: Task._State.ValueType  # 7
-        """Too many expired leases; the task will not be offered again."""
+        """Its leases ended without a commitment max_attempts times, or its validation was given up
+        (then a fresh copy is queued); it will not be offered again.
+        """
 
     class State(_State, metaclass=_StateEnumTypeWrapper):
-        """The task lifecycle. QUEUED -> LEASED -> SUBMITTED -> VALIDATING -> ACCEPTED | REJECTED; an
-        expired lease returns the task to QUEUED with attempt + 1, up to a cap, then FAILED.
+        """The task lifecycle. QUEUED -> LEASED -> SUBMITTED -> VALIDATING -> ACCEPTED | REJECTED; a
+        lease that ends without a commitment (expired, given back with FailTask, its node OFFLINE,
+        ejected or deregistered) returns the task to QUEUED, up to max_attempts leases, then FAILED.
         """
 
     STATE_UNSPECIFIED: Task.State.ValueType  # 0
@@ -69,9 +72,11 @@ class Task(_message.Message):
     STATE_ACCEPTED: Task.State.ValueType  # 5
     """The rollouts were accepted (validated, or spot-check skipped for a trusted node)."""
     STATE_REJECTED: Task.State.ValueType  # 6
-    """A validator rejected the rollouts."""
+    """A validator rejected the rollouts (a fresh copy of the task, same prompts, is queued)."""
     STATE_FAILED: Task.State.ValueType  # 7
-    """Too many expired leases; the task will not be offered again."""
+    """Its leases ended without a commitment max_attempts times, or its validation was given up
+    (then a fresh copy is queued); it will not be offered again.
+    """
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -85,6 +90,7 @@ class Task(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    COMPUTE_DTYPE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-assigned id."""
     environment: _builtins.str
@@ -96,16 +102,23 @@ class Task(_message.Message):
     rollout_step: _builtins.int
     """The trainer step the rollouts are for; rollouts older than step - async_level are useless."""
     sampling_seed: _builtins.int
-    """The coordinator's seed that drew prompt_ids (for audit). Per-rollout Gumbel seeds are not
-    chosen by anyone: they derive from the lease binding (docs/verification.md).
+    """A number the coordinator drew for the task, after its prompt ids, from the stream seeded by
+    its seed, the rollout step and the demand's request id; recorded for audit, read by nothing
+    in the protocol. It does not seed sampling: per-rollout Gumbel seeds are chosen by no one,
+    they derive from the lease binding (docs/verification.md, "Binding").
     """
     state: Global___Task.State.ValueType
     """The lifecycle state."""
     attempt: _builtins.int
     """1 for the first lease, incremented on every lease; also the fencing token."""
+    compute_dtype: _common_pb2.ComputeDtype.ValueType
+    """The dtype the rollouts must be generated in: the network's, fixed when the task was created.
+    A worker that does not compute in it gives the task back before generating
+    (FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED); validators prefill in it. UNSPECIFIED means float32.
+    """
     @_builtins.property
     def environment_config(self) -> _struct_pb2.Struct:
-        """The environment configuration, exactly as the coordinator uses it."""
+        """The environment configuration, normalised: every default spelled out (docs/environments.md)."""
 
     @_builtins.property
     def prompt_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -136,10 +149,11 @@ class Task(_message.Message):
         state: Global___Task.State.ValueType = ...,
         attempt: _builtins.int = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        compute_dtype: _common_pb2.ComputeDtype.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "environment_config", b"environment_config", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "checkpoint_step", b"checkpoint_step", "created_at", b"created_at", "environment", b"environment", "environment_config", b"environment_config", "prompt_ids", b"prompt_ids", "rollout_step", b"rollout_step", "samples_per_prompt", b"samples_per_prompt", "sampling", b"sampling", "sampling_seed", b"sampling_seed", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "checkpoint_step", b"checkpoint_step", "compute_dtype", b"compute_dtype", "created_at", b"created_at", "environment", b"environment", "environment_config", b"environment_config", "prompt_ids", b"prompt_ids", "rollout_step", b"rollout_step", "samples_per_prompt", b"samples_per_prompt", "sampling", b"sampling", "sampling_seed", b"sampling_seed", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

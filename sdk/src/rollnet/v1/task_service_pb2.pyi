@@ -38,6 +38,8 @@ class _FailReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailReason
     """The required checkpoint could not be fetched or verified."""
     FAIL_REASON_BACKEND_ERROR: _FailReason.ValueType  # 4
     """Generation failed (out of memory, backend error)."""
+    FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED: _FailReason.ValueType  # 5
+    """The worker does not compute in the task's compute_dtype (given back before generating)."""
 
 class FailReason(_FailReason, metaclass=_FailReasonEnumTypeWrapper):
     """Why a worker gives a task back."""
@@ -52,6 +54,8 @@ FAIL_REASON_CHECKPOINT_UNAVAILABLE: FailReason.ValueType  # 3
 """The required checkpoint could not be fetched or verified."""
 FAIL_REASON_BACKEND_ERROR: FailReason.ValueType  # 4
 """Generation failed (out of memory, backend error)."""
+FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED: FailReason.ValueType  # 5
+"""The worker does not compute in the task's compute_dtype (given back before generating)."""
 Global___FailReason: _TypeAlias = FailReason  # noqa: Y015
 
 @_typing.final

@@ -43,7 +43,9 @@ class ValidationJob(_message.Message):
 
     @_builtins.property
     def task(self) -> _task_pb2.Task:
-        """The task it answers (assigned prompts, sampling, checkpoint)."""
+        """The task it answers (assigned prompts, sampling, checkpoint, and the compute dtype to
+        prefill in).
+        """
 
     def __init__(
         self,
@@ -93,18 +95,18 @@ class CheckResult(_message.Message):
     FIGURES_FIELD_NUMBER: _builtins.int
     ROLLOUT_INDEX_FIELD_NUMBER: _builtins.int
     check: _builtins.str
-    """The check, for example "toploc", "sampling", "termination", "assigned_data", "binding",
-    "reward", "integrity" (docs/verification.md).
+    """The check: "integrity", "batch", "binding", "assigned_data", "termination", "toploc",
+    "sampling", "behaviour_logprobs" or "reward" (docs/validator.md, "The checks, in order").
     """
     passed: _builtins.bool
     """Whether it passed."""
     reason: _builtins.str
-    """A stable snake_case reason when it failed, for example "exponent_mismatches_exceeded"."""
+    """A stable upper-case reason when it failed, for example "EXPONENT_MISMATCH"; empty if passed."""
     rollout_index: _builtins.int
     """The rollout the result is about; unset for batch-level checks."""
     @_builtins.property
     def figures(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """The check's figures, for example {"max_exp_mismatches": 3, "min_sampling_margin": -0.01}."""
+        """The check's figures, for example {"max_exp_mismatches": 3, "min_margin": -0.01}."""
 
     def __init__(
         self,
@@ -177,7 +179,10 @@ class Verdict(_message.Message):
     reject_reason: _builtins.str
     """The first failing check's reason when rejected; empty when accepted."""
     work_units: _builtins.int
-    """Work units credited (accept) or slashed (reject)."""
+    """The work units judged: on accept, those of the validated work, credited; on reject, minus
+    those of the tokens the batch holds (the ledger's slash is that divided by the
+    commitment's check probability, docs/protocol.md "Validation and credit").
+    """
     @_builtins.property
     def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckResult]:
         """Every check's result."""
@@ -211,3 +216,30 @@ class Verdict(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+@_typing.final
+class ValidatedLogprobs(_message.Message):
+    """A validator's recomputed log-probabilities of one rollout's completion tokens: under the task's
+    sampling distribution (log_softmax(logits / temperature) of each chosen token, the definition
+    of Rollout.behaviour_logprobs), from the validator's own prefill of the checkpoint.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """One value per completion token, in order: finite and at most 0."""
+
+    def __init__(
+        self,
+        *,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ValidatedLogprobs: _TypeAlias = ValidatedLogprobs  # noqa: Y015

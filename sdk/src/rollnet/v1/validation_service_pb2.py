@@ -29,7 +29,7 @@ from rollnet.v1 import task_pb2 as rollnet_dot_v1_dot_task__pb2
 from rollnet.v1 import validation_pb2 as rollnet_dot_v1_dot_validation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#rollnet/v1/validation_service.proto\x12\nrollnet.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1brollnet/v1/commitment.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/task.proto\x1a\x1brollnet/v1/validation.proto\"h\n\x18PullValidationJobRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12-\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x04wait\"\xad\x01\n\x19PullValidationJobResponse\x12+\n\x03job\x18\x01 \x01(\x0b\x32\x19.rollnet.v1.ValidationJobR\x03job\x12\'\n\x05lease\x18\x02 \x01(\x0b\x32\x11.rollnet.v1.LeaseR\x05lease\x12:\n\x0bretry_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\nretryAfter\"\x9b\x03\n\x14SubmitVerdictRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x15\n\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x19\n\x08lease_id\x18\x03 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x04 \x01(\x04R\x0c\x66\x65ncingToken\x12\x38\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1c.rollnet.v1.Verdict.DecisionR\x08\x64\x65\x63ision\x12#\n\rreject_reason\x18\x06 \x01(\tR\x0crejectReason\x12/\n\x06\x63hecks\x18\x07 \x03(\x0b\x32\x17.rollnet.v1.CheckResultR\x06\x63hecks\x12?\n\x11validated_rewards\x18\x08 \x03(\x0b\x32\x12.rollnet.v1.RewardR\x10validatedRewards\x12<\n\x0evalidated_work\x18\t \x01(\x0b\x32\x15.rollnet.v1.WorkClaimR\rvalidatedWork\"F\n\x15SubmitVerdictResponse\x12-\n\x07verdict\x18\x01 \x01(\x0b\x32\x13.rollnet.v1.VerdictR\x07verdict2\xcb\x01\n\x11ValidationService\x12`\n\x11PullValidationJob\x12$.rollnet.v1.PullValidationJobRequest\x1a%.rollnet.v1.PullValidationJobResponse\x12T\n\rSubmitVerdict\x12 .rollnet.v1.SubmitVerdictRequest\x1a!.rollnet.v1.SubmitVerdictResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#rollnet/v1/validation_service.proto\x12\nrollnet.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1brollnet/v1/commitment.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/task.proto\x1a\x1brollnet/v1/validation.proto\"h\n\x18PullValidationJobRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12-\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x04wait\"\xad\x01\n\x19PullValidationJobResponse\x12+\n\x03job\x18\x01 \x01(\x0b\x32\x19.rollnet.v1.ValidationJobR\x03job\x12\'\n\x05lease\x18\x02 \x01(\x0b\x32\x11.rollnet.v1.LeaseR\x05lease\x12:\n\x0bretry_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\nretryAfter\"\xe9\x03\n\x14SubmitVerdictRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x15\n\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x19\n\x08lease_id\x18\x03 \x01(\tR\x07leaseId\x12#\n\rfencing_token\x18\x04 \x01(\x04R\x0c\x66\x65ncingToken\x12\x38\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1c.rollnet.v1.Verdict.DecisionR\x08\x64\x65\x63ision\x12#\n\rreject_reason\x18\x06 \x01(\tR\x0crejectReason\x12/\n\x06\x63hecks\x18\x07 \x03(\x0b\x32\x17.rollnet.v1.CheckResultR\x06\x63hecks\x12?\n\x11validated_rewards\x18\x08 \x03(\x0b\x32\x12.rollnet.v1.RewardR\x10validatedRewards\x12<\n\x0evalidated_work\x18\t \x01(\x0b\x32\x15.rollnet.v1.WorkClaimR\rvalidatedWork\x12L\n\x12validated_logprobs\x18\n \x03(\x0b\x32\x1d.rollnet.v1.ValidatedLogprobsR\x11validatedLogprobs\"F\n\x15SubmitVerdictResponse\x12-\n\x07verdict\x18\x01 \x01(\x0b\x32\x13.rollnet.v1.VerdictR\x07verdict2\xcb\x01\n\x11ValidationService\x12`\n\x11PullValidationJob\x12$.rollnet.v1.PullValidationJobRequest\x1a%.rollnet.v1.PullValidationJobResponse\x12T\n\rSubmitVerdict\x12 .rollnet.v1.SubmitVerdictRequest\x1a!.rollnet.v1.SubmitVerdictResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,9 +41,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLVALIDATIONJOBRESPONSE']._serialized_start=296
   _globals['_PULLVALIDATIONJOBRESPONSE']._serialized_end=469
   _globals['_SUBMITVERDICTREQUEST']._serialized_start=472
-  _globals['_SUBMITVERDICTREQUEST']._serialized_end=883
-  _globals['_SUBMITVERDICTRESPONSE']._serialized_start=885
-  _globals['_SUBMITVERDICTRESPONSE']._serialized_end=955
-  _globals['_VALIDATIONSERVICE']._serialized_start=958
-  _globals['_VALIDATIONSERVICE']._serialized_end=1161
+  _globals['_SUBMITVERDICTREQUEST']._serialized_end=961
+  _globals['_SUBMITVERDICTRESPONSE']._serialized_start=963
+  _globals['_SUBMITVERDICTRESPONSE']._serialized_end=1033
+  _globals['_VALIDATIONSERVICE']._serialized_start=1036
+  _globals['_VALIDATIONSERVICE']._serialized_end=1239
 # @@protoc_insertion_point(module_scope)

@@ -102,6 +102,7 @@ class SubmitVerdictRequest(_message.Message):
     CHECKS_FIELD_NUMBER: _builtins.int
     VALIDATED_REWARDS_FIELD_NUMBER: _builtins.int
     VALIDATED_WORK_FIELD_NUMBER: _builtins.int
+    VALIDATED_LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key."""
     job_id: _builtins.str
@@ -126,6 +127,15 @@ class SubmitVerdictRequest(_message.Message):
     def validated_work(self) -> _commitment_pb2.WorkClaim:
         """Prefill and decode tokens the validator counted in the batch (the basis of credit)."""
 
+    @_builtins.property
+    def validated_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_validation_pb2.ValidatedLogprobs]:
+        """With an ACCEPT: the validator's recomputed log-probabilities of each rollout's completion
+        tokens, one entry per rollout in the batch's order, one value per completion token (finite,
+        at most 0). The trainer's importance ratios use these instead of the worker's
+        behaviour_logprobs. Empty with a REJECT; an ACCEPT without them is recorded, and its
+        rollouts reach the trainer without validated log-probabilities.
+        """
+
     def __init__(
         self,
         *,
@@ -138,10 +148,11 @@ class SubmitVerdictRequest(_message.Message):
         checks: _abc.Iterable[_validation_pb2.CheckResult] | None = ...,
         validated_rewards: _abc.Iterable[_common_pb2.Reward] | None = ...,
         validated_work: _commitment_pb2.WorkClaim | None = ...,
+        validated_logprobs: _abc.Iterable[_validation_pb2.ValidatedLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["validated_work", b"validated_work"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "validated_logprobs", b"validated_logprobs", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -132,13 +132,13 @@ class CheatingBackend(TorchBackend):
             harness.fake_quantize_int8(model)
         elif self.cheat is Cheat.CHEAP_THEN_PREFILL:
             self._cheap = TorchBackend()
-            self._cheap.attach(cheap_copy(model), device=device, dtype=dtype)
+            self._cheap.attach(
+                cheap_copy(model), device=device, dtype=dtype, eos_token_ids=self.eos_token_ids
+            )
         elif self.cheat is Cheat.EASIER_PROMPTS:
-            from transformers import AutoTokenizer
+            from rollnet.reference.inference.tokenization import CheckpointTokenizer
 
-            loader: Any = AutoTokenizer
-            tokenizer = loader.from_pretrained(model_dir, local_files_only=True)
-            self._easy_prompt = list(tokenizer("1+1=", add_special_tokens=False)["input_ids"])
+            self._easy_prompt = CheckpointTokenizer.load(model_dir).encode("1+1=")
 
     def _reprove(self, generation: Generation, completion: Sequence[int]) -> bytes:
         # What a cheat can always do: an honest prefill over the tokens it wants to claim.

@@ -23,6 +23,7 @@ from google.protobuf import json_format
 from rollnet.reference.cli.errors import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
 from rollnet.reference.cli.option_types import address, network_id, readable_file, seconds
 from rollnet.sdk import (
+    PROTOCOL_VERSION,
     ConnectionConfig,
     Identity,
     RollnetClient,
@@ -114,7 +115,7 @@ async def register_as(client: RollnetClient, identity: Identity, role: int) -> N
         node_service_pb2.RegisterNodeRequest(
             public_key=identity.public_key,
             role=role,  # type: ignore[arg-type]
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            protocol_version=PROTOCOL_VERSION,
             software_version=SOFTWARE_VERSION,
         )
     )

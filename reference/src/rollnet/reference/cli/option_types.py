@@ -81,6 +81,16 @@ def network_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def compute_dtype(text: str) -> str:
+    """A dtype a network may compute in (the names of ``rollnet.sdk.dtypes``)."""
+    from rollnet.reference.coordinator.config import check_compute_dtype
+
+    try:
+        return check_compute_dtype(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def log_level(text: str) -> str:
     """A logging level name, in any case."""
     level = text.upper()

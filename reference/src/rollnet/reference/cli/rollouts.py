@@ -83,7 +83,8 @@ def _request(args: argparse.Namespace) -> int:
 
 
 def rollout_line(accepted: rollout_pb2.AcceptedRollout, *, full: bool) -> dict[str, Any]:
-    """One accepted rollout as JSON-ready data (the whole rollout only when ``full``)."""
+    """One accepted rollout as JSON-ready data (the whole rollout and the validator's
+    log-probabilities of its completion tokens only when ``full``)."""
     rollout = accepted.rollout
     line: dict[str, Any] = {
         "sequence": accepted.sequence,
@@ -100,6 +101,9 @@ def rollout_line(accepted: rollout_pb2.AcceptedRollout, *, full: bool) -> dict[s
     }
     if full:
         line["rollout"] = json_format.MessageToDict(rollout, preserving_proto_field_name=True)
+        # A worker can shade its behaviour_logprobs under the validator's tolerance; these it
+        # cannot (empty when the rollout was accepted without a spot check).
+        line["validated_logprobs"] = list(accepted.validated_logprobs)
     return line
 
 
@@ -198,8 +202,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Print accepted rollouts as JSON Lines, oldest first: sequence, task, node, "
             "checkpoint and rollout step, completion length and validated reward (--full: the "
-            "whole rollout). Stops after --count rollouts, or when none arrived for --idle "
-            "seconds. Resume with --after LAST_SEQUENCE."
+            "whole rollout and the validator's log-probabilities of its tokens). Stops after "
+            "--count rollouts, or when none arrived for --idle seconds. Resume with --after "
+            "LAST_SEQUENCE."
         ),
     )
     stream.add_argument(
@@ -220,5 +225,9 @@ def register(subparsers: Any) -> None:
         type=seconds(0.1, 86_400.0),
         help="stop when no rollout arrived for this many seconds",
     )
-    stream.add_argument("--full", action="store_true", help="include the whole rollout")
+    stream.add_argument(
+        "--full",
+        action="store_true",
+        help="include the whole rollout and the validated log-probabilities of its tokens",
+    )
     stream.set_defaults(handler=_stream)

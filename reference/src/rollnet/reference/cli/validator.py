@@ -10,7 +10,13 @@ from typing import Any
 
 from rollnet.reference.cli import node_options
 from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
-from rollnet.reference.cli.option_types import directory, listen_address, network_id
+from rollnet.reference.cli.option_types import (
+    compute_dtype,
+    directory,
+    listen_address,
+    network_id,
+)
+from rollnet.sdk.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT32
 
 
 def register(subparsers: Any) -> None:
@@ -50,9 +56,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="prefill dtype; selects the calibrated thresholds (default float32)",
+        action="append",
+        type=compute_dtype,
+        default=None,
+        metavar="|".join(COMPUTE_DTYPES),
+        help="a dtype this validator may prefill in (repeatable; default both): each job is "
+        "prefilled in the dtype its task prescribes, with that dtype's calibrated thresholds",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         ValidatorFatalError,
         ValidatorMetrics,
     )
-    from rollnet.sdk.worker import run_until_signalled
+    from rollnet.sdk.node import run_until_signalled
 
     configure_logging(args.log_level)
     node_options.apply(args)
@@ -98,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         network_id=args.network_id,
         device=args.device,
-        dtype=args.dtype,
+        dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else (FLOAT32, BFLOAT16),
         keep_checkpoints=args.keep_checkpoints,
         pull_wait=args.pull_wait,
         reward_time_limit_s=args.reward_time_limit,

@@ -10,7 +10,13 @@ from typing import Any
 
 from rollnet.reference.cli import node_options
 from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
-from rollnet.reference.cli.option_types import directory, network_id, readable_file
+from rollnet.reference.cli.option_types import (
+    compute_dtype,
+    directory,
+    network_id,
+    readable_file,
+)
+from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
 
 
 def register(subparsers: Any) -> None:
@@ -59,7 +65,12 @@ def register(subparsers: Any) -> None:
         "when this machine has no such device",
     )
     parser.add_argument(
-        "--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype"
+        "--dtype",
+        type=compute_dtype,
+        default=FLOAT32,
+        metavar="|".join(COMPUTE_DTYPES),
+        help="dtype to compute in (default float32); must be the network's compute dtype, or "
+        "the coordinator refuses the worker at registration",
     )
     parser.add_argument(
         "--environment",

@@ -18,6 +18,7 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.checkpoints import checkpoint_path_violations
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
@@ -39,20 +40,10 @@ def checkpoint_to_proto(row: CheckpointRow) -> checkpoint_pb2.Checkpoint:
 def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str) -> None:
     v = Violations()
     v.require(manifest.network_id == network_id, "manifest.network_id", f"must be {network_id!r}")
-    v.require(len(manifest.files) > 0, "manifest.files", "must not be empty")
-    seen: set[str] = set()
+    # The SDK's rule, so a manifest published here is one every worker will write to disk.
+    for violation in checkpoint_path_violations([item.path for item in manifest.files]):
+        v.require(False, f"manifest.{violation.field}", violation.description)
     for i, item in enumerate(manifest.files):
-        path = item.path
-        v.require(
-            bool(path)
-            and not path.startswith("/")
-            and ".." not in path.split("/")
-            and "\\" not in path
-            and path not in seen,
-            f"manifest.files[{i}].path",
-            "must be a unique relative '/'-separated path without '..'",
-        )
-        seen.add(path)
         v.require(len(item.content.blake3) == 32, f"manifest.files[{i}].content.blake3", "32 bytes")
         v.require(
             sum(s.size for s in item.shards) == item.content.size,
@@ -167,7 +158,8 @@ class CheckpointDesk:
         return await self.ctx.run_read(work)
 
     async def watch(self, after_step: int) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
-        """Yield each checkpoint newer than ``after_step`` as it is published, forever."""
+        """Yield the newest checkpoint after ``after_step``, then each newer one seen, forever
+        (one superseded between two looks is skipped: only the newest matters to a watcher)."""
         last = after_step
         while True:
             latest = await self.latest()

@@ -8,7 +8,8 @@ Allow-lists, pools and invite tokens are structured and live in the TOML file on
 
 Every value is checked when the configuration is loaded, before anything is created or started:
 addresses are ``HOST:PORT`` with a port in range, allow-lists hold node ids or public keys,
-environments are installed ones, and the data directory is not a file.
+environments are installed ones, the compute dtype is one the protocol names, and the data
+directory is not a file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.addresses import split_host_port
+from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
 
 ENV_PREFIX = "ROLLNET_COORDINATOR_"
 #: Where the sample configuration lives (in the source tree), for messages and ``--help``.
@@ -57,6 +59,8 @@ class CoordinatorConfig:
     #: not a loopback address needs operators to log in (see coordinator.dashboard).
     dashboard_listen: str = ""
     network_id: str = "rollnet-local"
+    #: The dtype the network computes in: what workers generate and validators prefill in.
+    compute_dtype: str = FLOAT32
     key_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -172,6 +176,13 @@ def check_network_id(value: str) -> str:
     return value
 
 
+def check_compute_dtype(value: str) -> str:
+    """``value`` if it is a compute dtype a network may prescribe, else :class:`ValueError`."""
+    if not isinstance(value, str) or value not in COMPUTE_DTYPES:
+        raise ValueError(f"{value!r} is not a compute dtype: one of {', '.join(COMPUTE_DTYPES)}")
+    return value
+
+
 def _listen(value: str) -> str:
     split_host_port(str(value), allow_port_zero=True)
     return str(value)
@@ -231,6 +242,12 @@ OPTIONS: tuple[Option, ...] = (
         "'' disables (default). A non-loopback host requires an operator login",
     ),
     Option("network_id", check_network_id, "network id: the audience every signed call must name"),
+    Option(
+        "compute_dtype",
+        check_compute_dtype,
+        "dtype the network computes in: workers generate and validators prefill in it "
+        "(float32 or bfloat16)",
+    ),
     Option("key_file", _path, "coordinator Ed25519 key (default: DATA_DIR/coordinator.key)"),
     Option("tls_cert", _path, "PEM certificate chain: serve TLS (needs --tls-key)"),
     Option("tls_key", _path, "PEM private key of --tls-cert"),
@@ -484,10 +501,11 @@ def _validate(config: CoordinatorConfig) -> None:
         raise ConfigError("orphan_blob_ttl must exceed lease_duration")
     if config.blob_sweep_interval <= timedelta(0):
         raise ConfigError("blob_sweep_interval must be positive")
-    try:
-        check_network_id(config.network_id)
-    except ValueError as error:
-        raise ConfigError(f"network_id: {error}") from None
+    for name, check in (("network_id", check_network_id), ("compute_dtype", check_compute_dtype)):
+        try:
+            check(getattr(config, name))
+        except ValueError as error:
+            raise ConfigError(f"{name}: {error}") from None
 
 
 def with_overrides(config: CoordinatorConfig, **changes: Any) -> CoordinatorConfig:

@@ -28,14 +28,16 @@ from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.refusal import Refusal
 from rollnet.reference.coordinator.uploads import PendingUploads, block_size
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.verifier import KnownKey
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 0
+# The SDK's protocol version is the one this coordinator serves (any 1.x is admitted).
+PROTOCOL_MAJOR = PROTOCOL_VERSION.major
+PROTOCOL_MINOR = PROTOCOL_VERSION.minor
 
 
 async def run_to_completion(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -29,6 +29,7 @@ from rollnet.reference.coordinator.context import (
     StoredResponse,
     wait_for,
 )
+from rollnet.reference.coordinator.logprobs import max_verdict_bytes
 from rollnet.reference.coordinator.nodes import (
     MAX_CAPABILITY_ITEMS,
     Caller,
@@ -45,6 +46,7 @@ from rollnet.reference.envs.registry import (
     UnknownEnvironmentError,
     load_environment,
 )
+from rollnet.sdk.dtypes import FLOAT32, compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
 
@@ -110,6 +112,9 @@ def task_to_proto(row: Task | LeasedTask, *, state: Any, attempt: int) -> task_p
         checkpoint_step=row.checkpoint_step,
         rollout_step=int(spec["rollout_step"]),
         sampling_seed=row.seed,
+        # Fixed when the task was created: a later change of the network's dtype leaves the
+        # tasks already queued (and their validation) in the dtype they were made for.
+        compute_dtype=compute_dtype_value(spec.get("compute_dtype", FLOAT32)),
         state=state,
         attempt=attempt,
     )
@@ -439,6 +444,16 @@ class Dispatcher:
             "prompts_per_task",
             f"the demand would make more than {MAX_TASKS_PER_REQUEST} tasks",
         )
+        verdict = max_verdict_bytes(
+            min(per_task, request.prompt_count) * request.samples_per_prompt,
+            request.sampling.max_new_tokens,
+        )
+        v.require(
+            verdict <= config.max_message_bytes,
+            "prompts_per_task",
+            f"a task's verdict would need up to {verdict} bytes (4 per completion token for the "
+            f"validator's log-probabilities), over max_message_bytes ({config.max_message_bytes})",
+        )
         v.raise_if_any()
         env_config = json_format.MessageToDict(request.environment_config)
         try:
@@ -494,6 +509,7 @@ class Dispatcher:
                             "samples_per_prompt": request.samples_per_prompt,
                             "rollout_step": request.rollout_step,
                             "environment_config": normalized_config,
+                            "compute_dtype": config.compute_dtype,
                         },
                     )
                 )

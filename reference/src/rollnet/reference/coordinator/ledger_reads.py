@@ -135,11 +135,16 @@ class LedgerDesk:
                     task = tasks.get_task(session, commitment.task_id)
                     verdict = validation.get_verdict_for_commitment(session, commitment.id)
                     rewards = verdict.check_figures.get("validated_rewards", []) if verdict else []
-                    found.append((entry.sequence, (commitment, task, rewards)))
+                    logprobs = (
+                        validation.unpack_logprobs(verdict.validated_logprobs)
+                        if verdict is not None and verdict.validated_logprobs is not None
+                        else []
+                    )
+                    found.append((entry.sequence, (commitment, task, rewards, logprobs)))
                 return found
 
             batch = await self.ctx.run_read(work)
-            for sequence, (commitment, task, rewards) in batch:
+            for sequence, (commitment, task, rewards, logprobs) in batch:
                 entry_after = sequence
                 if task is None or task.checkpoint_step < min_checkpoint_step:
                     continue
@@ -171,6 +176,9 @@ class LedgerDesk:
                                 task_reward=task_reward, length_penalty=penalty, total=total
                             )
                         )
+                    if index < len(logprobs):
+                        # The validator's, never the worker's: see AcceptedRollout.
+                        accepted.validated_logprobs.extend(logprobs[index])
                     yield accepted
             if not batch:
                 if self.ctx.signals.stopping:

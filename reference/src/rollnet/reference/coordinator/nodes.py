@@ -23,6 +23,7 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.heartbeats import HeartbeatBatcher
 from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
+from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
@@ -241,6 +242,17 @@ class NodeRegistry:
         )
         v.raise_if_any()
 
+    def _check_dtypes(self, caps: node_pb2.Capabilities) -> None:
+        """Refuse a node that says which dtypes it runs, none of them the network's: it would
+        do every task's work in a dtype whose proofs fail validation."""
+        dtype = self.ctx.config.compute_dtype
+        if caps.dtypes and dtype not in caps.dtypes:
+            raise Refusal(
+                ErrorReason.COMPUTE_DTYPE_UNSUPPORTED,
+                f"this network computes in {dtype}; the node runs {', '.join(caps.dtypes)}",
+                metadata={"compute_dtype": dtype},
+            )
+
     def _check_hardware(self, hardware: node_pb2.HardwareReport) -> None:
         problems: list[str] = []
         if hardware.cpu_cores > MAX_CPU_CORES:
@@ -301,6 +313,7 @@ class NodeRegistry:
                     "supported_minor": str(PROTOCOL_MINOR),
                 },
             )
+        self._check_dtypes(request.capabilities)
         self._check_hardware(request.hardware)
         role = ROLE_TO_DB[request.role]
         node_id = node_id_from_public_key(request.public_key)
@@ -373,6 +386,7 @@ class NodeRegistry:
             lease_duration=duration(config.lease_duration),
             server_time=timestamp(self.ctx.clock()),
             coordinator_public_key=self.ctx.identity.public_key,
+            compute_dtype=compute_dtype_value(config.compute_dtype),
         )
 
     # ---------------------------------------------------------------- heartbeats

@@ -25,6 +25,7 @@ from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Commitment
 from rollnet.ledger.tasks import TaskTerms
+from rollnet.reference.coordinator import logprobs
 from rollnet.reference.coordinator.blobstore import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -812,6 +813,7 @@ class WorkDesk:
                 f"validated_rewards[{index}]",
                 "must be finite",
             )
+        logprobs.check_values(request.validated_logprobs, request.decision == accept, v)
         v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
@@ -832,6 +834,10 @@ class WorkDesk:
             if accepted and len(request.validated_rewards) != expected:
                 raise invalid(
                     ("validated_rewards", f"must hold {expected} rewards, one per rollout")
+                )
+            if request.validated_logprobs:
+                logprobs.check_shape(
+                    request.validated_logprobs, self._completion_tokens(commitment)
                 )
             validated = request.validated_work
             if accepted and validated.prefill_tokens + validated.decode_tokens > max(
@@ -872,6 +878,11 @@ class WorkDesk:
                 check_figures=figures,
                 awarded_work=units if accepted else 0,
                 now=now,
+                validated_logprobs=(
+                    validation.pack_logprobs(e.logprobs for e in request.validated_logprobs)
+                    if request.validated_logprobs
+                    else None
+                ),
             )
             if outcome is LeaseOutcome.ALREADY_SUBMITTED:
                 raise Refusal(ErrorReason.VERDICT_ALREADY_RECORDED, "the job already has one")
@@ -983,6 +994,17 @@ class WorkDesk:
         else:
             signals.fire(signals.work_available)
         return response
+
+    def _completion_tokens(self, commitment: Commitment) -> list[int]:
+        """Completion tokens of each rollout of a commitment's batch, in order: from the stored
+        commitment (its digests were checked against the batch at submission), or from the
+        batch itself for a commitment stored before migration 0003 kept the record."""
+        if commitment.record is not None:
+            record = commitment_pb2.Commitment.FromString(commitment.record)
+            return [digest.completion_tokens for digest in record.rollouts]
+        _, data = self.ctx.blobs.read_range(bytes.fromhex(commitment.rollout_blob_hash), 0, 0)
+        batch = rollout_pb2.RolloutBatch.FromString(data)
+        return [len(rollout.completion_token_ids) for rollout in batch.rollouts]
 
 
 def _check_to_json(check: validation_pb2.CheckResult) -> dict[str, Any]:

@@ -2,58 +2,39 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from rollnet.sdk.proofs.termination import eos_token_ids
 
 FinishReason = Literal["eos", "length"]
 DType = Literal["float32", "bfloat16"]
 
 
 def eos_token_ids_of(config: Any, generation_config: Any = None) -> frozenset[int]:
-    """The token ids that end a completion: ``config.eos_token_id`` united with
-    ``generation_config.eos_token_id``.
+    """The protocol's EOS rule (:func:`rollnet.sdk.proofs.eos_token_ids`) applied to loaded
+    config objects: ``config.eos_token_id`` united with ``generation_config.eos_token_id``.
 
-    Each may be an int, a list of ints, or None/absent (``generation_config`` itself may be
-    None). Chat checkpoints (Llama-3-Instruct, Qwen2.5-Instruct) list their end-of-turn token in
-    ``generation_config.json`` only, so the model config alone misses it. Every backend derives
-    its EOS set here: a worker and the validator that re-checks its rollouts must agree on it
-    exactly, or honest rollouts are refused (EOS before the end, finish reason mismatch).
+    For models built in memory, which have no files. A checkpoint directory's set is
+    :func:`rollnet.sdk.proofs.checkpoint_eos_token_ids`, read from the JSON files themselves, so
+    that a library's defaults for the model class never add an id the files do not name. Each
+    attribute may be an int, a list of ints, or None/absent (``generation_config`` itself may be
+    None). A worker and the validator that re-checks its rollouts must agree on the set exactly,
+    or honest rollouts are refused (EOS before the end, finish reason mismatch).
     """
-    ids: set[int] = set()
+    documents: list[dict[str, Any] | None] = []
     for source in (config, generation_config):
         value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is None:
-            continue
-        if isinstance(value, int) and not isinstance(value, bool):
-            ids.add(value)
-        elif isinstance(value, list | tuple) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            ids.update(value)
-        else:
-            raise TypeError(f"eos_token_id must be an int, a list of ints or None, not {value!r}")
-    return frozenset(ids)
-
-
-def checkpoint_eos_token_ids(model_dir: str | os.PathLike[str]) -> frozenset[int]:
-    """:func:`eos_token_ids_of` for a local Hugging Face checkpoint directory.
-
-    Reads ``config.json`` and, when present, ``generation_config.json`` through transformers
-    (so class defaults apply exactly as when the model itself is loaded); never downloads.
-    """
-    from transformers import AutoConfig, GenerationConfig  # heavy: only when asked
-
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    generation_config = None
-    if (Path(model_dir) / "generation_config.json").is_file():
-        generation_config = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
-    return eos_token_ids_of(config, generation_config)
+        documents.append(
+            None
+            if source is None
+            else {"eos_token_id": list(value) if isinstance(value, tuple) else value}
+        )
+    return eos_token_ids(documents[0] or {}, documents[1])
 
 
 @dataclass(frozen=True)

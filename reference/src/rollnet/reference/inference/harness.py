@@ -218,7 +218,9 @@ def transformed_backend(
     model = copy.deepcopy(base.model)
     transform(model)
     backend = TorchBackend(**backend_args)  # type: ignore[arg-type]
-    backend.attach(model, device=str(base.device), dtype=base.dtype)
+    backend.attach(
+        model, device=str(base.device), dtype=base.dtype, eos_token_ids=base.eos_token_ids
+    )
     return backend
 
 

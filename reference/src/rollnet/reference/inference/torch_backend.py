@@ -10,9 +10,9 @@ background thread so that decoding continues meanwhile (as prime-rl's TOPLOC cac
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,7 @@ from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.sampling import check_seed
 from rollnet.sdk.proofs.sampling import gumbel_noise as numpy_gumbel_noise
 from rollnet.sdk.proofs.sampling_torch import gumbel_noise
+from rollnet.sdk.proofs.termination import checkpoint_eos_token_ids, finish_reason
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -70,16 +71,32 @@ class TorchBackend:
         """Load a local Hugging Face model directory (never downloads)."""
         loader: Any = AutoModelForCausalLM
         model = loader.from_pretrained(model_dir, dtype=_TORCH_DTYPES[dtype], local_files_only=True)
-        self.attach(model, device=device, dtype=dtype)
+        # The protocol's EOS rule, from the files (as the vLLM backend reads it too).
+        self.attach(
+            model, device=device, dtype=dtype, eos_token_ids=checkpoint_eos_token_ids(model_dir)
+        )
 
-    def attach(self, model: Any, device: str = "cpu", dtype: DType = "float32") -> None:
-        """Use an already constructed model (e.g. one built in memory by a test)."""
+    def attach(
+        self,
+        model: Any,
+        device: str = "cpu",
+        dtype: DType = "float32",
+        eos_token_ids: Collection[int] | None = None,
+    ) -> None:
+        """Use an already constructed model (e.g. one built in memory by a test).
+
+        ``eos_token_ids``: the EOS set (a model copied from a loaded backend passes that
+        backend's); by default the rule applied to the model's own config objects.
+        """
         model = model.to(device=torch.device(device), dtype=_TORCH_DTYPES[dtype]).eval()
         self._model = model
         self.device = torch.device(device)
         self.dtype = dtype
-        # The shared helper: the vLLM backend derives its set the same way, from the checkpoint.
-        self._eos_ids = eos_token_ids_of(model.config, getattr(model, "generation_config", None))
+        self._eos_ids = (
+            frozenset(eos_token_ids)
+            if eos_token_ids is not None
+            else eos_token_ids_of(model.config, getattr(model, "generation_config", None))
+        )
         pad = model.config.pad_token_id
         self._pad_id = int(pad) if pad is not None else min(self._eos_ids, default=0)
         # transformers 5 renamed the forward's cache argument; support both spellings.
@@ -166,7 +183,6 @@ class TorchBackend:
         logprobs = torch.zeros((batch, sampling.max_new_tokens), dtype=torch.float32)
         lengths = np.zeros(batch, dtype=np.int64)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        ended_by_eos = np.zeros(batch, dtype=bool)
         # Commit windows as they fill, in groups of 32: a lone window costs ~0.45 ms of numpy
         # call overhead, 32 together ~0.04 ms each. At batch 1 that is every 1,024 tokens.
         proofs = _ProofWindows(batch, self.proof_threads) if sampling.proofs else None
@@ -198,7 +214,6 @@ class TorchBackend:
                 logprobs[:, step] = logp.cpu()
                 lengths[live_np] += 1
                 hit_eos = live & torch.isin(token, eos)
-                ended_by_eos |= hit_eos.cpu().numpy()
                 finished = finished | hit_eos
                 last_step = step == sampling.max_new_tokens - 1
                 if proofs is not None:
@@ -223,13 +238,17 @@ class TorchBackend:
         results: list[Generation] = []
         for row in range(batch):
             n = int(lengths[row])
-            reason: FinishReason = "eos" if ended_by_eos[row] else "length"
+            completion = tuple(int(t) for t in tokens[row, :n].tolist())
+            # The protocol's rule (an EOS last is "eos" even at exactly max_new_tokens); decoding
+            # stops at the first EOS or the limit, so the rule always has an answer here.
+            reason = finish_reason(completion, self._eos_ids, sampling.max_new_tokens)
+            assert reason is not None, "decoding stopped before EOS and the length limit"
             results.append(
                 Generation(
                     prompt_ids=tuple(int(t) for t in prompts[row]),
-                    completion_ids=tuple(int(t) for t in tokens[row, :n].tolist()),
+                    completion_ids=completion,
                     logprobs=tuple(float(v) for v in logprobs[row, :n].tolist()),
-                    finish_reason=reason,
+                    finish_reason=cast(FinishReason, reason),
                     proof=b"".join(window_proofs[row]),
                     seed=seeds[row] if sampling.gumbel and seeds is not None else None,
                 )

@@ -16,7 +16,7 @@ How it meets the contract:
   what the validator recomputes, so it passes the same thresholds; it costs one extra prefill.
 * **Termination.** The EOS set is the checkpoint's ``config.json`` and
   ``generation_config.json`` EOS ids together, computed by the helper ``TorchBackend`` uses too
-  (:func:`rollnet.reference.inference.base.checkpoint_eos_token_ids`), so a worker and its
+  (:func:`rollnet.sdk.proofs.checkpoint_eos_token_ids`, the protocol's rule), so a worker and its
   validator agree on where completions end. Every request stops on exactly that set:
   ``SamplingParams(stop_token_ids=sorted(set), ignore_eos=True)``; ``ignore_eos`` keeps vLLM
   from also stopping on the tokenizer's own EOS id, which need not be in the set.
@@ -39,7 +39,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,11 +50,11 @@ from rollnet.reference.inference.base import (
     Generation,
     Prefill,
     SamplingParams,
-    checkpoint_eos_token_ids,
 )
 from rollnet.sdk.proofs import toploc
 from rollnet.sdk.proofs.sampling import check_seed
 from rollnet.sdk.proofs.sampling_torch import gumbel_noise
+from rollnet.sdk.proofs.termination import checkpoint_eos_token_ids, finish_reason
 
 
 def _vllm() -> Any:
@@ -175,8 +175,10 @@ class VllmBackend:
             prompts, seeds, processors, outputs, strict=True
         ):
             completion = tuple(int(t) for t in output.outputs[0].token_ids)
-            reason: FinishReason = (
-                "eos" if completion and completion[-1] in self._eos_ids else "length"
+            # The protocol's rule: EOS last means "eos" even at exactly max_new_tokens.
+            reason = cast(
+                FinishReason,
+                finish_reason(completion, self._eos_ids, sampling.max_new_tokens) or "length",
             )
             proof = b""
             if sampling.proofs and completion:

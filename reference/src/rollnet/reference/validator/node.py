@@ -9,13 +9,13 @@ checkpoint is loaded (:class:`~rollnet.reference.validator.checkpoints.Checkpoin
 
 Nothing is lost when a validator dies: the job's lease expires and the coordinator requeues it;
 ``SubmitVerdict`` is idempotent by ``request_id`` and the coordinator keeps one verdict per job.
-:meth:`Validator.request_stop` (SIGTERM/SIGINT via ``rollnet.sdk.worker.run_until_signalled``)
+:meth:`Validator.request_stop` (SIGTERM/SIGINT via ``rollnet.sdk.run_until_signalled``)
 drains: no more pulls, the job in hand is finished and submitted, the node deregisters, ``run``
 returns.
 
-The SDK's :class:`rollnet.sdk.worker.Worker` is built around ``PullTask`` and commitments (its
-retry and heartbeat helpers are private to it), so this runtime keeps its own small loop, reusing
-the SDK's :class:`~rollnet.sdk.worker.Backoff` policy and signed client.
+Registration, heartbeats, commands, back-off and refusals for good are the SDK's node lifecycle,
+:class:`rollnet.sdk.node.NodeSession` (``validator.session``), the same one workers and trainers
+use; this module is the validator's own loop: pull, fetch, judge, submit.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import random
+import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -46,11 +46,21 @@ from rollnet.reference.validator.pipeline import (
     validate_job,
 )
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
-from rollnet.sdk.client import BlobIntegrityError, ConnectionConfig, RollnetClient, TlsConfig
+from rollnet.sdk.client import BlobIntegrityError, RollnetClient, TlsConfig
+from rollnet.sdk.dtypes import BFLOAT16, FLOAT32, compute_dtype_name
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.retry import RetryPolicy, is_retryable
-from rollnet.sdk.worker import DEFAULT_NETWORK_ID, Backoff, default_hardware
+from rollnet.sdk.node import (
+    DEFAULT_NETWORK_ID,
+    PROTOCOL_VERSION,
+    LeaseReport,
+    NodeConfig,
+    NodeFatalError,
+    NodeReport,
+    NodeSession,
+    StopRequested,
+)
+from rollnet.sdk.retry import Backoff
 from rollnet.v1 import (
     common_pb2,
     node_pb2,
@@ -64,32 +74,9 @@ log = get_logger("rollnet.validator")
 
 T = TypeVar("T")
 
-PROTOCOL_VERSION = common_pb2.ProtocolVersion(major=1, minor=0)
 
-# Refusals no retry can fix: the validator stops and says why.
-_FATAL = frozenset(
-    {
-        ErrorReason.NODE_BANNED,
-        ErrorReason.NODE_EJECTED,
-        ErrorReason.ROLE_CONFLICT,
-        ErrorReason.ROLE_NOT_PERMITTED,
-        ErrorReason.ROLE_NOT_ALLOWED,
-        ErrorReason.PROTOCOL_VERSION_UNSUPPORTED,
-        ErrorReason.AUDIENCE_MISMATCH,
-        ErrorReason.KEY_MISMATCH,
-        ErrorReason.INVITE_TOKEN_INVALID,
-    }
-)
-# Refusals after which the coordinator no longer knows this node: register again.
-_REREGISTER = frozenset({ErrorReason.UNKNOWN_KEY, ErrorReason.NODE_DEREGISTERED})
-
-
-class ValidatorFatalError(Exception):
+class ValidatorFatalError(NodeFatalError):
     """The coordinator refused this validator for good (not allow-listed, wrong network, ...)."""
-
-
-class _Stopped(Exception):
-    """A stop was requested while waiting to retry."""
 
 
 class _GaveUp(Exception):
@@ -110,8 +97,10 @@ class ValidatorConfig:
     """``None`` for plaintext (loopback and tests)."""
     device: str = "cpu"
     """Torch device of the prefill model."""
-    dtype: DType = "float32"
-    """Prefill dtype; selects the calibrated thresholds (must match the workers')."""
+    dtypes: tuple[DType, ...] = (FLOAT32, BFLOAT16)
+    """The dtypes this validator may prefill in, named at registration (a network computing in
+    another refuses it). Each job is prefilled in its task's ``compute_dtype`` with that dtype's
+    calibrated thresholds; a job in a dtype not listed here is left for another validator."""
     keep_checkpoints: int = 3
     """Checkpoint versions kept on disk (``async_level + 1``); two stay loaded in memory."""
     pull_wait: float = 20.0
@@ -148,6 +137,20 @@ class Validator:
         self.verdicts_submitted = 0
         """Verdicts the coordinator recorded in this run."""
         self.last_outcome: JobOutcome | None = None
+        self.session = NodeSession(
+            NodeConfig.for_role(
+                config,
+                common_pb2.ROLE_VALIDATOR,
+                capabilities=node_pb2.Capabilities(
+                    backends=["torch"], dtypes=list(config.dtypes), max_concurrent_leases=1
+                ),
+            ),
+            identity,
+            report=self._report,
+            on_leases=self._leases_reported,
+            logger=logging.getLogger("rollnet.validator"),
+        )
+        """The node's registration, heartbeats and stop (shared with every role)."""
         self._models = CheckpointModels(
             CheckpointStore(
                 config.data_dir / "checkpoints",
@@ -155,18 +158,13 @@ class Validator:
                 keep=config.keep_checkpoints,
             ),
             device=config.device,
-            dtype=config.dtype,
         )
         self._environments = EnvironmentCache(
             RewardSandbox(time_limit_s=config.reward_time_limit_s)
         )
-        self._stop = asyncio.Event()
-        self._client: RollnetClient | None = None
-        self._interval = 10.0
         self._lease: task_pb2.Lease | None = None
         self._lease_lost = False
         self._lost = asyncio.Event()
-        self._fatal: ValidatorFatalError | None = None
 
     @property
     def node_id(self) -> str:
@@ -175,80 +173,67 @@ class Validator:
 
     def request_stop(self) -> None:
         """Stop pulling; finish the job in hand, deregister, return from :meth:`run`."""
-        if not self._stop.is_set():
+        if not self.session.stopping:
             log.info("validator_stop_requested")
-        self._stop.set()
+        self.session.request_stop()
 
     @property
     def client(self) -> RollnetClient:
         """The signed client (open while :meth:`run` runs)."""
-        if self._client is None:
-            raise RuntimeError("the validator is not running")
-        return self._client
+        return self.session.client
 
     async def run(self) -> None:
         """Serve until stopped. Raises :class:`ValidatorFatalError` when refused for good."""
-        config = self.config
-        self._client = RollnetClient.connect(
-            ConnectionConfig(
-                target=config.target,
-                network_id=config.network_id,
-                tls=config.tls,
-                timeout=config.call_timeout,
-                retry=RetryPolicy.no_retry(),
-            ),
-            self.identity,
-        )
-        heartbeats: asyncio.Task[None] | None = None
+        session = self.session
         try:
-            try:
-                await self._persist("register", self._register)
-            except _Stopped:
-                return
-            heartbeats = asyncio.create_task(self._heartbeat_loop())
-            await self._pull_loop()
-            if self._fatal is None:
-                await self._deregister()
-        except ValidatorFatalError as error:
-            self._fatal = self._fatal or error
+            if await session.start():
+                await self._pull_loop()
+                await session.deregister("validator stopped")
+        except NodeFatalError:
+            pass  # recorded by the session, raised below as this validator's error
         finally:
-            if heartbeats is not None:
-                heartbeats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeats
-            await self.client.close()
+            await session.close()
             await asyncio.to_thread(self._environments.close)
-        if self._fatal is not None:
-            raise self._fatal
+        if session.fatal is not None:
+            raise ValidatorFatalError(str(session.fatal), session.fatal.reason) from session.fatal
 
     # ---------------------------------------------------------------- plumbing
 
-    def _delay(self, failures: int, retry_after: float | None) -> float:
-        policy = self.config.backoff
-        base = min(policy.maximum, policy.initial * policy.multiplier ** (failures - 1))
-        delay = base * random.uniform(1 - policy.jitter, 1 + policy.jitter)
-        return max(delay, retry_after or 0.0)
+    def _report(self) -> NodeReport:
+        lease = self._lease
+        return NodeReport(
+            activity=(
+                node_service_pb2.ACTIVITY_BUSY
+                if lease is not None
+                else node_service_pb2.ACTIVITY_IDLE
+            ),
+            held_lease_ids=[lease.lease_id] if lease is not None else [],
+            metrics={"busy": 1.0 if lease is not None else 0.0},
+        )
 
-    async def _sleep(self, seconds: float, *, stoppable: bool) -> bool:
-        """Sleep; wake early on stop when ``stoppable``. True when stopped."""
-        if not stoppable:
-            await asyncio.sleep(seconds)
-            return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        return self._stop.is_set()
+    def _prefill_dtype(self, task: task_pb2.Task) -> DType | None:
+        """The dtype to prefill ``task``'s rollouts in, or None when this validator may not."""
+        try:
+            name = compute_dtype_name(task.compute_dtype)
+        except ValueError:
+            return None
+        for dtype in self.config.dtypes:
+            if dtype == name:
+                return dtype
+        return None
 
-    def _fail(self, error: RollnetError | str) -> ValidatorFatalError:
-        message = error if isinstance(error, str) else f"{error.reason}: {error.message}"
-        log.error("validator_refused", detail=message)
-        self._fatal = self._fatal or ValidatorFatalError(message)
-        self.request_stop()
-        return self._fatal
+    def _leases_reported(self, leases: Sequence[LeaseReport]) -> None:
+        lease = self._lease
+        for status in leases:
+            if lease is not None and status.lease_id == lease.lease_id and not status.valid:
+                self._lease_lost = True
+                self._lost.set()
+                log.warning("job_lease_lost", lease_id=lease.lease_id)
 
     async def _fetch(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """:meth:`_persist` for the job in hand's inputs, given up (:class:`_GaveUp`) when the
-        job's lease is lost, or ``drain_timeout`` seconds after a stop request."""
-        fetching = asyncio.ensure_future(self._persist(what, call, stoppable=False))
+        """:meth:`NodeSession.call` for the job in hand's inputs, given up (:class:`_GaveUp`)
+        when the job's lease is lost, or ``drain_timeout`` seconds after a stop request."""
+        fetching = asyncio.ensure_future(self.session.call(what, call, stoppable=False))
         giving_up = asyncio.ensure_future(self._until_given_up())
         try:
             await asyncio.wait({fetching, giving_up}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,7 +251,7 @@ class Validator:
     async def _until_given_up(self) -> None:
         """Returns when the job in hand is to be dropped (see :meth:`_fetch`)."""
         lost = asyncio.ensure_future(self._lost.wait())
-        stop = asyncio.ensure_future(self._stop.wait())
+        stop = asyncio.ensure_future(self.session.wait_stopped())
         try:
             await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not lost.done():
@@ -276,180 +261,39 @@ class Validator:
             lost.cancel()
             stop.cancel()
 
-    async def _persist(
-        self,
-        what: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        stoppable: bool = True,
-        until: float | None = None,
-    ) -> T:
-        """Call until it succeeds, backing off on transient failures and re-registering when
-        forgotten; raises non-transient errors, :class:`ValidatorFatalError`, ``TimeoutError``
-        past ``until`` and :class:`_Stopped` on stop when ``stoppable``."""
-        failures = 0
-        while True:
-            try:
-                return await call()
-            except RollnetError as error:
-                if error.reason in _FATAL:
-                    raise self._fail(error) from error
-                if error.reason in _REREGISTER and what != "register":
-                    await self._register()
-                    retry_after: float | None = 0.0
-                elif is_retryable(error):
-                    retry_after = error.retry_after
-                else:
-                    raise
-                failures += 1
-                delay = self._delay(failures, retry_after)
-                log.warning(
-                    "call_failed_retrying",
-                    call=what,
-                    code=error.code.name,
-                    target=self.config.target,
-                    detail=(error.message or error.reason)[:200],
-                    delay=round(delay, 2),
-                )
-            if until is not None and time.monotonic() + delay > until:
-                raise TimeoutError(f"{what}: gave up")
-            if await self._sleep(delay, stoppable=stoppable):
-                raise _Stopped(what)
-
-    # ---------------------------------------------------------------- registration, heartbeats
-
-    async def _register(self) -> None:
-        config = self.config
-        request = node_service_pb2.RegisterNodeRequest(
-            request_id=uuid.uuid4().hex,
-            public_key=self.identity.public_key,
-            role=common_pb2.ROLE_VALIDATOR,
-            protocol_version=PROTOCOL_VERSION,
-            software_version=config.software_version,
-            capabilities=node_pb2.Capabilities(
-                backends=["torch"], dtypes=[config.dtype], max_concurrent_leases=1
-            ),
-            hardware=default_hardware(),
-        )
-        response = await self.client.nodes.register_node(request)
-        if response.network_id != config.network_id:
-            raise self._fail(
-                f"coordinator serves network {response.network_id!r}, not {config.network_id!r}"
-            )
-        if response.HasField("heartbeat_interval"):
-            self._interval = max(0.05, response.heartbeat_interval.ToTimedelta().total_seconds())
-        log.info("validator_registered", node_id=self.node_id)
-
-    async def _heartbeat_loop(self) -> None:
-        failures = 0
-        while True:
-            jitter = self.config.heartbeat_jitter
-            wait = self._interval * random.uniform(1 - jitter, 1 + jitter)
-            if failures:
-                wait = min(wait, self._delay(failures, None))
-            await asyncio.sleep(wait)
-            try:
-                await self._heartbeat_once()
-                failures = 0
-            except RollnetError as error:
-                failures += 1
-                if error.reason in _FATAL:
-                    self._fail(error)
-                    return
-                if error.reason in _REREGISTER:
-                    with contextlib.suppress(RollnetError):
-                        await self._register()
-                log.warning("heartbeat_failed", code=error.code.name)
-            except Exception:
-                failures += 1
-                log.exception("heartbeat_error")
-
-    async def _heartbeat_once(self) -> None:
-        lease = self._lease
-        if self._stop.is_set():
-            activity = node_service_pb2.ACTIVITY_DRAINING
-        elif lease is not None:
-            activity = node_service_pb2.ACTIVITY_BUSY
-        else:
-            activity = node_service_pb2.ACTIVITY_IDLE
-        response = await self.client.nodes.heartbeat(
-            node_service_pb2.HeartbeatRequest(
-                activity=activity,
-                held_lease_ids=[lease.lease_id] if lease is not None else [],
-                metrics={"busy": 1.0 if lease is not None else 0.0},
-            )
-        )
-        if response.HasField("heartbeat_interval"):
-            self._interval = max(0.05, response.heartbeat_interval.ToTimedelta().total_seconds())
-        for status in response.leases:
-            if lease is not None and status.lease_id == lease.lease_id and not status.valid:
-                self._lease_lost = True
-                self._lost.set()
-                log.warning("job_lease_lost", lease_id=lease.lease_id)
-        for command in response.commands:
-            kind = command.WhichOneof("command")
-            if kind == "drain":
-                log.info("drain_commanded", reason=command.drain.reason)
-                self.request_stop()
-            elif kind == "reregister":
-                with contextlib.suppress(RollnetError):
-                    await self._register()
-
-    async def _deregister(self) -> None:
-        request = node_service_pb2.DeregisterNodeRequest(
-            request_id=uuid.uuid4().hex, reason="validator stopped"
-        )
-        try:
-            await self._persist(
-                "deregister",
-                lambda: self.client.nodes.deregister_node(request),
-                stoppable=False,
-                until=time.monotonic() + self.config.deregister_timeout,
-            )
-        except (RollnetError, TimeoutError, ValidatorFatalError) as error:
-            log.warning("deregister_failed", detail=str(error)[:200])
-            return
-        log.info("validator_deregistered")
-
     # ---------------------------------------------------------------- jobs
 
     async def _pull_loop(self) -> None:
         wait = duration_pb2.Duration()
         wait.FromMilliseconds(int(self.config.pull_wait * 1000))
-        while not self._stop.is_set():
+        session = self.session
+        while not session.stopping:
             # One request id per pull: a retry after a lost answer returns the same lease.
             request = validation_service_pb2.PullValidationJobRequest(
                 request_id=uuid.uuid4().hex, wait=wait
             )
-            pull = asyncio.ensure_future(
-                self._persist(
-                    "pull",
-                    functools.partial(self.client.validation.pull_validation_job, request),
-                )
-            )
-            stop = asyncio.ensure_future(self._stop.wait())
-            await asyncio.wait({pull, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if not pull.done():
-                # Stopping: abandon the long-poll. A job leased in that instant expires and is
-                # requeued; nothing is lost.
-                pull.cancel()
-                with contextlib.suppress(asyncio.CancelledError, _Stopped, RollnetError):
-                    await pull
-                break
             try:
-                response = pull.result()
-            except _Stopped:
+                # Stopping abandons the long-poll. A job leased in that instant expires and is
+                # requeued; nothing is lost.
+                response = await session.unless_stopped(
+                    session.call(
+                        "pull",
+                        functools.partial(self.client.validation.pull_validation_job, request),
+                    )
+                )
+            except StopRequested:
                 break
             except RollnetError as error:
                 log.warning("pull_refused", code=error.code.name, reason=error.reason)
-                if await self._sleep(self._delay(1, None), stoppable=True):
+                if await session.sleep(session.backoff(1)):
                     break
                 continue
+            if response is None:
+                break
             if not response.HasField("job"):
                 self.metrics.queue_empty_polls.inc()
                 retry_after = response.retry_after.ToTimedelta().total_seconds()
-                if await self._sleep(max(0.0, retry_after), stoppable=True):
+                if await session.sleep(max(0.0, retry_after)):
                     break
                 continue
             # The job in hand is finished even when a stop arrives meanwhile (drain).
@@ -474,13 +318,26 @@ class Validator:
                 # Judged from the declared size: the blob is never downloaded or parsed.
                 await self._submit(job, lease, oversized)
                 return
+            dtype = self._prefill_dtype(job.task)
+            if dtype is None:
+                # Not the worker's fault: no verdict; the lease expires and another validator,
+                # one that runs the task's dtype, takes the job.
+                self.metrics.abandoned.labels("dtype_unsupported").inc()
+                log.error(
+                    "job_dtype_unsupported",
+                    job_id=job.job_id,
+                    compute_dtype=job.task.compute_dtype,
+                    dtypes=list(self.config.dtypes),
+                )
+                return
             try:
                 blob = await self._fetch(
                     "get_blob", lambda: self.client.blobs.download(commitment.rollout_batch.blake3)
                 )
                 fetched = time.monotonic()
                 model = await self._fetch(
-                    "checkpoint", lambda: self._models.get(job.task.checkpoint_step, self.client)
+                    "checkpoint",
+                    lambda: self._models.get(job.task.checkpoint_step, dtype, self.client),
                 )
             except _GaveUp as gave_up:
                 # The lease is gone, or a stop came and the inputs did not arrive within
@@ -551,7 +408,7 @@ class Validator:
             job.job_id, lease.lease_id, lease.fencing_token, uuid.uuid4().hex
         )
         try:
-            await self._persist(
+            await self.session.call(
                 "submit_verdict",
                 lambda: self.client.validation.submit_verdict(request),
                 stoppable=False,

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import blake3
 import numpy as np
+import numpy.typing as npt
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
@@ -160,6 +161,10 @@ class JobOutcome:
     validated_rewards: list[common_pb2.Reward] = field(default_factory=list)
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    validated_logprobs: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    """Per rollout in batch order, this validator's log-probability of each completion token
+    under the task's sampling distribution (its prefill's; set when every rollout was
+    prefilled and its log-probability check ran). Sent with an ACCEPT, as float32."""
     notes: list[str] = field(default_factory=list)
     """Human-readable details of batch-level failures (for logs; not sent)."""
 
@@ -201,6 +206,15 @@ class JobOutcome:
             validated_rewards=self.validated_rewards,
             validated_work=commitment_pb2.WorkClaim(
                 prefill_tokens=self.prefill_tokens, decode_tokens=self.decode_tokens
+            ),
+            # The trainer's importance ratios use these, never the worker's numbers.
+            validated_logprobs=(
+                [
+                    validation_pb2.ValidatedLogprobs(logprobs=values.astype(np.float32).tolist())
+                    for values in self.validated_logprobs
+                ]
+                if self.accepted
+                else []
             ),
         )
 
@@ -354,6 +368,8 @@ class _Slot:
     assignment: RolloutAssignment | None = None
     problem: Problem | None = None
     checks: list[validation_pb2.CheckResult] = field(default_factory=list)
+    logprobs: npt.NDArray[np.float64] | None = None
+    """The validator's log-probability of each completion token, once its check computed them."""
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -454,6 +470,9 @@ def _validate_rollouts(
     _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
+    computed = [slot.logprobs for slot in slots]
+    if all(values is not None for values in computed):
+        outcome.validated_logprobs = [values for values in computed if values is not None]
 
 
 LOGITS_BUDGET = 1 << 28
@@ -582,6 +601,7 @@ def _logprobs_check(
             ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MALFORMED, figures, slot.index
         )
     expected = token_logprobs(logits, slot.claim.completion_ids, temperature)
+    slot.logprobs = expected
     error = np.abs(claimed - expected)
     # Written so that NaN fails (the validator's own log-probabilities, from NaN logits).
     worst = float(error.max()) if tokens else 0.0

@@ -28,6 +28,7 @@ from rollnet.reference.envs import (
     load_environment,
 )
 from rollnet.reference.inference.base import DType, Generation, InferenceBackend, SamplingParams
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.errors import RollnetError
@@ -58,9 +59,12 @@ def make_backend(name: str) -> InferenceBackend:
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """Token ids of a prompt as fed to the model: the plain text, no special tokens added.
 
-    Validators rebuild the assigned prompt the same way (the assigned-data check compares ids).
+    ``tokenizer`` is the checkpoint's :class:`CheckpointTokenizer` (its ``tokenizer.json``, the
+    protocol's definition; a transformers tokenizer of the same file gives the same ids for
+    most models). Validators rebuild the assigned prompt the same way (the assigned-data check
+    compares ids).
     """
-    ids: list[int] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids: list[int] = list(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     return ids
@@ -90,7 +94,7 @@ class InferenceGenerator(RolloutGenerator):
         self.dtype = dtype
         self.batch_size = batch_size
         self._backend: InferenceBackend | None = None
-        self._tokenizer: Any = None
+        self._tokenizer: CheckpointTokenizer | None = None
         self._loaded_step = 0
         # One generation at a time on the backend, even if an abandoned one is still unwinding.
         self._backend_lock = threading.Lock()
@@ -119,15 +123,12 @@ class InferenceGenerator(RolloutGenerator):
         return await self.checkpoints.ensure(response.checkpoint, BlobServiceShards(client))
 
     def _load(self, step: int, directory: Path) -> None:
-        from transformers import AutoTokenizer
-
         with self._backend_lock:
             if self._loaded_step == step and self._backend is not None:
                 return
             backend = self._factory()
             backend.load(str(directory), device=self.device, dtype=self.dtype)
-            loader: Any = AutoTokenizer
-            self._tokenizer = loader.from_pretrained(str(directory), local_files_only=True)
+            self._tokenizer = CheckpointTokenizer.load(directory)
             self._backend = backend
             self._loaded_step = step
         log.info("checkpoint_loaded", extra={"step": step})
@@ -143,6 +144,19 @@ class InferenceGenerator(RolloutGenerator):
         self, task: task_pb2.Task, lease: LeaseContext
     ) -> Sequence[rollout_pb2.Rollout]:
         """Fetch and load the checkpoint, then sample, prove and score every completion."""
+        try:
+            wanted = lease.compute_dtype
+        except ValueError as error:
+            wanted = str(error)
+        if wanted != self.dtype:
+            # Refused before any work: validators prefill in the task's dtype, and a rollout
+            # made in another fails their thresholds after all the generation was paid for.
+            lease.cancel(
+                f"task {task.task_id} is to be generated in {wanted}; this worker runs "
+                f"{self.dtype} (--dtype)",
+                give_back=task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED,
+            )
+            raise LeaseLost(lease.cancel_reason)
         try:
             directory = await self._checkpoint_dir(task.checkpoint_step, lease.client)
         except (RollnetError, CheckpointVerificationError) as error:
@@ -189,10 +203,12 @@ class InferenceGenerator(RolloutGenerator):
         generations: Sequence[Generation],
     ) -> list[RewardBreakdown]:
         """Each completion's reward, from the environment's verifier in the reward sandbox."""
+        tokenizer = self._tokenizer
+        assert tokenizer is not None
         items = [
             (
                 problem,
-                self._tokenizer.decode(list(generation.completion_ids), skip_special_tokens=True),
+                tokenizer.decode(generation.completion_ids, skip_special_tokens=True),
                 len(generation.completion_ids),
             )
             for problem, generation in zip(problems, generations, strict=True)

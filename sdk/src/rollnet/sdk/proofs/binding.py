@@ -94,7 +94,8 @@ def tokens_digest(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> b
 
 
 def proof_digest(proof: bytes) -> bytes:
-    """BLAKE3 of a rollout's TOPLOC proof bytes."""
+    """The proof digest (``RolloutDigest.proof_blake3``): the domain-tagged BLAKE3 of a rollout's
+    TOPLOC proof bytes (domain ``rollnet/v1/toploc-proof``), not their plain BLAKE3."""
     return domain_digest(PROOF_DOMAIN, [proof])
 
 

@@ -1,8 +1,18 @@
-"""Termination check: a rollout ends with a probable EOS or at the length limit, never truncated."""
+"""Termination check: a rollout ends with a probable EOS or at the length limit, never truncated.
+
+Also the protocol's two termination rules (docs/protocol.md, "End of sequence"), written once so
+a worker and its validator cannot disagree: which token ids end a completion
+(:func:`eos_token_ids`, :func:`checkpoint_eos_token_ids`) and which finish reason a completion
+has (:func:`finish_reason`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import json
+import os
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +25,76 @@ FINISH_EOS = "eos"
 """Finish reason: the last token is an end-of-sequence token."""
 FINISH_LENGTH = "length"
 """Finish reason: the completion reached ``max_new_tokens``."""
+
+
+def _eos_field(document: Mapping[str, Any], source: str) -> set[int]:
+    value = document.get("eos_token_id")
+    if value is None:
+        return set()
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        # JSON booleans are not token ids, nor are fractions or negative numbers.
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ValueError(
+                f"{source}: eos_token_id must be a token id, a list of token ids or null, "
+                f"not {value!r}"
+            )
+    return set(values)
+
+
+def eos_token_ids(
+    config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
+) -> frozenset[int]:
+    """The token ids that end a completion, from a checkpoint's parsed JSON files.
+
+    The union of the top-level ``eos_token_id`` of ``config.json`` and of
+    ``generation_config.json`` (when the checkpoint has one): each a non-negative integer, a list
+    of them, ``null`` or absent (nothing). Nothing else counts: not the tokenizer's
+    ``eos_token``, not a nested ``text_config``, not a library's defaults for the model class.
+    Chat checkpoints list their end-of-turn token in ``generation_config.json`` only. An empty
+    set is allowed: every completion then runs to ``max_new_tokens``.
+    Raises ``ValueError`` for any other value.
+    """
+    ids = _eos_field(config, "config.json")
+    if generation_config is not None:
+        ids |= _eos_field(generation_config, "generation_config.json")
+    return frozenset(ids)
+
+
+def checkpoint_eos_token_ids(directory: str | os.PathLike[str]) -> frozenset[int]:
+    """:func:`eos_token_ids` of a checkpoint directory (``config.json`` must exist;
+    ``generation_config.json`` may). Raises ``ValueError`` for a file that is not a JSON object."""
+    documents: list[Mapping[str, Any] | None] = []
+    for name, required in (("config.json", True), ("generation_config.json", False)):
+        path = Path(directory) / name
+        if not required and not path.is_file():
+            documents.append(None)
+            continue
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(document, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        documents.append(document)
+    config, generation_config = documents
+    assert config is not None
+    return eos_token_ids(config, generation_config)
+
+
+def finish_reason(
+    completion_ids: Sequence[int], eos_token_ids: Collection[int], max_new_tokens: int
+) -> str | None:
+    """The finish reason a completion must claim, or ``None`` when no reason is right.
+
+    ``"eos"`` when its last token is an EOS token, whatever its length (a completion of exactly
+    ``max_new_tokens`` tokens that ends with EOS is ``"eos"``); ``"length"`` when it has exactly
+    ``max_new_tokens`` tokens and does not end with EOS; ``None`` when it is empty, longer than
+    the limit, or shorter without ending in EOS (truncated). An EOS before the last token is the
+    termination check's business (``EOS_BEFORE_END``), not this function's.
+    """
+    if not completion_ids or len(completion_ids) > max_new_tokens:
+        return None
+    if completion_ids[-1] in eos_token_ids:
+        return FINISH_EOS
+    return FINISH_LENGTH if len(completion_ids) == max_new_tokens else None
 
 
 def eos_probabilities(

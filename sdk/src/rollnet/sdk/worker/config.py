@@ -10,31 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollnet.sdk.client import TlsConfig
-
-DEFAULT_NETWORK_ID = "rollnet-local"
-"""The reference coordinator's default network id."""
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Capped exponential back-off with jitter for calls that must eventually succeed.
-
-    The wait after failure ``n`` (1-based) is ``min(maximum, initial * multiplier**(n-1))``
-    scaled by a random factor in ``[1 - jitter, 1 + jitter]``, and never shorter than a server's
-    ``RetryInfo`` delay. There is no attempt limit: a worker whose coordinator is unreachable keeps
-    trying until it is told to stop.
-    """
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.initial <= 0 or self.maximum < self.initial or self.multiplier < 1:
-            raise ValueError("need 0 < initial <= maximum and multiplier >= 1")
-        if not 0 <= self.jitter < 1:
-            raise ValueError("jitter must be within [0, 1)")
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
+from rollnet.sdk.retry import Backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +33,11 @@ class WorkerConfig:
     environments: tuple[str, ...] = ()
     """Environments this worker serves; empty means any."""
     dtypes: tuple[str, ...] = ()
-    """Numeric formats reported in the capabilities."""
+    """The dtypes this worker computes in (``"float32"``, ``"bfloat16"``), reported in the
+    capabilities. When given, the runtime stops (``WorkerFatalError``) on a network that computes
+    in another, and gives back a task whose ``compute_dtype`` is not among them before the
+    generator sees it (``FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED``). Empty: the generator checks
+    ``LeaseContext.compute_dtype`` itself."""
     max_concurrent_tasks: int = 1
     """Leases held and generated at once."""
     pool: str = ""

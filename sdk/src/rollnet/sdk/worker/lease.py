@@ -6,6 +6,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from rollnet.sdk.dtypes import compute_dtype_name
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import task_pb2, task_service_pb2
 
@@ -67,6 +68,15 @@ class LeaseContext:
     def rollout_count(self) -> int:
         """Rollouts the task asks for: ``len(prompt_ids) * samples_per_prompt``."""
         return len(self.task.prompt_ids) * self.task.samples_per_prompt
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the task must be generated in (``float32`` or ``bfloat16``).
+
+        Raises ``ValueError`` for a dtype this SDK does not know (the runtime gives such a task
+        back before the generator sees it).
+        """
+        return compute_dtype_name(self.task.compute_dtype)
 
     def sampling_seed(self, rollout_index: int) -> int:
         """The Gumbel seed of rollout ``rollout_index`` (``prompt_index * samples + sample``)."""
