@@ -299,6 +299,7 @@ class NodeClient(_ServiceClient):
     _LIST = method_path("NodeService", "ListNodes")
     _EJECT = method_path("NodeService", "EjectNode")
     _BAN = method_path("NodeService", "BanNode")
+    _REINSTATE = method_path("NodeService", "ReinstateNode")
 
     async def register_node(
         self,
@@ -421,6 +422,24 @@ class NodeClient(_ServiceClient):
             self._BAN,
             request,
             node_service_pb2.BanNodeResponse,
+            timeout=timeout,
+            metadata=metadata,
+            retry=retry,
+        )
+
+    async def reinstate_node(
+        self,
+        request: node_service_pb2.ReinstateNodeRequest,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> node_service_pb2.ReinstateNodeResponse:
+        """Undo a node's ejection; it works again from its next heartbeat (operator)."""
+        return await self._unary(
+            self._REINSTATE,
+            request,
+            node_service_pb2.ReinstateNodeResponse,
             timeout=timeout,
             metadata=metadata,
             retry=retry,

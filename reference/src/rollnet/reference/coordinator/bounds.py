@@ -719,6 +719,11 @@ def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
             "node_id": _required(NODE_ID),
             "reason": free_line,
         },
+        "rollnet.v1.ReinstateNodeRequest": {
+            "request_id": REQUEST_ID,
+            "node_id": _required(NODE_ID),
+            "reason": free_line,
+        },
         # ------------------------------------------------------------------ TaskService
         "rollnet.v1.PullTaskRequest": {
             "request_id": REQUEST_ID,

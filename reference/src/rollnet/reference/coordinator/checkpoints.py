@@ -166,4 +166,6 @@ class CheckpointDesk:
                 last = latest.step
                 yield latest
                 continue
+            if self.ctx.signals.stopping:
+                return  # the stream ends; the node watches again, on another replica or later
             await wait_for(self.ctx.signals.checkpoint_published, 1.0)

@@ -80,12 +80,26 @@ class Signals:
     jobs_available: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint_published: asyncio.Event = field(default_factory=asyncio.Event)
     rollouts_accepted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when the coordinator stops: long polls answer "come back later" and streams end at
+    #: once, instead of holding the shutdown for their whole wait (20 s for a PullTask).
+    stopping: bool = False
 
-    @staticmethod
-    def fire(event: asyncio.Event) -> None:
+    def fire(self, event: asyncio.Event) -> None:
         """Wake every waiter once: set, then clear for the next round."""
         event.set()
-        event.clear()
+        if not self.stopping:
+            event.clear()
+
+    def stop(self) -> None:
+        """Wake every waiter, now and from now on (see :attr:`stopping`)."""
+        self.stopping = True
+        for event in (
+            self.work_available,
+            self.jobs_available,
+            self.checkpoint_published,
+            self.rollouts_accepted,
+        ):
+            event.set()
 
 
 @dataclass

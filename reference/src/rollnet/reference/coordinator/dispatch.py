@@ -522,7 +522,7 @@ class Dispatcher:
             if not isinstance(outcome, NoTask):
                 return outcome
             remaining = (loop_deadline - self.ctx.clock()).total_seconds()
-            if remaining <= 0:
+            if remaining <= 0 or self.ctx.signals.stopping:
                 return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
             await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
             # An idle poll costs a read, not a write: lease only when something is queued.

@@ -49,6 +49,7 @@ class _Pending:
     lease_ids: tuple[str, ...]
     interval: timedelta
     future: asyncio.Future[HeartbeatResult]
+    checkpoint_step: int = 0
 
 
 #: Heartbeats queued for the next group commit beyond which the coordinator is behind.
@@ -123,17 +124,22 @@ class HeartbeatBatcher:
         self.lag = LoopLag()
 
     async def submit(
-        self, node_id: str, lease_ids: tuple[str, ...], interval: timedelta
+        self,
+        node_id: str,
+        lease_ids: tuple[str, ...],
+        interval: timedelta,
+        checkpoint_step: int = 0,
     ) -> HeartbeatResult:
         """Queue one heartbeat and wait until its batch is committed.
 
         ``interval`` is the heartbeat interval granted to the node in this reply: its SUSPECT and
-        OFFLINE deadlines are counted from it.
+        OFFLINE deadlines are counted from it. ``checkpoint_step`` is the step the node reported
+        (recorded for the operator's view of checkpoint broadcast).
         """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future))
+        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future, checkpoint_step))
         return await future
 
     @property
@@ -211,6 +217,7 @@ class HeartbeatBatcher:
                     )
                     for p in batch
                 },
+                checkpoint_steps={p.node_id: p.checkpoint_step for p in batch},
             )
             # An ejected, banned or deregistered node's leases were taken back; should it hold
             # one again somehow, its heartbeats do not keep it.

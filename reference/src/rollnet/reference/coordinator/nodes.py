@@ -15,14 +15,14 @@ from rollnet.ledger import nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
 from rollnet.ledger.nodes import NodeStanding
-from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.config import SAMPLE_CONFIG, CoordinatorConfig
 from rollnet.reference.coordinator.context import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
     CoordinatorContext,
 )
 from rollnet.reference.coordinator.heartbeats import HeartbeatBatcher
-from rollnet.reference.coordinator.refusal import Refusal
+from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
@@ -175,7 +175,9 @@ def off_allow_list(
     if allow is None or node_id in allow or public_key.hex() in allow:
         return ""
     return (
-        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list"
+        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list: "
+        f'add "{node_id}" to {role}s = [...] in the coordinator\'s TOML file (--config; sample: '
+        f"{SAMPLE_CONFIG}) and restart it"
     )
 
 
@@ -376,7 +378,7 @@ class NodeRegistry:
             # The back-off hint: a coordinator that is behind asks for heartbeats less often.
             interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
         result = await self.heartbeats.submit(
-            caller.node_id, tuple(request.held_lease_ids), interval
+            caller.node_id, tuple(request.held_lease_ids), interval, request.checkpoint_step
         )
         if not result.known or result.state is None:
             raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
@@ -491,10 +493,19 @@ class NodeRegistry:
 
         return await self.ctx.run_read(work)
 
-    async def remove(self, node_id: str, reason: str, state: NodeState) -> node_pb2.Node:
-        """Eject or ban a node: revoke its leases (tasks requeued) and record why."""
+    async def remove(
+        self, caller: Caller, node_id: str, reason: str, state: NodeState
+    ) -> node_pb2.Node:
+        """Eject or ban a node: revoke its leases (tasks requeued) and record why.
+
+        An operator may not remove itself: it would lock itself out of the very commands that
+        undo it (another operator key can still remove it).
+        """
         if state not in (NodeState.EJECTED, NodeState.BANNED):
             raise ValueError(state)
+        if node_id == caller.node_id:
+            verb = "eject" if state is NodeState.EJECTED else "ban"
+            raise invalid(("node_id", f"an operator cannot {verb} itself"))
         now = self.ctx.clock()
         config = self.ctx.config
 
@@ -517,6 +528,31 @@ class NodeRegistry:
         node = await self.ctx.run_in_transaction(work)
         self.ctx.forget_keys()
         self.ctx.signals.fire(self.ctx.signals.work_available)
+        return node
+
+    async def reinstate(self, node_id: str, reason: str) -> node_pb2.Node:
+        """Undo an ejection: the node goes OFFLINE (ACTIVE at its next heartbeat) with trust,
+        streak and reject count starting afresh. A node that is not ejected is returned as it
+        is (a retry after success changes nothing); a banned one is refused."""
+        now = self.ctx.clock()
+
+        def work(session: Session) -> node_pb2.Node:
+            row = nodes.get_node(session, node_id)
+            if row is None:
+                raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {node_id}")
+            if row.state is NodeState.BANNED:
+                raise Refusal(
+                    ErrorReason.NODE_BANNED, f"node {node_id} is banned, which is for good"
+                )
+            rejects = reject_count(session, node_id)
+            nodes.reinstate_node(
+                session, node_id, reason=f"reinstated: {reason}", rejects=rejects, now=now
+            )
+            session.refresh(row)
+            return node_to_proto(row, rejects)
+
+        node = await self.ctx.run_in_transaction(work)
+        self.ctx.forget_keys()  # its cached state is EJECTED no more
         return node
 
 

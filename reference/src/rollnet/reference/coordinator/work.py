@@ -17,7 +17,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, chain, nodes, tasks, validation
+from rollnet.ledger import artifacts, chain, nodes, overview, tasks, validation
 from rollnet.ledger.artifacts import NewCommitment
 from rollnet.ledger.chain import NewEntry
 from rollnet.ledger.engine import read_only_session
@@ -766,7 +766,7 @@ class WorkDesk:
             if response is not None:
                 return response
             remaining = (deadline - self.ctx.clock()).total_seconds()
-            if remaining <= 0:
+            if remaining <= 0 or self.ctx.signals.stopping:
                 return validation_service_pb2.PullValidationJobResponse(
                     retry_after=duration(config.retry_after)
                 )
@@ -886,6 +886,12 @@ class WorkDesk:
                 # One UPDATE reading the row it writes: a concurrent reject's reset (or another
                 # accept) is never overwritten with a stale streak.
                 nodes.record_accepted(session, commitment.node_id, config.trusted_streak)
+                overview.record_step_rewards(
+                    session,
+                    int(task.sampling.get("rollout_step", 0)),
+                    [(r.task_reward, r.length_penalty, r.total) for r in request.validated_rewards],
+                    now=now,
+                )
             else:
                 tasks.transition_task(
                     session,
@@ -908,7 +914,9 @@ class WorkDesk:
                 )
                 nodes.set_trust(session, commitment.node_id, trust=0.0, accepted_streak=0)
                 rejects = validation.count_rejected_commitments(session, commitment.node_id)
-                if rejects >= config.eject_after_rejects and worker.state not in (
+                # Rejects an operator forgave by reinstating the node do not count again.
+                counted = rejects - worker.rejects_forgiven
+                if counted >= config.eject_after_rejects and worker.state not in (
                     NodeState.BANNED,
                     NodeState.EJECTED,
                 ):
