@@ -1,29 +1,40 @@
 # rollnet developer entry points. Every target installs what it needs into .venv first.
-#   make demo   - the main job: a local swarm on this machine
-#   make test   - the test suite (what CI runs)
+# `make help` lists them.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Where pip takes torch from. Empty: PyPI, which works everywhere. On a machine without a GPU,
+# `make dev-cpu` (or TORCH_INDEX=https://download.pytorch.org/whl/cpu) takes the CPU-only build
+# instead of PyPI's Linux wheel, which pulls in the CUDA libraries (several GB).
+TORCH_INDEX ?=
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+# The browser the dashboard's tests drive (Debian's package; playwright's own download is not used).
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: dev demo test lint codegen check-codegen clean sandbox-tools
+.PHONY: help dev dev-cpu browser sandbox-tools demo test lint codegen check-codegen screenshot clean
+
+help: ## list the targets
+	@echo "rollnet: make TARGET"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 18
+	@echo "After 'make dev', run commands as .venv/bin/rollnet ... or 'source .venv/bin/activate' first."
 
 $(STAMP): requirements/dev.txt sdk/pyproject.toml sdk/hatch_build.py sdk/src/rollnet/sdk/proofs/_field_kernel.c \
 		ledger/pyproject.toml reference/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, from the pinned CPU build, so nothing later pulls a CUDA build.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	# torch first, pinned, so nothing later pulls another build.
+	$(BIN)/python -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements/dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e sdk -e ledger -e reference
 	touch $(STAMP)
 
-dev: $(STAMP) sandbox-tools
+dev: $(STAMP) browser sandbox-tools ## install everything into .venv (torch from PyPI)
 
 # The sandbox for untrusted environment code (rollnet.reference.envs.isolation) needs
 # bubblewrap. Installed here when missing and this is root on Debian (as CI is); otherwise a
 # warning: verifiers and code tasks are then refused, and their tests skipped (failed in CI).
-sandbox-tools:
+sandbox-tools: ## install Debian's bubblewrap for the environment sandbox, when missing
 	@command -v bwrap >/dev/null 2>&1 && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
@@ -33,23 +44,40 @@ sandbox-tools:
 			"cannot be sandboxed (Debian: sudo apt-get install bubblewrap)" >&2; \
 	fi
 
-demo: $(STAMP)
+dev-cpu: ## like dev, with torch's CPU-only build (no CUDA download)
+	$(MAKE) dev TORCH_INDEX=$(CPU_TORCH_INDEX)
+
+browser: ## install Debian's chromium for the dashboard's browser tests, when missing
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (the dashboard's browser tests drive it)"; \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	else \
+		echo "warning: no $(CHROMIUM); the dashboard's browser tests will be skipped" \
+		     "(install Debian's chromium package)"; \
+	fi
+
+demo: $(STAMP) ## the main job: a local swarm on this machine
 	$(BIN)/rollnet demo --data-dir .data/demo
 
-test: $(STAMP) sandbox-tools
+test: $(STAMP) browser sandbox-tools ## the test suite (what CI runs)
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy sdk/src ledger/src reference/src scripts
 
-codegen: $(STAMP)
+codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 from protos/
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/buf generate 2>/dev/null
 
-check-codegen: codegen
+check-codegen: codegen ## fail when the generated code differs from protos/
 	git diff --exit-code -- sdk/src/rollnet/v1
 	test -z "$$(git status --porcelain -- sdk/src/rollnet/v1)"
 
-clean:
+screenshot: $(STAMP) browser ## re-make docs/dashboard.png (the README's screenshot)
+	$(BIN)/python scripts/dashboard_screenshot.py docs/dashboard.png
+
+clean: ## remove .venv and .data
 	rm -rf $(VENV) .data

@@ -4,8 +4,9 @@ Three processes: a bare grpc.aio echo server, the coordinator (``rollnet coordin
 temporary data dir), and this load generator, which simulates many nodes and signs every request
 for real. Heartbeats and lease cycles (pull, small upload, commit) are measured against the
 coordinator; the same number of signed, same-sized unary calls against the echo server gives the
-baseline in the same run. Finally ``--swarm`` nodes heartbeat on a ``--interval`` schedule with
-jitter and the run counts false SUSPECT/OFFLINE transitions.
+baseline in the same run. Then honest heartbeats are measured while a quarter of the nodes send
+heartbeats naming ``--hostile-ids`` bogus lease ids. Finally ``--swarm`` nodes heartbeat on a
+``--interval`` schedule with jitter and the run counts false SUSPECT/OFFLINE transitions.
 
     .venv/bin/python bench/coordinator_load.py                  # defaults: about 2 minutes
     .venv/bin/python bench/coordinator_load.py --swarm 10000 --interval 10 --swarm-seconds 45
@@ -292,6 +293,65 @@ async def bench_heartbeats(
             "heartbeat", await measure(COORDINATOR_PID, seconds, concurrency, beat), seconds
         )
     return echo_run, beat_run
+
+
+async def bench_hostile_heartbeats(
+    coordinator: str, nodes: list[Node], seconds: float, concurrency: int, lease_counts: list[int]
+) -> None:
+    """Honest heartbeats alone, then while a quarter of the nodes send heartbeats naming many
+    bogus lease ids: what one such node costs everybody else (issue 17: 300 heartbeats naming
+    1,024 each pushed honest p99 to 300-500 ms). Above the bound on ``held_lease_ids`` they are
+    refused at the edge; at the bound they are served."""
+    hostile, honest = nodes[: len(nodes) // 4], nodes[len(nodes) // 4 :]
+    async with grpc.aio.insecure_channel(coordinator) as channel:
+        heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
+        body = node_service_pb2.HeartbeatRequest(held_lease_ids=["0" * 32]).SerializeToString()
+
+        async def beat(i: int) -> None:
+            node = honest[i % len(honest)]
+            await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+
+        alone = report(
+            "honest heartbeats alone",
+            await measure(COORDINATOR_PID, seconds, concurrency, beat),
+            seconds,
+        )
+        for count in lease_counts:
+            bogus = node_service_pb2.HeartbeatRequest(
+                held_lease_ids=[f"{i:032x}" for i in range(count)]
+            ).SerializeToString()
+            answers: Counter[str] = Counter()
+            stop = asyncio.Event()
+            attackers = [
+                asyncio.create_task(
+                    _attack(heartbeat, hostile[i % len(hostile)], bogus, stop, answers)
+                )
+                for i in range(concurrency // 4)
+            ]
+            run = report(
+                f"honest, hostile naming {count:,}",
+                await measure(COORDINATOR_PID, seconds, concurrency, beat),
+                seconds,
+            )
+            stop.set()
+            await asyncio.gather(*attackers)
+            print(
+                f"    hostile heartbeats answered: {dict(answers)}; honest throughput "
+                f"{run.count / max(1, alone.count):.2f}x of alone, p99 "
+                f"{percentile(run.latencies, 0.99) / percentile(alone.latencies, 0.99):.2f}x"
+            )
+
+
+async def _attack(
+    heartbeat: Any, node: Node, body: bytes, stop: asyncio.Event, answers: Counter[str]
+) -> None:
+    """Send ``body`` as ``node``'s heartbeat until ``stop``, counting the answers by code."""
+    while not stop.is_set():
+        try:
+            await heartbeat(body, metadata=node.metadata(HEARTBEAT, body), timeout=30)
+            answers["OK"] += 1
+        except grpc.aio.AioRpcError as error:
+            answers[error.code().name] += 1
 
 
 async def keep_alive(channel: grpc.aio.Channel, nodes: list[Node], interval: float) -> None:
@@ -661,6 +721,11 @@ async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: 
         coordinator, echo, nodes, args.seconds, args.concurrency
     )
     ratios("heartbeat", beat_run, echo_run, 0.5)
+    if args.hostile_ids:
+        print(f"hostile heartbeats ({args.concurrency // 4} hostile loops, {args.seconds} s each):")
+        await bench_hostile_heartbeats(
+            coordinator, nodes, args.seconds, args.concurrency, args.hostile_ids
+        )
     print(f"lease cycle ({args.concurrency} in flight, {args.seconds} s):")
     trainer = args.trainer
     echo_run, unary_run, cycle_run = await bench_lease_cycles(
@@ -691,6 +756,13 @@ def main() -> int:
     parser.add_argument("--swarm", type=int, default=10_000)
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--swarm-seconds", type=float, default=45.0)
+    parser.add_argument(
+        "--hostile-ids",
+        type=int,
+        nargs="*",
+        default=[1024, 16],
+        help="bogus lease ids per hostile heartbeat, one phase each (none: skip the phase)",
+    )
     parser.add_argument(
         "--db", default=None, help="coordinator database URL (default: SQLite in a temp dir)"
     )

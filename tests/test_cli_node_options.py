@@ -88,7 +88,7 @@ def test_a_bad_key_or_data_dir_is_a_usage_error(
     a_file.write_text("not a directory")
     key = ["--key", str(tmp_path / "node.key")]
     assert main([command, *coordinator, *key, "--data-dir", str(a_file)]) == 2
-    assert f"--data-dir {a_file} is not a writable directory" in capsys.readouterr().err
+    assert f"--data-dir: {a_file} cannot be a directory: it is a file" in capsys.readouterr().err
     assert main([command, *coordinator, "--key", str(tmp_path), "--data-dir", "d"]) == 2
     assert f"key file {tmp_path}" in capsys.readouterr().err
 

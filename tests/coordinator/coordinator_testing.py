@@ -156,6 +156,10 @@ class Work:
     rollouts: list[rollout_pb2.Rollout]
 
 
+#: Completion tokens of each rollout :func:`make_work` makes (its completion_token_ids).
+COMPLETION_TOKENS = 3
+
+
 def make_work(worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease) -> Work:
     """An honest-looking rollout batch for ``task`` under ``lease``."""
     rollouts = [
@@ -235,16 +239,31 @@ async def pull_and_commit(
 
 
 async def judge_next_job(
-    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH"
+    validator: RollnetClient,
+    accept: bool,
+    reason: str = "EXPONENT_MISMATCH",
+    *,
+    reward: float = 1.0,
+    logprob: float | None = None,
 ) -> validation_service_pb2.SubmitVerdictResponse:
-    """Pull the next validation job (one must be queued) and accept or reject it."""
-    verdict = await try_judge_next_job(validator, accept, reason, wait=5.0)
+    """Pull the next validation job (one must be queued) and accept (every rollout's validated
+    reward ``reward``; with ``logprob``, every completion token's validated log-probability) or
+    reject it."""
+    verdict = await try_judge_next_job(
+        validator, accept, reason, wait=5.0, reward=reward, logprob=logprob
+    )
     assert verdict is not None, "a validation job was queued"
     return verdict
 
 
 async def try_judge_next_job(
-    validator: RollnetClient, accept: bool, reason: str = "EXPONENT_MISMATCH", *, wait: float
+    validator: RollnetClient,
+    accept: bool,
+    reason: str = "EXPONENT_MISMATCH",
+    *,
+    wait: float,
+    reward: float = 1.0,
+    logprob: float | None = None,
 ) -> validation_service_pb2.SubmitVerdictResponse | None:
     """Like :func:`judge_next_job`, but ``None`` when no job came within ``wait`` seconds."""
     seconds = int(wait)
@@ -263,10 +282,16 @@ async def try_judge_next_job(
     )
     if accept:
         request.decision = validation_pb2.Verdict.DECISION_ACCEPT
-        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
+        request.validated_rewards.extend(
+            [common_pb2.Reward(task_reward=reward, total=reward)] * count
+        )
         request.validated_work.CopyFrom(
             commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
         )
+        if logprob is not None:  # make_work's rollouts have COMPLETION_TOKENS tokens each
+            request.validated_logprobs.extend(
+                [validation_pb2.ValidatedLogprobs(logprobs=[logprob] * COMPLETION_TOKENS)] * count
+            )
     else:
         request.decision = validation_pb2.Verdict.DECISION_REJECT
         request.reject_reason = reason

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import blake3
@@ -13,7 +14,17 @@ import grpc
 import numpy as np
 import pytest
 import structlog
-from coordinator_testing import connect, pull, register
+from coordinator_testing import (
+    COMPLETION_TOKENS,
+    NETWORK,
+    connect,
+    judge_next_job,
+    publish_checkpoint,
+    pull,
+    pull_and_commit,
+    register,
+    request_tasks,
+)
 from safetensors.numpy import save_file
 
 from rollnet.reference.checkpoints import (
@@ -25,9 +36,15 @@ from rollnet.reference.checkpoints import (
 )
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
+from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
-from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2, node_service_pb2
+from rollnet.v1 import (
+    checkpoint_pb2,
+    checkpoint_service_pb2,
+    common_pb2,
+    node_pb2,
+    node_service_pb2,
+)
 
 
 async def rollnet(*argv: str) -> int:
@@ -106,7 +123,11 @@ async def test_nodes_commands(
         stranger = _key_file(Identity.generate(), tmp_path / "stranger.key")
         not_operator = [a if a != str(key) else str(stranger) for a in target]
         assert await rollnet("nodes", "list", *not_operator) == 1
-        assert "ROLE_NOT_PERMITTED" in capsys.readouterr().err
+        refused_role = capsys.readouterr().err
+        assert "ROLE_NOT_PERMITTED" in refused_role
+        # The refusal says where the key goes.
+        assert "operators = [...]" in refused_role
+        assert "docs/coordinator.toml" in refused_role
         assert await rollnet("nodes", "list", *target[:3], str(tmp_path / "missing.key")) == 2
     finally:
         await client.close()
@@ -246,10 +267,136 @@ async def test_checkpoint_publish(
         assert "no *.safetensors" in capsys.readouterr().err
         # Step 0 is a valid first step (the demo's); a negative one is a usage error.
         assert await rollnet("checkpoint", "publish", *target, "--step", "-1") == 2
-        assert "--step must be 0 or more" in capsys.readouterr().err
+        assert "--step: -1: step must be 0 or more" in capsys.readouterr().err
     finally:
         await trainer.close()
         await reader.close()
+
+
+def _cli_target(coordinator: Coordinator, identity: Identity, tmp_path: Path) -> list[str]:
+    """The connection options of a CLI command signing with ``identity``'s key."""
+    key = _key_file(identity, tmp_path / f"{identity.node_id}.key")
+    return ["--coordinator", coordinator.address, "--key", str(key), "--network-id", NETWORK]
+
+
+@asynccontextmanager
+async def _working_swarm(
+    coordinator: Coordinator, trainer_identity: Identity, validator_identity: Identity
+) -> AsyncIterator[tuple[Identity, RollnetClient, RollnetClient, RollnetClient]]:
+    """A registered worker, trainer and validator, checkpoint 1 published: (worker identity,
+    and the worker's, trainer's and validator's clients)."""
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        yield worker, client, trainer, validator
+    finally:
+        for each in (client, trainer, validator):
+            await each.close()
+
+
+async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
+    coordinator: Coordinator,
+    operator_identity: Identity,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = _cli_target(coordinator, operator_identity, tmp_path)
+    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
+        worker, client, trainer, validator = swarm
+        await request_tasks(trainer, 4)
+        # Three rejects eject the worker (eject_after_rejects = 3).
+        for _ in range(3):
+            await pull_and_commit(client, worker)
+            await judge_next_job(validator, accept=False)
+        refused = await client.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert refused.node.state == node_pb2.Node.STATE_EJECTED
+
+        # The operator reinstates it: OFFLINE until it heartbeats, then it works again.
+        assert (
+            await rollnet("nodes", "reinstate", worker.node_id, "--reason", "fixed", *target) == 0
+        )
+        assert capsys.readouterr().out.strip() == f"{worker.node_id}: offline (reinstated: fixed)"
+        beat = await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
+        assert beat.state == node_pb2.Node.STATE_ACTIVE
+        # Its earlier rejects are forgiven: one more reject does not eject it again at once.
+        await pull_and_commit(client, worker)
+        await judge_next_job(validator, accept=False)
+        again = await client.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert again.node.state == node_pb2.Node.STATE_ACTIVE
+        # Reinstating a node that is not ejected changes nothing.
+        assert (
+            await rollnet("nodes", "reinstate", worker.node_id, "--reason", "again", *target) == 0
+        )
+        assert capsys.readouterr().out.strip().startswith(f"{worker.node_id}: active")
+
+        # An operator cannot eject or ban itself (it would lock itself out).
+        me = operator_identity.node_id
+        for verb in ("eject", "ban"):
+            assert await rollnet("nodes", verb, me, "--reason", "oops", *target) == 1
+            err = capsys.readouterr().err
+            assert f"INVALID_FIELDS: node_id: an operator cannot {verb} itself" in err
+        assert await rollnet("nodes", "show", me, *target) == 0
+        assert "operator" in capsys.readouterr().out
+
+        # A ban is for good: no reinstating it.
+        assert await rollnet("nodes", "ban", worker.node_id, "--reason", "sybil", *target) == 0
+        capsys.readouterr()
+        assert await rollnet("nodes", "reinstate", worker.node_id, "--reason", "x", *target) == 1
+        assert "NODE_BANNED" in capsys.readouterr().err
+
+
+async def test_rollouts_request_and_stream(
+    coordinator: Coordinator,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Demand and supply without code: the trainer's key asks for rollouts and reads the
+    accepted ones as JSON lines."""
+    target = _cli_target(coordinator, trainer_identity, tmp_path)
+    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
+        worker, client, _trainer, validator = swarm
+        request = ["rollouts", "request", *target, "--prompts", "2", "--samples", "3"]
+        assert await rollnet(*request, "--step", "5", "--max-new-tokens", "8", "--json") == 0
+        created = json.loads(capsys.readouterr().out)
+        assert len(created["task_ids"]) == 2
+        assert created["checkpoint_step"] == 1
+        for _ in range(2):
+            await pull_and_commit(client, worker)
+            await judge_next_job(validator, accept=True, reward=0.5, logprob=-0.75)
+        stream = ["rollouts", "stream", *target, "--count", "6", "--idle", "30"]
+        assert await rollnet(*stream) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(lines) == 6
+        assert {line["task_id"] for line in lines} == set(created["task_ids"])
+        assert {line["rollout_step"] for line in lines} == {5}
+        assert {line["validated_reward"] for line in lines} == {0.5}
+        assert {line["node_id"] for line in lines} == {worker.node_id}
+        # --full: the rollout as the worker sent it, and the validator's log-probabilities (what
+        # a trainer's importance ratios use, not the worker's behaviour_logprobs).
+        assert await rollnet(*stream, "--full") == 0
+        full = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [line["sequence"] for line in full] == [line["sequence"] for line in lines]
+        assert {tuple(line["validated_logprobs"]) for line in full} == {
+            (-0.75,) * COMPLETION_TOKENS
+        }
+        assert {len(line["rollout"]["behaviour_logprobs"]) for line in full} == {COMPLETION_TOKENS}
+        # Resuming after the last sequence: nothing more arrives within --idle.
+        after = ["--after", str(lines[-1]["sequence"]), "--idle", "0.5"]
+        assert await rollnet("rollouts", "stream", *target, *after) == 0
+        assert capsys.readouterr().out == ""
+        # The stream never ends by itself: one of --count and --idle is required.
+        assert await rollnet("rollouts", "stream", *target) == 2
+        assert "--count N, --idle SECONDS" in capsys.readouterr().err
 
 
 def test_a_model_dir_the_protocol_cannot_use_is_refused_before_any_upload(tmp_path: Path) -> None:

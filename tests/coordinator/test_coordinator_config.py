@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from rollnet.reference.coordinator.config import (
     OPTIONS,
     ConfigError,
     load_config,
+    with_overrides,
     write_threads,
 )
 
@@ -22,8 +24,8 @@ network_id = "from-toml"
 max_attempts = 5
 lease_duration = 300
 heartbeat_interval = 7.5
-operators = ["AA00"]
-validators = ["bb11"]
+operators = ["AA00AA00AA00AA00AA00AA00AA00AA00"]
+validators = ["bb11bb11bb11bb11bb11bb11bb11bb11"]
 
 [pools.private]
 invite_tokens = ["sesame", "open"]
@@ -56,8 +58,10 @@ def test_flag_beats_environment_beats_toml_beats_default(tmp_path: Path) -> None
     assert config.lease_duration == timedelta(seconds=300)  # TOML > default
     assert config.heartbeat_interval == timedelta(seconds=7.5)
     assert config.max_leases_per_node == 4  # default
-    assert config.operators == frozenset({"aa00"})  # hex ids are case-insensitive
-    assert config.validators == frozenset({"bb11"})
+    assert config.operators == frozenset(
+        {"aa00aa00aa00aa00aa00aa00aa00aa00"}
+    )  # hex ids are case-insensitive
+    assert config.validators == frozenset({"bb11bb11bb11bb11bb11bb11bb11bb11"})
     assert config.pools["private"].invite_tokens == frozenset({"sesame", "open"})
     assert config.pools[""].invite_only is False
 
@@ -89,6 +93,14 @@ def test_unknown_key_and_bad_values_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tls_cert and tls_key"):
         load_config(tmp_path, flags=_flags(tls_cert="cert.pem"))
 
+    # The compute dtype from every source, and from code (with_overrides) too.
+    with pytest.raises(ConfigError, match=f"{ENV_PREFIX}COMPUTE_DTYPE: .*'fp16' is not a"):
+        load_config(tmp_path, environ={f"{ENV_PREFIX}COMPUTE_DTYPE": "fp16"})
+    config = load_config(tmp_path, flags=_flags(compute_dtype="bfloat16"))
+    assert config.compute_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is not a compute dtype"):
+        with_overrides(config, compute_dtype="float16")
+
 
 def test_cli_reports_config_errors_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -97,7 +109,9 @@ def test_cli_reports_config_errors_with_exit_2(
     config_file.write_text("colour = 'blue'\n")
     code = cli_main(["coordinator", "--data-dir", str(tmp_path), "--config", str(config_file)])
     assert code == 2
-    assert "unknown key 'colour'" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "unknown key 'colour'" in err
+    assert len(err.splitlines()) == 1  # one line on stderr, no traceback
 
 
 def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,6 +126,10 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
         assert flag in text, f"{flag} missing from --help"
         assert option.env in text, f"{option.env} missing from --help"
         assert option.help.split("(")[0].strip() in text
+    # The allow-lists and the other keys only the TOML file sets, and where a sample is.
+    for toml_only in ("validators =", "trainers", "operators", "environments", "[pools.NAME]"):
+        assert toml_only in text
+    assert "docs/coordinator.toml" in text
 
 
 def test_environment_and_sampling_settings_come_from_toml(tmp_path: Path) -> None:
@@ -140,3 +158,22 @@ def test_postgres_write_threads_default_to_cores_plus_one(
     assert write_threads(chosen) == 5
     with pytest.raises(ConfigError, match="database_write_threads"):
         load_config(tmp_path, flags=_flags(database_write_threads="-1"))
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "coordinator.toml"
+
+
+def test_the_sample_configuration_loads_and_names_every_option(tmp_path: Path) -> None:
+    """docs/coordinator.toml (linked from the README, --help and ROLE_NOT_PERMITTED) is a
+    valid configuration as shipped and with every commented option switched on."""
+    text = SAMPLE.read_text()
+    config = load_config(tmp_path, config_file=SAMPLE)
+    assert all((config.validators, config.trainers, config.operators))
+    for option in OPTIONS:
+        assert f"# {option.name} = " in text, f"{option.name} is missing from {SAMPLE.name}"
+    everything = tmp_path / "everything.toml"
+    switched_on = re.sub(r"^# (\w+ = .*?)(  # \(default: none\))?$", r"\1", text, flags=re.M)
+    everything.write_text(switched_on.replace("# [pools.", "[pools.").replace("# invite", "invite"))
+    loaded = load_config(tmp_path, config_file=everything)
+    assert loaded.dashboard_listen == "127.0.0.1:7080"
+    assert loaded.pools["partners"].invite_only

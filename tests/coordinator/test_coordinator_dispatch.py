@@ -541,12 +541,16 @@ async def _lease_holder(coordinator: Coordinator, task_id: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    "environments",
-    [["arithmetic"] * 65, [""], ["x" * 65]],
+    ("environments", "field"),
+    [
+        (["arithmetic"] * 65, "environments"),
+        ([""], "environments[0]"),
+        (["x" * 65], "environments[0]"),
+    ],
     ids=["too-many", "empty-name", "long-name"],
 )
 async def test_a_pull_with_an_absurd_environment_filter_is_refused(
-    coordinator: Coordinator, environments: list[str]
+    coordinator: Coordinator, environments: list[str], field: str
 ) -> None:
     """A pull's filter is bounded like registered capabilities (it shares a batch's query)."""
     worker = Identity.generate()
@@ -558,7 +562,7 @@ async def test_a_pull_with_an_absurd_environment_filter_is_refused(
                 task_service_pb2.PullTaskRequest(environments=environments, wait=Duration())
             )
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert [v.field for v in refused.value.field_violations] == ["environments"]
+        assert [v.field for v in refused.value.field_violations] == [field]
         fine = await client.tasks.pull_task(
             task_service_pb2.PullTaskRequest(environments=["arithmetic"] * 64, wait=Duration())
         )

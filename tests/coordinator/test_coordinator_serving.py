@@ -233,7 +233,11 @@ async def test_a_port_in_use_is_refused_not_shared(
             data_dir=tmp_path / "second",
             database_url=f"sqlite:///{tmp_path / 'second.db'}",
         )
-        with pytest.raises(ConfigError, match=f"cannot serve on 127.0.0.1:{first.port}"):
+        in_use = f"listen 127.0.0.1:{first.port}: cannot listen there: the port is in use"
+        with pytest.raises(ConfigError, match=in_use):
             await start_coordinator(taken)
+        # Refused before the database or the data directory was touched.
+        assert not (tmp_path / "second.db").exists()
+        assert not (tmp_path / "second").exists()
     finally:
         await first.stop(grace=0.5)

@@ -131,7 +131,10 @@ async def test_ejected_nodes_do_no_more_work_and_verdicts_are_checked(
                 _verdict(job, validated_work=commitment_pb2.WorkClaim(prefill_tokens=total + 1)),
                 "validated_work",
             ),
-            (_verdict(job, validated_work=commitment_pb2.WorkClaim(decode_tokens=2**63)), "exceed"),
+            (
+                _verdict(job, validated_work=commitment_pb2.WorkClaim(decode_tokens=2**63)),
+                "validated_work.decode_tokens",
+            ),
             (
                 _verdict(
                     job,

@@ -197,10 +197,27 @@ async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
             "validated_logprobs[0].logprobs",
             "length 4, but rollout 0",
         ),
-        (logprobs(good, [-0.5, math.nan, -0.5]), "validated_logprobs[1].logprobs", "value 1"),
-        (logprobs([-math.inf, -0.5, -0.5], good), "validated_logprobs[0].logprobs", "value 0"),
-        (logprobs(good, [-0.5, -0.5, math.inf]), "validated_logprobs[1].logprobs", "value 2"),
-        (logprobs([0.25, -0.5, -0.5], good), "validated_logprobs[0].logprobs", "at most 0"),
+        # Each value's own bounds (the bounds table, at the edge): finite, at most 0.
+        (
+            logprobs(good, [-0.5, math.nan, -0.5]),
+            "validated_logprobs[1].logprobs[1]",
+            "nan is not finite, at most 0",
+        ),
+        (
+            logprobs([-math.inf, -0.5, -0.5], good),
+            "validated_logprobs[0].logprobs[0]",
+            "-inf is not finite",
+        ),
+        (
+            logprobs(good, [-0.5, -0.5, math.inf]),
+            "validated_logprobs[1].logprobs[2]",
+            "inf is not finite",
+        ),
+        (
+            logprobs([0.25, -0.5, -0.5], good),
+            "validated_logprobs[0].logprobs[0]",
+            "0.25 is not finite, at most 0",
+        ),
     ]
     for entries, field, why in cases:
         error = await refused(validator, verdict_on(job, entries))

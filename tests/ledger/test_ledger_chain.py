@@ -219,7 +219,7 @@ def test_group_commit_appender_batches_concurrent_submissions(
         assert balances(session) == {node: sum(range(per_thread)) for node in sorted(nodes)}
 
 
-def test_group_commit_failure_fails_the_whole_batch(
+def test_group_commit_refuses_a_bad_entry_and_then_closes(
     sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:
     (alice,) = add_nodes(1)
@@ -231,6 +231,31 @@ def test_group_commit_failure_fails_the_whole_batch(
     assert good.sequence == 1
     with pytest.raises(RuntimeError, match="closed"):
         appender.submit(NewEntry(alice, EntryKind.CREDIT, 3))
+
+
+def test_group_commit_failure_fails_only_the_entry_that_broke_the_batch(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    """Entries queued behind a held chain tip share one transaction; one of them breaks it (its
+    node does not exist). That entry fails alone: the batch is appended again in halves."""
+    alice, bob = add_nodes(2)
+    with GroupCommitAppender(sessions) as appender:
+        with sessions.begin() as holder:
+            chain_tip(holder, for_update=True)  # the appender waits for this lock
+            first = appender.submit(NewEntry(alice, EntryKind.CREDIT, 1))
+            queued = [
+                appender.submit(NewEntry(bob, EntryKind.CREDIT, 2)),
+                appender.submit(NewEntry("f" * 32, EntryKind.CREDIT, 3)),  # unknown node
+                appender.submit(NewEntry(alice, EntryKind.CREDIT, 4)),
+                appender.submit(NewEntry(bob, EntryKind.CREDIT, 5, memo="after")),
+            ]
+        with pytest.raises(IntegrityError):
+            queued[1].result(timeout=60)
+        written = [future.result(timeout=60) for future in (first, queued[0], *queued[2:])]
+    assert [entry.sequence for entry in written] == [1, 2, 3, 4]  # in order, no gap
+    assert [entry.amount for entry in written] == [1, 2, 4, 5]
+    with sessions.begin() as session:
+        assert balances(session) == {alice: 5, bob: 7}
 
 
 def test_verification_reads_a_snapshot_without_waiting_for_writers(

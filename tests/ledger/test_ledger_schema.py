@@ -33,6 +33,7 @@ EXPECTED_TABLES = {
     "ledger_entries",
     "ledger_chain_tip",
     "ledger_signed_heads",
+    "step_rewards",
     "idempotency_records",
 }
 

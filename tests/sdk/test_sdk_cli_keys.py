@@ -34,7 +34,7 @@ def test_generate_refuses_to_overwrite_without_force(
     path = tmp_path / "node.key"
     assert main(["keys", "generate", "--out", str(path)]) == 0
     before = path.read_bytes()
-    assert main(["keys", "generate", "--out", str(path)]) == 1
+    assert main(["keys", "generate", "--out", str(path)]) == 2  # an error: one line, exit 2
     assert "--force" in capsys.readouterr().err
     assert path.read_bytes() == before
     assert main(["keys", "generate", "--out", str(path), "--force"]) == 0
@@ -47,5 +47,5 @@ def test_show_refuses_a_world_readable_key(
     path = tmp_path / "node.key"
     Identity.generate().save(path)
     path.chmod(0o644)
-    assert main(["keys", "show", str(path)]) == 1
+    assert main(["keys", "show", str(path)]) == 2
     assert f"chmod 600 {path}" in capsys.readouterr().err

@@ -1,20 +1,25 @@
-"""The README's worker example runs: its generator, fed a stand-in model, gets a receipt."""
+"""The README's worker example runs as written: saved to a file and started with python, it
+registers, leases a task, builds its rollouts with the SDK's helpers and gets a receipt from a
+real coordinator; SIGTERM drains it and it exits 0."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from worker_testing import eventually, request_tasks, start_trainer, worker_config
+from worker_testing import NETWORK, eventually, request_tasks, start_trainer
 
+from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.worker import Worker
-from rollnet.v1 import rollout_pb2, task_pb2
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -27,47 +32,57 @@ def readme_example() -> str:
     return match.group(1)
 
 
-def stand_in_model(
-    task: task_pb2.Task, prompt_index: int, sample_index: int, seed: int
-) -> rollout_pb2.Rollout:
-    return rollout_pb2.Rollout(
-        prompt_index=prompt_index,
-        prompt_id=task.prompt_ids[prompt_index],
-        sample_index=sample_index,
-        prompt_token_ids=[1, 2],
-        completion_token_ids=[3, 0],
-        behaviour_logprobs=[-1.0, -0.5],
-        sampling_seed=seed,
-        finish_reason=rollout_pb2.FINISH_REASON_EOS,
-    )
+def _receipts(outbox: Path) -> int:
+    if not outbox.exists():
+        return 0
+    with sqlite3.connect(outbox) as connection:
+        try:
+            return int(connection.execute("SELECT count(*) FROM receipts").fetchone()[0])
+        except sqlite3.OperationalError:  # the worker has not made its tables yet
+            return 0
 
 
-@pytest.mark.timeout(180)
-async def test_readme_worker_example(
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_readme_worker_example_runs_as_written(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
     tiny_model: Path,
     tmp_path: Path,
 ) -> None:
-    code = readme_example()
-    # Everything up to the lines that would connect to 127.0.0.1:7070 and block.
-    namespace: dict[str, Any] = {"my_model": stand_in_model}
-    exec(compile(code[: code.index("config = WorkerConfig(")], "README.md", "exec"), namespace)
+    (tmp_path / "example.py").write_text(readme_example())
+    # The README's first step: a key made with the CLI.
+    assert (
+        await asyncio.to_thread(
+            cli_main, ["keys", "generate", "--out", str(tmp_path / "worker.key")]
+        )
+        == 0
+    )
     coordinator = await start_coordinator(coordinator_config)
     trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
-    worker = Worker(
-        worker_config(coordinator.address, tmp_path / "w"),
-        Identity.generate(),
-        namespace["MyGenerator"](),
+    env = {**os.environ, "ROLLNET_COORDINATOR": coordinator.address, "ROLLNET_NETWORK_ID": NETWORK}
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "example.py",
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    running = asyncio.create_task(worker.run())
     try:
         await request_tasks(trainer, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="a receipt")
-        worker.request_stop()
-        await asyncio.wait_for(running, 20)
+        outbox = tmp_path / "worker-data" / "outbox.sqlite3"
+
+        def receipt() -> bool:
+            assert worker.returncode is None, "the example exited"
+            return _receipts(outbox) == 1
+
+        await eventually(receipt, within=120, what="the example's first receipt")
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(worker.wait(), 60) == 0
     finally:
-        if not running.done():
-            running.cancel()
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
         await trainer.close()
         await coordinator.stop(grace=0.5)

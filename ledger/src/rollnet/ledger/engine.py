@@ -29,26 +29,93 @@ SQLITE_FILENAME = "rollnet.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
+#: What a database URL looks like, for messages about one that is not.
+URL_FORMS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE"
+
+
+class DatabaseUrlError(ValueError):
+    """A database URL that is malformed or names a database rollnet does not support."""
+
+
+class DatabaseMissingError(LookupError):
+    """The database a read-only tool was pointed at does not exist (nothing was created)."""
+
+
 def database_url(url: str | None, data_dir: Path | str | None = None) -> URL:
     """Resolve the database URL: ``url`` when given, else the SQLite file in ``data_dir``.
 
     ``postgresql://`` is rewritten to ``postgresql+psycopg://`` so psycopg 3 is always the driver.
+    Raises :class:`DatabaseUrlError` for anything but a SQLite or PostgreSQL URL.
     """
     if url is None:
         if data_dir is None:
             raise ValueError("either a database URL or a data directory is required")
         path = Path(data_dir) / SQLITE_FILENAME
         return URL.create("sqlite+pysqlite", database=str(path))
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        raise DatabaseUrlError(f"{url!r} is not a database URL: use {URL_FORMS}") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif parsed.drivername == "sqlite":
         parsed = parsed.set(drivername="sqlite+pysqlite")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise ValueError(
-            f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL"
-        )
+    if parsed.drivername not in ("sqlite+pysqlite", "postgresql+psycopg"):
+        raise DatabaseUrlError(f"unsupported database {parsed.drivername}://: use {URL_FORMS}")
     return parsed
+
+
+def open_existing(url: str) -> Engine:
+    """An engine for a database that must already exist: for tools that only read it.
+
+    A SQLite file that is not there is :class:`DatabaseMissingError` (connecting would create
+    it, and its parent directories); a PostgreSQL database that is not there fails on connect
+    like any other, which :func:`describe_database_error` words.
+    """
+    resolved = database_url(url)
+    if resolved.get_backend_name() == "sqlite":
+        path = Path(resolved.database or "")
+        if not resolved.database or resolved.database == ":memory:":
+            raise DatabaseMissingError(
+                f"{url!r} is an empty in-memory database: use sqlite:///PATH"
+            )
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise DatabaseMissingError(
+                f"no ledger at {path}: the file {what} (a coordinator keeps its ledger in "
+                f"DATA_DIR/{SQLITE_FILENAME}; nothing was created)"
+            )
+    return create_engine(url)
+
+
+def describe_database_error(error: BaseException, url: str | URL | None = None) -> str:
+    """One line saying why the database could not be used, and what to try.
+
+    Reads the driver's own message (psycopg names the host, port and database; SQLite the
+    file) and adds the usual remedy for the common cases: nothing listening, a database that
+    was never created, credentials refused, a file that cannot be opened.
+    """
+    original = getattr(error, "orig", None) or error
+    detail = " ".join(part.strip() for part in str(original).splitlines() if part.strip())
+    where = ""
+    if url is not None:
+        # Never the password: the URL is echoed to terminals and logs.
+        shown = make_url(url) if isinstance(url, str) else url
+        where = f"{shown.render_as_string(hide_password=True)}: "
+    lowered = detail.lower()
+    if "does not exist" in lowered and "database" in lowered:
+        hint = "create it first (createdb, or CREATE DATABASE)"
+    elif "connection refused" in lowered or "could not connect" in lowered:
+        hint = "is the database server running there, and is the host and port right?"
+    elif "password authentication failed" in lowered or "no password supplied" in lowered:
+        hint = "check the user and password in the URL"
+    elif "unable to open database file" in lowered:
+        hint = "check that the directory exists and is writable"
+    elif "file is not a database" in lowered:
+        hint = "the file is not a SQLite database: check the path"
+    else:
+        hint = ""
+    return f"{where}{detail}" + (f" ({hint})" if hint else "")
 
 
 def create_engine(

@@ -4,7 +4,9 @@ Callers on any thread :meth:`GroupCommitAppender.submit` an entry and get a futu
 thread takes everything queued at that moment (up to ``max_batch``), appends it with
 :func:`~rollnet.ledger.chain.append_entries` in a single transaction, then resolves the futures.
 While a batch commits, the next one accumulates, so batches grow with load and latency stays one
-commit. A failed transaction fails every future of its batch and writes none of its entries.
+commit. When a batch's transaction fails, each half of it is appended again in a transaction of
+its own, down to the entry that fails alone: one bad entry (a string PostgreSQL cannot store, say)
+fails its own future only, and the others are written, still in their order.
 """
 
 from __future__ import annotations
@@ -97,17 +99,25 @@ class GroupCommitAppender:
 
     def _commit(self, batch: list[_Pending]) -> None:
         live = [pending for pending in batch if pending.future.set_running_or_notify_cancel()]
-        if not live:
-            return
+        if live:
+            self._append(live)
+
+    def _append(self, live: list[_Pending]) -> None:
         try:
             with self._sessions.begin() as session:
                 appended = append_entries(session, [pending.entry for pending in live])
+        except Exception as exc:
+            if len(live) == 1:
+                live[0].future.set_exception(exc)
+                return
+            middle = len(live) // 2
+            self._append(live[:middle])
+            self._append(live[middle:])
+            return
         except BaseException as exc:  # every caller must learn its entry was not written
             for pending in live:
                 pending.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
+            raise
         self.batches_committed += 1
         for pending, stored in zip(live, appended, strict=True):
             pending.future.set_result(stored)

@@ -6,7 +6,7 @@ natural keys. Enum-valued columns hold short strings (see :mod:`rollnet.ledger.e
 
 Tables: ``nodes``, ``tasks``, ``blobs``, ``commitments``, ``validation_jobs``, ``verdicts``,
 ``checkpoints``, ``ledger_entries``, ``ledger_chain_tip`` (one row: the head every append
-serialises on), ``ledger_signed_heads`` and ``idempotency_records``.
+serialises on), ``ledger_signed_heads``, ``step_rewards`` and ``idempotency_records``.
 """
 
 from __future__ import annotations
@@ -155,6 +155,11 @@ class Node(Base):
     offline_at: Mapped[datetime | None]
     #: Why the node was ejected, banned or deregistered (empty otherwise).
     state_reason: Mapped[str] = mapped_column(Text, default="")
+    #: The checkpoint step the node reported in its last heartbeat (NULL: none reported yet).
+    checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
+    #: Rejected commitments forgiven when an operator reinstated the node after an ejection:
+    #: ejection after repeated rejects counts only the rejects beyond these.
+    rejects_forgiven: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Task(Base):
@@ -393,6 +398,27 @@ class SignedChainHead(Base):
     signer_public_key: Mapped[bytes] = mapped_column(LargeBinary(HASH_LENGTH))
     signature: Mapped[bytes] = mapped_column(LargeBinary(SIGNATURE_LENGTH))
     signed_at: Mapped[datetime]
+
+
+class StepRewards(Base):
+    """Validated rewards of accepted rollouts summed per trainer step (``rollout_step``).
+
+    Kept up to date by every accepting verdict in its own transaction, so the reward curve is
+    a read of one row per step rather than a pass over every verdict's figures.
+    """
+
+    __tablename__ = "step_rewards"
+    __table_args__ = (
+        CheckConstraint("rollout_step >= 0", name="step_non_negative"),
+        CheckConstraint("rollouts >= 0", name="rollouts_non_negative"),
+    )
+
+    rollout_step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    #: Accepted rollouts with a validated reward.
+    rollouts: Mapped[int] = mapped_column(BigInteger)
+    task_reward_sum: Mapped[float] = mapped_column(Float)
+    total_reward_sum: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime]
 
 
 class IdempotencyRecord(Base):

@@ -148,6 +148,15 @@ _REVIVE_WITH_DEADLINES = Prepared(
     _REVIVE_STATEMENT.values(suspect_at=bindparam("suspect"), offline_at=bindparam("offline"))
 )
 _REVIVE = Prepared(_REVIVE_STATEMENT)
+_REVIVE_WITH_DEADLINES_AND_STEP = Prepared(
+    _REVIVE_STATEMENT.values(
+        suspect_at=bindparam("suspect"),
+        offline_at=bindparam("offline"),
+        checkpoint_step=bindparam("step"),
+    )
+)
+#: The largest checkpoint step a node can be recorded at (BIGINT); larger reports are capped.
+MAX_RECORDED_STEP = 2**63 - 1
 _KEYS = Prepared(
     select(_N.id, _N.public_key, _N.role, _N.state).where(
         _N.id.in_(bindparam("ids", expanding=True))
@@ -331,31 +340,71 @@ def record_heartbeats(
     *,
     now: datetime,
     deadlines: Mapping[str, tuple[datetime, datetime]] | None = None,
+    checkpoint_steps: Mapping[str, int] | None = None,
 ) -> dict[str, tuple[NodeState, NodeRole, str]]:
     """Group commit of many heartbeats: one conditional UPDATE, one SELECT.
 
     Revivable nodes (see :data:`HEARTBEAT_REVIVABLE_STATES`) become ACTIVE with ``now`` as their
-    last heartbeat; ejected, banned and deregistered ones are untouched. Returns the state and
+    last heartbeat (and, with ``deadlines`` and ``checkpoint_steps``, the checkpoint step each
+    reported); ejected, banned and deregistered ones are untouched. Returns the state and
     role and state reason of every known node among ``node_ids`` after the update (unknown ids
     are absent).
     """
     ids = sorted(set(node_ids))
     if not ids:
         return {}
-    # Prebuilt statements: one UPDATE per distinct (suspect_at, offline_at) pair (nodes granted
-    # the same interval in the same batch share it), then one SELECT. Not executemany: that would
-    # convert the same timestamps once per node, which costs more than the updates themselves.
-    groups: dict[tuple[datetime, datetime] | None, list[str]] = {}
+    # Prebuilt statements: one UPDATE per distinct (suspect_at, offline_at, step) (nodes granted
+    # the same interval in the same batch, at the same checkpoint, share it: usually all of
+    # them), then one SELECT. Not executemany: that would convert the same timestamps once per
+    # node, which costs more than the updates themselves.
+    groups: dict[tuple[tuple[datetime, datetime] | None, int | None], list[str]] = {}
     for node_id in ids:
-        groups.setdefault(deadlines.get(node_id) if deadlines else None, []).append(node_id)
-    for pair, members in groups.items():
+        pair = deadlines.get(node_id) if deadlines else None
+        step = checkpoint_steps.get(node_id) if checkpoint_steps and pair else None
+        if step is not None:
+            step = min(step, MAX_RECORDED_STEP)
+        groups.setdefault((pair, step), []).append(node_id)
+    for (pair, step), members in groups.items():
         if pair is None:
             _REVIVE.run(session, {"ids": members, "now": now})
-        else:
+        elif step is None:
             _REVIVE_WITH_DEADLINES.run(
                 session, {"ids": members, "now": now, "suspect": pair[0], "offline": pair[1]}
+            )
+        else:
+            _REVIVE_WITH_DEADLINES_AND_STEP.run(
+                session,
+                {
+                    "ids": members,
+                    "now": now,
+                    "suspect": pair[0],
+                    "offline": pair[1],
+                    "step": step,
+                },
             )
     return {
         node_id: (NodeState(state), NodeRole(role), reason or "")
         for node_id, state, role, reason in _STATES.rows(session, {"ids": ids})
     }
+
+
+def reinstate_node(
+    session: Session, node_id: str, *, reason: str, rejects: int, now: datetime
+) -> bool:
+    """Move an EJECTED node to OFFLINE (its next heartbeat makes it ACTIVE): trust and streak
+    start afresh and its ``rejects`` rejected commitments so far are forgiven. Returns whether
+    the node was ejected (anything else is left as it is)."""
+    result = session.execute(
+        update(Node)
+        .where(Node.id == node_id, Node.state == NodeState.EJECTED)
+        .values(
+            state=NodeState.OFFLINE,
+            state_changed_at=now,
+            state_reason=reason[:1000],
+            trust=0.0,
+            accepted_streak=0,
+            rejects_forgiven=rejects,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(result) == 1

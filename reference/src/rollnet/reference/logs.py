@@ -47,9 +47,17 @@ def configure_logging(level: str = "INFO", *, json: bool | None = None) -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
+    # Records from stdlib logging (gRPC, the SDK, log.exception in servers) carry exc_info as
+    # a tuple: the JSON renderer would print its repr. Format it as the traceback's text, as
+    # structlog's own records get it; the console renderer formats tracebacks itself.
+    exceptions: list[Any] = [structlog.processors.format_exc_info] if use_json else []
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_SHARED_PROCESSORS,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            *exceptions,
+            renderer,
+        ],
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)

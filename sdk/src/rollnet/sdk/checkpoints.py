@@ -185,27 +185,24 @@ def checkpoint_path_error(path: str) -> str | None:
     return None
 
 
-def checkpoint_path_violations(paths: Sequence[str]) -> list[PathViolation]:
-    """Every way the file paths of one manifest break the canonical path rule (empty: none).
+def checkpoint_file_count_error(count: int) -> str | None:
+    """Why a manifest naming ``count`` files breaks the path rule (1 to 4096), or ``None``."""
+    if count == 0:
+        return "must name at least one file"
+    if count > MAX_CHECKPOINT_FILES:
+        return f"names {count} files; at most {MAX_CHECKPOINT_FILES}"
+    return None
 
-    Each path must pass :func:`checkpoint_path_error`; the list holds 1 to 4096 paths, no two
-    equal when letters are compared without case (they would be one file on case-insensitive file
-    systems), and no path is a directory of another (``a`` and ``a/b``). Coordinators refuse a
-    manifest that breaks it (``INVALID_FIELDS``, one field violation each, under ``manifest.``),
-    and workers refuse it again before writing a file.
-    """
+
+def checkpoint_path_conflicts(paths: Sequence[str]) -> list[PathViolation]:
+    """The paths, each canonical on its own, that clash with another of the same manifest: two
+    equal when letters are compared without case (one file on case-insensitive file systems), or
+    one lying under another that is a file (``a`` and ``a/b``). Paths that break
+    :func:`checkpoint_path_error` are left out (they are refused for that)."""
     found: list[PathViolation] = []
-    if not paths:
-        found.append(PathViolation(None, "must name at least one file"))
-    elif len(paths) > MAX_CHECKPOINT_FILES:
-        found.append(
-            PathViolation(None, f"names {len(paths)} files; at most {MAX_CHECKPOINT_FILES}")
-        )
     files: dict[str, int] = {}
     for index, path in enumerate(paths):
-        error = checkpoint_path_error(path)
-        if error is not None:
-            found.append(PathViolation(index, error))
+        if checkpoint_path_error(path) is not None:
             continue
         folded = path.lower()
         first = files.setdefault(folded, index)
@@ -226,6 +223,28 @@ def checkpoint_path_violations(paths: Sequence[str]) -> list[PathViolation]:
                     )
                 )
                 break
+    return found
+
+
+def checkpoint_path_violations(paths: Sequence[str]) -> list[PathViolation]:
+    """Every way the file paths of one manifest break the canonical path rule (empty: none).
+
+    The list holds 1 to 4096 paths (:func:`checkpoint_file_count_error`), each must pass
+    :func:`checkpoint_path_error`, and none may clash with another
+    (:func:`checkpoint_path_conflicts`). Coordinators refuse a manifest that breaks it
+    (``INVALID_FIELDS``, one field violation each, under ``manifest.``; the reference
+    coordinator applies these three parts as the bounds of ``CheckpointManifest.files`` and
+    ``CheckpointFile.path``), and workers refuse it again before writing a file.
+    """
+    found: list[PathViolation] = []
+    count_error = checkpoint_file_count_error(len(paths))
+    if count_error is not None:
+        found.append(PathViolation(None, count_error))
+    for index, path in enumerate(paths):
+        error = checkpoint_path_error(path)
+        if error is not None:
+            found.append(PathViolation(index, error))
+    found.extend(checkpoint_path_conflicts(paths))
     return found
 
 
@@ -352,6 +371,8 @@ __all__ = [
     "CheckpointVerificationError",
     "PathViolation",
     "ShardSource",
+    "checkpoint_file_count_error",
+    "checkpoint_path_conflicts",
     "checkpoint_path_error",
     "checkpoint_path_violations",
     "verify_checkpoint",

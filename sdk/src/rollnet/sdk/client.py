@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import blake3
 import grpc
+from google.protobuf import duration_pb2
 
 from rollnet.sdk.errors import from_rpc_error
 from rollnet.sdk.identity import Identity
@@ -276,10 +277,16 @@ def _metadata(metadata: Metadata | None) -> tuple[tuple[str, str], ...] | None:
     return tuple(metadata) if metadata else None
 
 
-def _long_poll_timeout(default: float | None, wait_seconds: float) -> float | None:
+# The longest wait a request may carry (docs/protocol.md, "Bounds on every field"); a longer one
+# is the server's to refuse, and must not overflow the deadline computed here first.
+_MAX_WAIT = 86_400.0
+
+
+def _long_poll_timeout(default: float | None, wait: duration_pb2.Duration) -> float | None:
     if default is None:
         return None
-    return max(default, wait_seconds + _LONG_POLL_MARGIN)
+    seconds = min(max(wait.seconds + wait.nanos / 1e9, 0.0), _MAX_WAIT)
+    return max(default, seconds + _LONG_POLL_MARGIN)
 
 
 class NodeClient(_ServiceClient):
@@ -292,6 +299,7 @@ class NodeClient(_ServiceClient):
     _LIST = method_path("NodeService", "ListNodes")
     _EJECT = method_path("NodeService", "EjectNode")
     _BAN = method_path("NodeService", "BanNode")
+    _REINSTATE = method_path("NodeService", "ReinstateNode")
 
     async def register_node(
         self,
@@ -419,6 +427,24 @@ class NodeClient(_ServiceClient):
             retry=retry,
         )
 
+    async def reinstate_node(
+        self,
+        request: node_service_pb2.ReinstateNodeRequest,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> node_service_pb2.ReinstateNodeResponse:
+        """Undo a node's ejection; it works again from its next heartbeat (operator)."""
+        return await self._unary(
+            self._REINSTATE,
+            request,
+            node_service_pb2.ReinstateNodeResponse,
+            timeout=timeout,
+            metadata=metadata,
+            retry=retry,
+        )
+
 
 class TaskClient(_ServiceClient):
     """``rollnet.v1.TaskService``: leases on rollout tasks (worker role)."""
@@ -443,9 +469,7 @@ class TaskClient(_ServiceClient):
             timeout=timeout,
             metadata=metadata,
             retry=retry,
-            default_timeout=_long_poll_timeout(
-                self._timeout, request.wait.ToTimedelta().total_seconds()
-            ),
+            default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
     async def report_progress(
@@ -681,9 +705,7 @@ class ValidationClient(_ServiceClient):
             timeout=timeout,
             metadata=metadata,
             retry=retry,
-            default_timeout=_long_poll_timeout(
-                self._timeout, request.wait.ToTimedelta().total_seconds()
-            ),
+            default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
     async def submit_verdict(

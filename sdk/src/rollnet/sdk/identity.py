@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -24,6 +25,8 @@ NODE_ID_DOMAIN = b"rollnet-node-id-v1"
 
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64
+#: A PKCS#8 PEM Ed25519 key is 119 bytes; anything much larger is not one (and is not read whole).
+_MAX_KEY_FILE_BYTES = 64 * 1024
 
 
 class KeyFileError(Exception):
@@ -111,17 +114,33 @@ class Identity:
         """
         file = Path(path)
         try:
-            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NONBLOCK: a FIFO given as a key file is refused below instead of blocking here.
+            flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+            fd = os.open(file, flags)
         except OSError as exc:
-            raise KeyFileError(f"cannot open key file {file}: {exc.strerror}") from exc
+            hint = " (create one with: rollnet keys generate --out FILE)"
+            missing = exc.errno == errno.ENOENT
+            raise KeyFileError(
+                f"cannot open key file {file}: {exc.strerror}{hint if missing else ''}"
+            ) from exc
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            # A directory opens for reading on Linux; Python's file object then fails with EISDIR.
+            os.close(fd)
+            what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise KeyFileError(f"key file {file} is {what}: name the key file itself")
         with os.fdopen(fd, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
             if os.name == "posix" and mode & 0o077:
                 raise KeyFileError(
                     f"key file {file} is accessible by group or others "
                     f"(mode {stat.S_IMODE(mode):04o}); run: chmod 600 {file}"
                 )
-            pem = handle.read()
+            try:
+                pem = handle.read(_MAX_KEY_FILE_BYTES + 1)
+            except OSError as exc:
+                raise KeyFileError(f"cannot read key file {file}: {exc.strerror}") from exc
+        if len(pem) > _MAX_KEY_FILE_BYTES:
+            raise KeyFileError(f"key file {file} is not an unencrypted PKCS#8 PEM key (too large)")
         try:
             key = serialization.load_pem_private_key(pem, password=None)
         except (ValueError, TypeError) as exc:

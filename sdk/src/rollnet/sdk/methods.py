@@ -81,6 +81,7 @@ _DEFAULT_POLICY: dict[tuple[str, str], frozenset[int]] = {
     ("NodeService", "ListNodes"): frozenset({_O}),
     ("NodeService", "EjectNode"): frozenset({_O}),
     ("NodeService", "BanNode"): frozenset({_O}),
+    ("NodeService", "ReinstateNode"): frozenset({_O}),
     ("TaskService", "PullTask"): frozenset({_W}),
     ("TaskService", "ReportProgress"): frozenset({_W}),
     ("TaskService", "FailTask"): frozenset({_W}),

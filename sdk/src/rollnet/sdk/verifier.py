@@ -9,6 +9,12 @@ Plug it into any ``grpc.aio`` server::
 It rebuilds each method handler so the request deserializer sees the raw bytes received, checks the
 signing headers against them, and only then parses the message with the original deserializer
 and runs the handler. Handlers read the verified caller with :func:`current_caller`.
+
+Given ``max_message_bytes``, it first refuses a message over that size with RESOURCE_EXHAUSTED /
+``MESSAGE_TOO_LARGE`` (an ``ErrorInfo`` naming the cap), every message of a client stream as it
+arrives. gRPC's own limit (``grpc.max_receive_message_length``) answers RESOURCE_EXHAUSTED with
+no details before any handler runs, so set it above this cap (twice it, say): only messages
+beyond gRPC's limit then go without the rich error.
 """
 
 from __future__ import annotations
@@ -222,6 +228,9 @@ class VerifierConfig:
     """Method path prefixes served without any signature (health, reflection)."""
     clock: Callable[[], float] = time.time
     """Unix time in seconds (tests inject a fixed one)."""
+    max_message_bytes: int | None = None
+    """Largest request message accepted (``None``: no cap beyond gRPC's own); a larger one is
+    refused with RESOURCE_EXHAUSTED / ``MESSAGE_TOO_LARGE`` before its signature is checked."""
 
 
 class WrapperCache:
@@ -348,6 +357,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return self._wrap_unary_request(handler, method)
 
     async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> Caller:
+        cap = self.config.max_message_bytes
+        if cap is not None and len(body) > cap:
+            await _refuse_size(context, len(body), cap)
         try:
             caller = await self.verify(method, metadata, body)
         except VerificationError as exc:
@@ -414,7 +426,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def parsed() -> AsyncIterator[Any]:
                 if first is not None:
                     yield await _parse(deserialize, first, context)
+                cap = self.config.max_message_bytes
                 async for raw in iterator:
+                    if cap is not None and len(raw) > cap:
+                        await _refuse_size(context, len(raw), cap)
                     yield await _parse(deserialize, raw, context)
 
             return parsed()
@@ -446,6 +461,16 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return grpc.stream_stream_rpc_method_handler(
             behavior, response_serializer=handler.response_serializer
         )
+
+
+async def _refuse_size(context: Any, size: int, cap: int) -> None:
+    await abort(
+        context,
+        REASON_CODES[ErrorReason.MESSAGE_TOO_LARGE],
+        ErrorReason.MESSAGE_TOO_LARGE,
+        f"message of {size:,} bytes exceeds the cap of {cap:,} bytes",
+        metadata={"max_message_bytes": str(cap), "message_bytes": str(size)},
+    )
 
 
 def _identity(raw: bytes) -> bytes:

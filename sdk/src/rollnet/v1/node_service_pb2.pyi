@@ -683,3 +683,59 @@ class BanNodeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BanNodeResponse: _TypeAlias = BanNodeResponse  # noqa: Y015
+
+@_typing.final
+class ReinstateNodeRequest(_message.Message):
+    """Request of NodeService.ReinstateNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Idempotency key."""
+    node_id: _builtins.str
+    """The ejected node to reinstate. A node that is not ejected is returned unchanged; a banned
+    node is refused (NODE_BANNED).
+    """
+    reason: _builtins.str
+    """Why (recorded on the node)."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReinstateNodeRequest: _TypeAlias = ReinstateNodeRequest  # noqa: Y015
+
+@_typing.final
+class ReinstateNodeResponse(_message.Message):
+    """Response of NodeService.ReinstateNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def node(self) -> _node_pb2.Node:
+        """The node after reinstatement: OFFLINE until its next heartbeat makes it ACTIVE."""
+
+    def __init__(
+        self,
+        *,
+        node: _node_pb2.Node | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["node", b"node"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReinstateNodeResponse: _TypeAlias = ReinstateNodeResponse  # noqa: Y015

@@ -70,6 +70,11 @@ class NodeServiceStub:
                 request_serializer=rollnet_dot_v1_dot_node__service__pb2.BanNodeRequest.SerializeToString,
                 response_deserializer=rollnet_dot_v1_dot_node__service__pb2.BanNodeResponse.FromString,
                 _registered_method=True)
+        self.ReinstateNode = channel.unary_unary(
+                '/rollnet.v1.NodeService/ReinstateNode',
+                request_serializer=rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeRequest.SerializeToString,
+                response_deserializer=rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -125,6 +130,14 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReinstateNode(self, request, context):
+        """Undoes an ejection: the node may register, heartbeat and take work again, with its trust
+        and reject count starting afresh (operator). Banned nodes stay banned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +175,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.BanNode,
                     request_deserializer=rollnet_dot_v1_dot_node__service__pb2.BanNodeRequest.FromString,
                     response_serializer=rollnet_dot_v1_dot_node__service__pb2.BanNodeResponse.SerializeToString,
+            ),
+            'ReinstateNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReinstateNode,
+                    request_deserializer=rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeRequest.FromString,
+                    response_serializer=rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +372,33 @@ class NodeService:
             '/rollnet.v1.NodeService/BanNode',
             rollnet_dot_v1_dot_node__service__pb2.BanNodeRequest.SerializeToString,
             rollnet_dot_v1_dot_node__service__pb2.BanNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReinstateNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollnet.v1.NodeService/ReinstateNode',
+            rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeRequest.SerializeToString,
+            rollnet_dot_v1_dot_node__service__pb2.ReinstateNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,10 @@ class NodeServiceStub:
     """Ejects a node: its leases are revoked and it may not take work (operator)."""
     BanNode: _grpc.UnaryUnaryMultiCallable[_node_service_pb2.BanNodeRequest, _node_service_pb2.BanNodeResponse]
     """Bans a node's key for good (operator)."""
+    ReinstateNode: _grpc.UnaryUnaryMultiCallable[_node_service_pb2.ReinstateNodeRequest, _node_service_pb2.ReinstateNodeResponse]
+    """Undoes an ejection: the node may register, heartbeat and take work again, with its trust
+    and reject count starting afresh (operator). Banned nodes stay banned.
+    """
 
 @_typing.type_check_only
 class NodeServiceAsyncStub(NodeServiceStub):
@@ -67,6 +71,10 @@ class NodeServiceAsyncStub(NodeServiceStub):
     """Ejects a node: its leases are revoked and it may not take work (operator)."""
     BanNode: _aio.UnaryUnaryMultiCallable[_node_service_pb2.BanNodeRequest, _node_service_pb2.BanNodeResponse]  # type: ignore[assignment]
     """Bans a node's key for good (operator)."""
+    ReinstateNode: _aio.UnaryUnaryMultiCallable[_node_service_pb2.ReinstateNodeRequest, _node_service_pb2.ReinstateNodeResponse]  # type: ignore[assignment]
+    """Undoes an ejection: the node may register, heartbeat and take work again, with its trust
+    and reject count starting afresh (operator). Banned nodes stay banned.
+    """
 
 class NodeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Admission and liveness of nodes."""
@@ -126,5 +134,15 @@ class NodeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_node_service_pb2.BanNodeResponse, _abc.Awaitable[_node_service_pb2.BanNodeResponse]]:
         """Bans a node's key for good (operator)."""
+
+    @_abc_1.abstractmethod
+    def ReinstateNode(
+        self,
+        request: _node_service_pb2.ReinstateNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_service_pb2.ReinstateNodeResponse, _abc.Awaitable[_node_service_pb2.ReinstateNodeResponse]]:
+        """Undoes an ejection: the node may register, heartbeat and take work again, with its trust
+        and reject count starting afresh (operator). Banned nodes stay banned.
+        """
 
 def add_NodeServiceServicer_to_server(servicer: NodeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

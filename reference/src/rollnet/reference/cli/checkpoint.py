@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from rollnet.reference.cli.nodes import EXIT_OK, EXIT_USAGE, connection_arguments, run_with_client
+from rollnet.reference.cli.errors import CliError
+from rollnet.reference.cli.nodes import EXIT_OK, connection_arguments, run_with_client
+from rollnet.reference.cli.option_types import whole
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.v1 import common_pb2
 
@@ -24,18 +25,10 @@ _MIB = 1024 * 1024
 def _publish(args: argparse.Namespace) -> int:
     from rollnet.reference.checkpoints import CheckpointDirError, model_files, publish_model_dir
 
-    if args.step < 0:
-        # 0 is a valid first step (the demo publishes the initial model as checkpoint 0).
-        print("rollnet checkpoint publish: --step must be 0 or more", file=sys.stderr)
-        return EXIT_USAGE
-    if args.shard_mib <= 0:
-        print("rollnet checkpoint publish: --shard-mib must be positive", file=sys.stderr)
-        return EXIT_USAGE
     try:
         model_files(args.model)
     except CheckpointDirError as error:
-        print(f"rollnet checkpoint publish: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise CliError(str(error)) from None
 
     async def action(client: RollnetClient, identity: Identity) -> int:
         published = await publish_model_dir(
@@ -68,6 +61,16 @@ def _publish(args: argparse.Namespace) -> int:
     return run_with_client(args, "checkpoint publish", common_pb2.ROLE_TRAINER, action)
 
 
+def _shard_mib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not (value <= 2048 and int(value * _MIB) >= 1):  # NaN fails the comparisons too
+        raise argparse.ArgumentTypeError(f"{text}: a shard is one byte to 2048 MiB")
+    return value
+
+
 def register(subparsers: Any) -> None:
     """Add the ``checkpoint`` command group."""
     parser = subparsers.add_parser(
@@ -88,10 +91,17 @@ def register(subparsers: Any) -> None:
         ),
     )
     publish.add_argument("--model", required=True, type=Path, metavar="DIR", help="model dir")
-    publish.add_argument("--step", required=True, type=int, metavar="N", help="checkpoint step")
+    publish.add_argument(
+        "--step",
+        required=True,
+        # 0 is a valid first step (the initial model is published as checkpoint 0).
+        type=whole("step", minimum=0, maximum=2**63 - 1),
+        metavar="N",
+        help="checkpoint step (0 for the initial model; steps must increase)",
+    )
     publish.add_argument(
         "--shard-mib",
-        type=float,
+        type=_shard_mib,
         default=64.0,
         metavar="MIB",
         help="shard size in MiB (default 64)",

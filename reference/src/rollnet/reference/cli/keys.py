@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from rollnet.reference.cli.errors import CliError
+from rollnet.reference.cli.option_types import output_file
 from rollnet.sdk import Identity, KeyFileError
 from rollnet.sdk.identity import b64url_encode
 
@@ -25,20 +26,14 @@ def _generate(args: argparse.Namespace) -> int:
         identity.save(args.out, overwrite=args.force)
     except KeyFileError as exc:
         hint = " (pass --force to replace it)" if "already exists" in str(exc) else ""
-        print(f"rollnet keys generate: {exc}{hint}", file=sys.stderr)
-        return 1
+        raise CliError(f"{exc}{hint}") from None
     print(f"wrote {args.out} (mode 0600)")
     print(_describe(identity))
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    try:
-        identity = Identity.load(args.file)
-    except KeyFileError as exc:
-        print(f"rollnet keys show: {exc}", file=sys.stderr)
-        return 1
-    print(_describe(identity))
+    print(_describe(Identity.load(args.file)))  # a KeyFileError is worded by the CLI
     return 0
 
 
@@ -49,7 +44,12 @@ def register(subparsers: Any) -> None:
     generate = commands.add_parser(
         "generate", help="write a new key (PKCS#8 PEM, mode 0600) and print its node id"
     )
-    generate.add_argument("--out", required=True, help="key file to write")
+    generate.add_argument(
+        "--out",
+        required=True,
+        type=output_file,
+        help="key file to write (its directory must exist)",
+    )
     generate.add_argument("--force", action="store_true", help="replace an existing file")
     generate.set_defaults(handler=_generate)
     show = commands.add_parser("show", help="print a key file's node id and public key")

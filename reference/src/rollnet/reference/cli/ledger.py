@@ -3,17 +3,23 @@
 ``verify`` recomputes every entry hash and checks every signed chain head, from a database or
 from an export file, without trusting the coordinator; it exits 1 naming the first bad sequence
 number when anything was tampered with, and 2 when the input cannot be read at all.
+
+These commands only read: a database that does not exist is an error, never created (a SQLite
+URL naming a missing file would otherwise make an empty database, and its directories, there).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-EXIT_OK = 0
+from rollnet.reference.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from rollnet.reference.cli.option_types import database_url, output_file, readable_file, whole
+
 EXIT_TAMPERED = 1
-EXIT_UNREADABLE = 2
+EXIT_UNREADABLE = EXIT_ERROR
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +27,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "ledger",
         help="verify, export and total the contribution ledger",
-        description="Verify, export and total the hash-chained contribution ledger.",
+        description=(
+            "Verify, export and total the hash-chained contribution ledger. The coordinator's "
+            "SQLite ledger is DATA_DIR/rollnet.db: --db sqlite:///DATA_DIR/rollnet.db. These "
+            "commands only read; a missing database is an error, never created."
+        ),
     )
     commands = parser.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND", required=True)
 
@@ -35,8 +45,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     source = verify.add_mutually_exclusive_group(required=True)
-    source.add_argument("--db", metavar="URL", help="database URL (sqlite:///… or postgresql://…)")
-    source.add_argument("--export", metavar="FILE", help="JSON Lines file from 'ledger export'")
+    source.add_argument(
+        "--db",
+        metavar="URL",
+        type=database_url,
+        help="database URL (sqlite:///PATH or postgresql://USER@HOST:PORT/DB)",
+    )
+    source.add_argument(
+        "--export", metavar="FILE", type=readable_file, help="JSON Lines file from 'ledger export'"
+    )
     verify.add_argument(
         "--coordinator-key",
         metavar="HEX",
@@ -45,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     verify.add_argument(
         "--jobs",
-        type=int,
+        type=whole("processes"),
         metavar="N",
         help="processes verifying an export in parallel (default: one per CPU for exports of"
         " 64 MB or more, else 1)",
@@ -53,12 +70,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.set_defaults(handler=_verify)
 
     export = commands.add_parser("export", help="write the ledger as JSON Lines")
-    export.add_argument("--db", metavar="URL", required=True, help="database URL")
-    export.add_argument("--out", metavar="FILE", required=True, help="output file")
+    export.add_argument(
+        "--db", metavar="URL", type=database_url, required=True, help="database URL"
+    )
+    export.add_argument(
+        "--out",
+        metavar="FILE",
+        type=output_file,
+        required=True,
+        help="output file (its directory must exist)",
+    )
     export.set_defaults(handler=_export)
 
     balances = commands.add_parser("balances", help="print per-node totals in work units")
-    balances.add_argument("--db", metavar="URL", required=True, help="database URL")
+    balances.add_argument(
+        "--db", metavar="URL", type=database_url, required=True, help="database URL"
+    )
     balances.set_defaults(handler=_balances)
 
 
@@ -66,9 +93,6 @@ def _verify(args: argparse.Namespace) -> int:
     from rollnet.ledger.export import verify_database
     from rollnet.ledger.verify import ExportFormatError, verify_export
 
-    if args.jobs is not None and args.jobs < 1:
-        print("--jobs must be at least 1", file=sys.stderr)
-        return EXIT_UNREADABLE
     pinned: bytes | None = None
     if args.coordinator_key is not None:
         try:
@@ -76,25 +100,18 @@ def _verify(args: argparse.Namespace) -> int:
         except ValueError:
             pinned = None
         if pinned is None or len(pinned) != 32:
-            print("--coordinator-key must be 64 hex characters (32 bytes)", file=sys.stderr)
-            return EXIT_UNREADABLE
-    try:
-        if args.export is not None:
+            raise CliError(
+                "--coordinator-key must be 64 hex characters (32 bytes): the coordinator's "
+                "public_key_hex from 'rollnet keys show DATA_DIR/coordinator.key'"
+            )
+    if args.export is not None:
+        try:
             report = verify_export(args.export, pinned_key=pinned, workers=args.jobs)
-        else:
-            engine = _engine(args.db)
-            try:
-                report = verify_database(engine, pinned_key=pinned)
-            finally:
-                engine.dispose()
-    except (OSError, ExportFormatError) as exc:
-        print(f"cannot read the ledger: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    except Exception as exc:
-        if _is_database_error(exc):
-            print(f"cannot read the ledger database: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
-        raise
+        except ExportFormatError as exc:
+            raise CliError(f"cannot read the ledger export {args.export}: {exc}") from None
+    else:
+        with _existing_database(args.db) as engine:
+            report = verify_database(engine, pinned_key=pinned)
     print(report.summary())
     return EXIT_OK if report.ok else EXIT_TAMPERED
 
@@ -102,35 +119,18 @@ def _verify(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from rollnet.ledger.export import export_jsonl
 
-    engine = _engine(args.db)
-    try:
+    with _existing_database(args.db) as engine:
         count = export_jsonl(engine, args.out)
-    except Exception as exc:
-        if _is_database_error(exc):
-            print(f"cannot read the ledger database: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
-        raise
-    finally:
-        engine.dispose()
     print(f"exported {count} entries to {args.out}")
     return EXIT_OK
 
 
 def _balances(args: argparse.Namespace) -> int:
     from rollnet.ledger.chain import balances
-    from rollnet.ledger.engine import session_factory
+    from rollnet.ledger.engine import read_only_session, session_factory
 
-    engine = _engine(args.db)
-    try:
-        with session_factory(engine).begin() as session:
-            totals = balances(session)
-    except Exception as exc:
-        if _is_database_error(exc):
-            print(f"cannot read the ledger database: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
-        raise
-    finally:
-        engine.dispose()
+    with _existing_database(args.db) as engine, read_only_session(session_factory(engine)) as s:
+        totals = balances(s)
     width = max((len(str(total)) for total in totals.values()), default=1)
     for node_id, total in totals.items():
         print(f"{node_id}  {total:>{width}}")
@@ -138,13 +138,17 @@ def _balances(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _engine(url: str) -> Any:
-    from rollnet.ledger.engine import create_engine
-
-    return create_engine(url)
-
-
-def _is_database_error(exc: Exception) -> bool:
+@contextmanager
+def _existing_database(url: str) -> Iterator[Any]:
+    """An engine on a ledger that must exist; database errors become one line naming it."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    return isinstance(exc, SQLAlchemyError)
+    from rollnet.ledger.engine import describe_database_error, open_existing
+
+    engine = open_existing(url)
+    try:
+        yield engine
+    except SQLAlchemyError as error:
+        raise CliError(f"cannot read the ledger: {describe_database_error(error, url)}") from None
+    finally:
+        engine.dispose()

@@ -1,5 +1,4 @@
-"""Options shared by the commands that run a model (worker, validator), and checked argparse
-types for their numbers.
+"""Options shared by the commands that run a model (worker, validator).
 
 ``--torch-threads``:
 
@@ -21,52 +20,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli.option_types import address, log_level, seconds, whole
 
-def whole(what: str, minimum: int = 1) -> Callable[[str], int]:
-    """An argparse type: a whole number of ``what``, at least ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} {what}: at least {minimum}")
-        return value
-
-    return parse
-
-
-def seconds(minimum: float, maximum: float) -> Callable[[str], float]:
-    """An argparse type: a number of seconds in ``[minimum, maximum]`` (NaN and inf refused)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"{text}: must be a number of seconds from {minimum:g} to {maximum:g}"
-            )
-        return value
-
-    return parse
-
+__all__ = ["address", "seconds", "whole"]
 
 _positive = whole("threads")
-
-
-def address(text: str) -> str:
-    """An argparse type: ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6), the port 1-65535."""
-    host, colon, port = text.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (a port 1-65535 is needed)")
-    return text
 
 
 def add_argument(parser: Any) -> None:
@@ -189,7 +150,58 @@ def add_node_arguments(parser: Any) -> None:
         default=20.0,
         help="long-poll seconds (default 20)",
     )
-    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO)",
+    )
     add_reward_time_limit(parser)
     add_reward_isolation(parser)
     add_argument(parser)
+
+
+def check_backend(backend: str, device: str) -> None:
+    """Refuse a backend or device this machine cannot run, before the node registers: otherwise
+    it would lease tasks only to fail each (three attempts, then FAILED) while staying up."""
+    import importlib.util
+
+    from rollnet.reference.cli.errors import CliError
+
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise CliError(
+            "--backend vllm: vLLM is not installed here (pip install 'rollnet-reference[vllm]' "
+            "on a machine with a GPU), or use --backend torch"
+        )
+    check_device(device)
+
+
+def check_device(device: str) -> None:
+    """Refuse ``device`` unless PyTorch can use it on this machine."""
+    import torch
+
+    from rollnet.reference.cli.errors import CliError
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise CliError(f"--device {device!r} is not a device: cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (
+                "this PyTorch is a CPU-only build"
+                if torch.version.cuda is None
+                else "no CUDA device or driver found"
+            )
+            raise CliError(f"--device {device}: CUDA is not available ({why}); use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise CliError(f"--device {device}: this machine has {count} CUDA device(s)")
+        return
+    if parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise CliError(f"--device {device}: Apple's MPS is not available here; use cpu")
+        return
+    raise CliError(f"--device {device}: only cpu, cuda and mps devices are supported")

@@ -1,11 +1,11 @@
 """``rollnet nodes``: operator commands against a running coordinator (``list``, ``show``,
-``eject``, ``ban``).
+``eject``, ``reinstate``, ``ban``).
 
 Every command signs its calls with an operator key (``--key``) whose node id or public key is on
 the coordinator's ``operators`` allow-list. The key is registered with the operator role first,
 which is idempotent, so the commands work on a fresh coordinator and on one that has seen the key.
-Exit codes: 0 done, 1 the coordinator refused (the reason is printed), 2 bad local input (key
-file, arguments).
+Exit codes: 0 done, 1 the coordinator refused (the reason is printed), 2 an error (key file,
+arguments, a coordinator that cannot be reached).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC
 from pathlib import Path
@@ -21,20 +20,20 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
+from rollnet.reference.cli.errors import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
+from rollnet.reference.cli.option_types import address, network_id, readable_file, seconds
 from rollnet.sdk import (
     PROTOCOL_VERSION,
     ConnectionConfig,
     Identity,
-    KeyFileError,
     RollnetClient,
     RollnetError,
     TlsConfig,
 )
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
+EXIT_USAGE = EXIT_ERROR
+__all__ = ["EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE"]
 
 DEFAULT_NETWORK_ID = "rollnet-local"
 SOFTWARE_VERSION = "rollnet-cli/0.1"
@@ -67,18 +66,23 @@ def connection_arguments() -> argparse.ArgumentParser:
     """The options every command that talks to a coordinator shares."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
-        "--coordinator", required=True, metavar="HOST:PORT", help="coordinator address"
+        "--coordinator",
+        required=True,
+        type=address,
+        metavar="HOST:PORT",
+        help="coordinator address",
     )
     parent.add_argument("--key", required=True, type=Path, metavar="FILE", help="node key file")
     parent.add_argument(
         "--network-id",
+        type=network_id,
         default=DEFAULT_NETWORK_ID,
         metavar="ID",
         help=f"the coordinator's network id (default {DEFAULT_NETWORK_ID})",
     )
     parent.add_argument(
         "--tls-ca",
-        type=Path,
+        type=readable_file,
         metavar="FILE",
         help="PEM roots to verify the coordinator's TLS certificate (enables TLS)",
     )
@@ -86,7 +90,11 @@ def connection_arguments() -> argparse.ArgumentParser:
         "--tls-server-name", metavar="NAME", help="expected TLS server name (with --tls-ca)"
     )
     parent.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per-call deadline"
+        "--timeout",
+        type=seconds(0.1, 3600.0),
+        default=30.0,
+        metavar="SECONDS",
+        help="per-call deadline (default 30)",
     )
     return parent
 
@@ -119,23 +127,19 @@ def run_with_client(
     role: int,
     action: Callable[[RollnetClient, Identity], Awaitable[int]],
 ) -> int:
-    """Load the key, connect, register with ``role`` and run ``action``; map errors to exits."""
-    try:
-        identity = Identity.load(args.key)
-    except KeyFileError as error:
-        print(f"rollnet {command}: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    """Load the key, connect, register with ``role`` and run ``action``.
+
+    A bad key file, an unreachable coordinator (exit 2) and a refusal (exit 1) are worded by the
+    CLI's error layer.
+    """
+    identity = Identity.load(args.key)
 
     async def main() -> int:
         async with RollnetClient.connect(connection_config(args), identity) as client:
             await register_as(client, identity, role)
             return await action(client, identity)
 
-    try:
-        return asyncio.run(main())
-    except RollnetError as error:
-        print(f"rollnet {command}: {describe_error(error)}", file=sys.stderr)
-        return EXIT_REFUSED
+    return asyncio.run(main())
 
 
 def describe_error(error: RollnetError) -> str:
@@ -277,6 +281,17 @@ def _ban(args: argparse.Namespace) -> int:
     return run_with_client(args, "nodes ban", common_pb2.ROLE_OPERATOR, action)
 
 
+def _reinstate(args: argparse.Namespace) -> int:
+    async def action(client: RollnetClient, _identity: Identity) -> int:
+        response = await client.nodes.reinstate_node(
+            node_service_pb2.ReinstateNodeRequest(node_id=args.node, reason=args.reason)
+        )
+        _report_removal(response.node, args.json)
+        return EXIT_OK
+
+    return run_with_client(args, "nodes reinstate", common_pb2.ROLE_OPERATOR, action)
+
+
 def _report_removal(node: node_pb2.Node, as_json: bool) -> None:
     if as_json:
         print(json.dumps(node_to_dict(node), indent=2))
@@ -288,11 +303,11 @@ def register(subparsers: Any) -> None:
     """Add the ``nodes`` command group."""
     parser = subparsers.add_parser(
         "nodes",
-        help="list, inspect, eject and ban nodes (operator key)",
+        help="list, inspect, eject, reinstate and ban nodes (operator key)",
         description=(
             "Operator commands against a running coordinator. --key must be a key on the "
             "coordinator's operators allow-list; it is registered with the operator role first "
-            "(idempotent)."
+            "(idempotent). An operator cannot eject or ban itself."
         ),
     )
     commands = parser.add_subparsers(dest="nodes_command", metavar="COMMAND", required=True)
@@ -319,6 +334,15 @@ def register(subparsers: Any) -> None:
     eject.add_argument("node", metavar="NODE", help="node id")
     eject.add_argument("--reason", required=True, help="why (recorded on the node)")
     eject.set_defaults(handler=_eject)
+
+    reinstate = commands.add_parser(
+        "reinstate",
+        parents=[parent, output],
+        help="undo an ejection: the node may work again, trust and rejects starting afresh",
+    )
+    reinstate.add_argument("node", metavar="NODE", help="node id")
+    reinstate.add_argument("--reason", required=True, help="why (recorded on the node)")
+    reinstate.set_defaults(handler=_reinstate)
 
     ban = commands.add_parser(
         "ban", parents=[parent, output], help="ban a node's key for good (terminal)"

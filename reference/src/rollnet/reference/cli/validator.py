@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli import node_options
+from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
+from rollnet.reference.cli.option_types import (
+    compute_dtype,
+    directory,
+    listen_address,
+    network_id,
+)
+from rollnet.sdk.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT32
 
 
 def register(subparsers: Any) -> None:
@@ -33,19 +41,34 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
     )
-    parser.add_argument("--data-dir", type=Path, required=True, help="checkpoint cache")
-    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--data-dir", type=directory, required=True, help="checkpoint cache")
+    parser.add_argument(
+        "--network-id",
+        type=network_id,
+        default="rollnet-local",
+        help="network id (audience; default rollnet-local)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device: cpu, cuda, cuda:N, mps (default: cpu); refused at start when this "
+        "machine has no such device",
+    )
     parser.add_argument(
         "--dtype",
         action="append",
-        choices=("float32", "bfloat16"),
+        type=compute_dtype,
         default=None,
+        metavar="|".join(COMPUTE_DTYPES),
         help="a dtype this validator may prefill in (repeatable; default both): each job is "
         "prefilled in the dtype its task prescribes, with that dtype's calibrated thresholds",
     )
     parser.add_argument(
-        "--metrics-listen", default="", help="serve Prometheus /metrics on HOST:PORT"
+        "--metrics-listen",
+        type=listen_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics on HOST:PORT (default: none)",
     )
     node_options.add_node_arguments(parser)
     parser.set_defaults(handler=run)
@@ -64,20 +87,28 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     node_options.apply(args)
+    node_options.check_device(args.device)
+    metrics = ValidatorMetrics()
+    if args.metrics_listen:
+        # Before the key is created or anything registers: a port in use stops the start.
+        try:
+            metrics.serve(args.metrics_listen)
+        except OSError as error:
+            raise CliError(
+                f"--metrics-listen {args.metrics_listen}: cannot listen there: "
+                f"{error.strerror or error} (choose another port, or leave it out)"
+            ) from None
     hint = "; add the node id to the coordinator's validators allow-list"
     identity = node_options.node_identity("validator", args.key, hint)
     if identity is None or not node_options.ready_data_dir("validator", args.data_dir):
         return 2
     node_options.protect_node_files("validator", args.data_dir, args.key, args.reward_isolation)
-    metrics = ValidatorMetrics()
-    if args.metrics_listen:
-        metrics.serve(args.metrics_listen)
     config = ValidatorConfig(
         target=args.coordinator,
         data_dir=args.data_dir,
         network_id=args.network_id,
         device=args.device,
-        dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else ("float32", "bfloat16"),
+        dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else (FLOAT32, BFLOAT16),
         keep_checkpoints=args.keep_checkpoints,
         pull_wait=args.pull_wait,
         reward_time_limit_s=args.reward_time_limit,
@@ -88,5 +119,5 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_until_signalled(validator))
     except ValidatorFatalError as error:
         print(f"rollnet validator: refused by the coordinator: {error}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED
     return 0

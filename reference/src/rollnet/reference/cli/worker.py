@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli import node_options
+from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
+from rollnet.reference.cli.option_types import (
+    compute_dtype,
+    directory,
+    network_id,
+    readable_file,
+)
+from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
 
 
 def register(subparsers: Any) -> None:
@@ -32,11 +40,16 @@ def register(subparsers: Any) -> None:
         "--key", type=Path, required=True, help="Ed25519 key file (created, mode 0600, if missing)"
     )
     parser.add_argument(
-        "--data-dir", type=Path, required=True, help="outbox, receipts and checkpoints"
+        "--data-dir", type=directory, required=True, help="outbox, receipts and checkpoints"
     )
-    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
     parser.add_argument(
-        "--tls-ca", type=Path, default=None, help="PEM root certificates: connect with TLS"
+        "--network-id",
+        type=network_id,
+        default="rollnet-local",
+        help="network id (audience; default rollnet-local)",
+    )
+    parser.add_argument(
+        "--tls-ca", type=readable_file, default=None, help="PEM root certificates: connect with TLS"
     )
     parser.add_argument("--tls-server-name", default=None, help="expected TLS server name")
     parser.add_argument(
@@ -45,11 +58,17 @@ def register(subparsers: Any) -> None:
         default="torch",
         help="inference backend (default torch; vllm needs a GPU and the [vllm] extra)",
     )
-    parser.add_argument("--device", default=None, help="torch device (default: cpu; vllm: cuda)")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="torch device: cpu, cuda, cuda:N, mps (default: cpu; vllm: cuda); refused at start "
+        "when this machine has no such device",
+    )
     parser.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
+        type=compute_dtype,
+        default=FLOAT32,
+        metavar="|".join(COMPUTE_DTYPES),
         help="dtype to compute in (default float32); must be the network's compute dtype, or "
         "the coordinator refuses the worker at registration",
     )
@@ -96,17 +115,17 @@ def run(args: argparse.Namespace) -> int:
     installed = available_environments()
     unknown = sorted(set(args.environment) - set(installed))
     if unknown:
-        print(
-            f"rollnet worker: --environment {', '.join(unknown)}: not installed here "
-            f"(installed: {', '.join(sorted(installed))})",
-            file=sys.stderr,
+        raise CliError(
+            f"--environment {', '.join(unknown)}: not installed here "
+            f"(installed: {', '.join(sorted(installed))})"
         )
-        return 2
+    device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
+    # Before registering: a worker that cannot run its backend would lease tasks and fail each.
+    node_options.check_backend(args.backend, device)
     identity = node_options.node_identity("worker", args.key)
     if identity is None or not node_options.ready_data_dir("worker", args.data_dir):
         return 2
     node_options.protect_node_files("worker", args.data_dir, args.key, args.reward_isolation)
-    device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     checkpoints = CheckpointStore(
         args.data_dir / "checkpoints", network_id=args.network_id, keep=args.keep_checkpoints
     )
@@ -140,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_until_signalled(worker))
     except WorkerFatalError as error:
         print(f"rollnet worker: refused by the coordinator: {error}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED
     finally:
         generator.close()
     return 0

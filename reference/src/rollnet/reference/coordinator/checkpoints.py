@@ -18,7 +18,6 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
-from rollnet.sdk.checkpoints import checkpoint_path_violations
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
@@ -40,9 +39,9 @@ def checkpoint_to_proto(row: CheckpointRow) -> checkpoint_pb2.Checkpoint:
 def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str) -> None:
     v = Violations()
     v.require(manifest.network_id == network_id, "manifest.network_id", f"must be {network_id!r}")
-    # The SDK's rule, so a manifest published here is one every worker will write to disk.
-    for violation in checkpoint_path_violations([item.path for item in manifest.files]):
-        v.require(False, f"manifest.{violation.field}", violation.description)
+    # The file paths were checked at the edge with the SDK's path rule (the bounds of
+    # CheckpointManifest.files and CheckpointFile.path), so a manifest published here is one
+    # every worker will write to disk.
     for i, item in enumerate(manifest.files):
         v.require(len(item.content.blake3) == 32, f"manifest.files[{i}].content.blake3", "32 bytes")
         v.require(
@@ -167,4 +166,6 @@ class CheckpointDesk:
                 last = latest.step
                 yield latest
                 continue
+            if self.ctx.signals.stopping:
+                return  # the stream ends; the node watches again, on another replica or later
             await wait_for(self.ctx.signals.checkpoint_published, 1.0)

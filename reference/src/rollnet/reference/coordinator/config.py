@@ -3,13 +3,20 @@
 Every option is declared once in :data:`OPTIONS` with its TOML key, its command-line flag, its
 environment variable and its help text, so ``rollnet coordinator --help`` documents every option
 and precedence is the same for all of them: flag > environment > TOML file > default.
-Allow-lists, pools and invite tokens are structured and live in the TOML file only.
+Allow-lists, pools and invite tokens are structured and live in the TOML file only; the sample
+``docs/coordinator.toml`` shows every key.
+
+Every value is checked when the configuration is loaded, before anything is created or started:
+addresses are ``HOST:PORT`` with a port in range, allow-lists hold node ids or public keys,
+environments are installed ones, the compute dtype is one the protocol names, and the data
+directory is not a file.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -17,9 +24,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.addresses import split_host_port
 from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
 
 ENV_PREFIX = "ROLLNET_COORDINATOR_"
+#: Where the sample configuration lives (in the source tree), for messages and ``--help``.
+SAMPLE_CONFIG = "docs/coordinator.toml"
+#: Network ids: what signed calls name as their audience, printed in logs and file names.
+NETWORK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +55,9 @@ class CoordinatorConfig:
     database_url: str | None = None
     listen: str = "127.0.0.1:7070"
     metrics_listen: str = ""
+    #: The operator dashboard (read-only web page) HOST:PORT; "" serves none. A host that is
+    #: not a loopback address needs operators to log in (see coordinator.dashboard).
+    dashboard_listen: str = ""
     network_id: str = "rollnet-local"
     #: The dtype the network computes in: what workers generate and validators prefill in.
     compute_dtype: str = FLOAT32
@@ -146,14 +162,49 @@ def _positive_float(value: str | int | float) -> float:
     return number
 
 
-def _compute_dtype(value: str) -> str:
-    if value not in COMPUTE_DTYPES:
-        raise ValueError(f"must be one of {', '.join(COMPUTE_DTYPES)}")
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+def check_network_id(value: str) -> str:
+    """``value`` if it is a valid network id, else :class:`ValueError` saying what one is."""
+    if not isinstance(value, str) or not NETWORK_ID_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a network id: 1-64 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit (e.g. rollnet-local)"
+        )
     return value
 
 
-def _path(value: str) -> Path:
-    return Path(value).expanduser()
+def check_compute_dtype(value: str) -> str:
+    """``value`` if it is a compute dtype a network may prescribe, else :class:`ValueError`."""
+    if not isinstance(value, str) or value not in COMPUTE_DTYPES:
+        raise ValueError(f"{value!r} is not a compute dtype: one of {', '.join(COMPUTE_DTYPES)}")
+    return value
+
+
+def _listen(value: str) -> str:
+    split_host_port(str(value), allow_port_zero=True)
+    return str(value)
+
+
+def _optional_listen(value: str) -> str:
+    """A listen address, or "" for none; a bare port means loopback (``7080``, ``:7080``)."""
+    text = str(value)
+    if text == "":
+        return ""
+    if text.isascii() and text.lstrip(":").isdigit() and text.count(":") <= 1:
+        text = f"127.0.0.1:{text.lstrip(':')}"
+    split_host_port(text, allow_port_zero=True)
+    return text
+
+
+def _database(value: str) -> str:
+    # Imported here: the ledger's engine module pulls in SQLAlchemy.
+    from rollnet.ledger.engine import database_url
+
+    database_url(str(value))  # raises DatabaseUrlError (a ValueError) naming the good forms
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +227,24 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("database_url", str, "database URL (default: SQLite file in the data dir)"),
-    Option("listen", str, "gRPC listen address HOST:PORT (port 0 picks a free port)"),
-    Option("metrics_listen", str, "Prometheus metrics HOST:PORT ('' disables)"),
-    Option("network_id", str, "network id: the audience every signed call must name"),
+    Option(
+        "database_url",
+        _database,
+        "database URL: sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+        "(default: SQLite file DATA_DIR/rollnet.db)",
+    ),
+    Option("listen", _listen, "gRPC listen address HOST:PORT (port 0 picks a free port)"),
+    Option("metrics_listen", _optional_listen, "Prometheus metrics HOST:PORT ('' disables)"),
+    Option(
+        "dashboard_listen",
+        _optional_listen,
+        "operator dashboard (web page) HOST:PORT, a bare PORT meaning 127.0.0.1:PORT; "
+        "'' disables (default). A non-loopback host requires an operator login",
+    ),
+    Option("network_id", check_network_id, "network id: the audience every signed call must name"),
     Option(
         "compute_dtype",
-        _compute_dtype,
+        check_compute_dtype,
         "dtype the network computes in: workers generate and validators prefill in it "
         "(float32 or bfloat16)",
     ),
@@ -260,17 +322,54 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names the offending key and source."""
 
 
+#: ``rollnet coordinator --help``'s closing words: the keys only the TOML file can set.
+TOML_ONLY_HELP = f"""\
+keys only the TOML file (--config) sets:
+  validators = ["NODE_ID_OR_PUBLIC_KEY", ...]  keys that may register as validators
+  trainers   = [...]                           keys that may register as trainers
+  operators  = [...]                           keys that may use 'rollnet nodes' and log in
+                                               to the dashboard
+  environments = ["arithmetic", ...]           environments trainers may ask for (default any
+                                               installed one)
+  [pools.NAME] invite_tokens = ["..."]         invite-only pools
+A key's node id and public key: 'rollnet keys show KEY_FILE'. Sample file with every key:
+{SAMPLE_CONFIG} in the rollnet source tree. Precedence: defaults < TOML file <
+{ENV_PREFIX}* environment variables < flags."""
+
+
+def _default_text(name: str) -> str:
+    value = {f.name: f.default for f in fields(CoordinatorConfig)}.get(name)
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}"
+    if value is None or value == "":
+        return ""
+    return str(value)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--data-dir``, ``--config`` and one flag per option to ``parser``."""
-    parser.add_argument("--data-dir", type=Path, required=True, help="state directory")
-    parser.add_argument("--config", type=Path, help="TOML file (flags and env override it)")
-    database = OPTIONS[0]
     parser.add_argument(
-        "--db", dest="database_url", default=None, help=f"{database.help} [{database.env}]"
+        "--data-dir",
+        type=Path,
+        required=True,
+        help="state directory: SQLite ledger, blobs, coordinator key (created if missing)",
     )
-    for option in OPTIONS[1:]:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"TOML file; environment and flags override it (sample: {SAMPLE_CONFIG})",
+    )
+    for option in OPTIONS:
+        default = _default_text(option.name)
+        shown = f"; default {default}" if default else ""
+        flags = ["--db"] if option.name == "database_url" else [option.flag]
         parser.add_argument(
-            option.flag, dest=option.name, default=None, help=f"{option.help} [{option.env}]"
+            *flags,
+            dest=option.name,
+            default=None,
+            metavar=option.name.upper(),
+            help=f"{option.help}{shown} [{option.env}]",
         )
 
 
@@ -284,7 +383,29 @@ def _parse(option: Option, raw: Any, source: str) -> Any:
 def _node_set(raw: Any, key: str, source: str) -> frozenset[str]:
     if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
         raise ConfigError(f"{source}: {key} must be a list of node ids or public keys (hex)")
-    return frozenset(item.lower() for item in raw)
+    ids = frozenset(item.lower() for item in raw)
+    for item in sorted(ids):
+        if len(item) not in (32, 64) or not _HEX.fullmatch(item):
+            raise ConfigError(
+                f"{source}: {key} = [{item!r}]: not a node id (32 hex characters) or a public "
+                "key (64 hex characters); 'rollnet keys show KEY_FILE' prints both"
+            )
+    return ids
+
+
+def _environments(raw: Any, source: str) -> frozenset[str]:
+    if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+        raise ConfigError(f"{source}: environments must be a list of names")
+    from rollnet.reference.envs.registry import available_environments
+
+    installed = available_environments()
+    unknown = sorted(set(raw) - set(installed))
+    if unknown:
+        raise ConfigError(
+            f"{source}: environments: {', '.join(map(repr, unknown))} not installed here "
+            f"(installed: {', '.join(installed)})"
+        )
+    return frozenset(raw)
 
 
 def _pools(raw: Any, source: str) -> dict[str, PoolConfig]:
@@ -330,9 +451,7 @@ def load_config(
             if key in ("validators", "trainers", "operators"):
                 values[key] = _node_set(raw, key, source)
             elif key == "environments":
-                if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
-                    raise ConfigError(f"{source}: environments must be a list of names")
-                values[key] = frozenset(raw)
+                values[key] = _environments(raw, source)
             elif key == "pools":
                 values["pools"] = _pools(raw, source)
             elif key in _OPTIONS_BY_NAME:
@@ -345,9 +464,23 @@ def load_config(
             values[option.name] = _parse(option, environ[option.env], option.env)
         if flags is not None and flags.get(option.name) is not None:
             values[option.name] = _parse(option, flags[option.name], option.flag)
+    _check_data_dir(data_dir)
     config = CoordinatorConfig(data_dir=data_dir, **values)
     _validate(config)
     return config
+
+
+def _check_data_dir(data_dir: Path) -> None:
+    """A data directory may be missing (it is created on start), but never a file."""
+    for part in (data_dir, *data_dir.parents):
+        if part.exists():
+            if not part.is_dir():
+                where = "it" if part == data_dir else str(part)
+                raise ConfigError(
+                    f"--data-dir {data_dir}: {where} is a file, not a directory "
+                    "(choose another path)"
+                )
+            return
 
 
 def _validate(config: CoordinatorConfig) -> None:
@@ -368,8 +501,11 @@ def _validate(config: CoordinatorConfig) -> None:
         raise ConfigError("orphan_blob_ttl must exceed lease_duration")
     if config.blob_sweep_interval <= timedelta(0):
         raise ConfigError("blob_sweep_interval must be positive")
-    if not config.network_id or len(config.network_id) > 64:
-        raise ConfigError("network_id must be 1 to 64 characters")
+    for name, check in (("network_id", check_network_id), ("compute_dtype", check_compute_dtype)):
+        try:
+            check(getattr(config, name))
+        except ValueError as error:
+            raise ConfigError(f"{name}: {error}") from None
 
 
 def with_overrides(config: CoordinatorConfig, **changes: Any) -> CoordinatorConfig:

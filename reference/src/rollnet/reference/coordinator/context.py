@@ -80,12 +80,26 @@ class Signals:
     jobs_available: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint_published: asyncio.Event = field(default_factory=asyncio.Event)
     rollouts_accepted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when the coordinator stops: long polls answer "come back later" and streams end at
+    #: once, instead of holding the shutdown for their whole wait (20 s for a PullTask).
+    stopping: bool = False
 
-    @staticmethod
-    def fire(event: asyncio.Event) -> None:
+    def fire(self, event: asyncio.Event) -> None:
         """Wake every waiter once: set, then clear for the next round."""
         event.set()
-        event.clear()
+        if not self.stopping:
+            event.clear()
+
+    def stop(self) -> None:
+        """Wake every waiter, now and from now on (see :attr:`stopping`)."""
+        self.stopping = True
+        for event in (
+            self.work_available,
+            self.jobs_available,
+            self.checkpoint_published,
+            self.rollouts_accepted,
+        ):
+            event.set()
 
 
 @dataclass
@@ -158,9 +172,14 @@ class CoordinatorContext:
         """
 
         scope = IDEMPOTENCY_SCOPE.get() if scoped else None
+        before = (scope.checked, scope.stored) if scope is not None else (False, False)
         now = self.clock()
 
         def _work(session: Session) -> T:
+            if scope is not None:
+                # A group commit whose transaction failed runs its calls again, each from where
+                # it stood before this transaction (what the failed one did was rolled back).
+                scope.checked, scope.stored = before
             if scope is not None and not scope.checked:
                 # A repeated request id is answered from its record, looked up here, in the
                 # transaction that would otherwise write, rather than in a read of its own.
@@ -223,9 +242,14 @@ class GroupCommitWriter:
 
     Each call's work runs in its own SAVEPOINT inside the batch's transaction, so a refusal or a
     constraint violation in one call rolls back that call's writes only. Nobody hears success
-    before the batch's COMMIT has returned (with ``synchronous=FULL``: after the fsync). A batch
-    forms only from calls that arrived while the previous commit was running: a lone call is
-    never delayed, and under load one fsync serves many calls instead of one each.
+    before the batch's COMMIT has returned (with ``synchronous=FULL``: after the fsync). Should
+    the shared transaction itself fail (its COMMIT: a deferred constraint one call broke, say),
+    each half of the batch is run again in a transaction of its own, down to the call that
+    fails alone: one call's failure never becomes the others'. A batch forms only from calls
+    that arrived while the previous commit was running: a lone call is never delayed, and under
+    load one fsync serves many calls instead of one each. Work may run again after a failed
+    transaction, so it must depend on nothing but its session (and restore what it changes
+    outside it, as :meth:`CoordinatorContext.run_in_transaction` does for its request id).
     """
 
     def __init__(self, sessions: sessionmaker[Session], *, max_batch: int = 256) -> None:
@@ -295,7 +319,16 @@ class GroupCommitWriter:
                         except Exception as error:
                             outcomes.append((False, error))
         except Exception as error:  # the commit (or a lone call) failed: nothing was stored
-            return [(False, error)] * len(batch)
+            if len(batch) == 1:
+                return [(False, error)]
+            log.warning(
+                "a group commit of %d calls failed (%s: %s); committing each half alone",
+                len(batch),
+                type(error).__name__,
+                error,
+            )
+            middle = len(batch) // 2
+            return self._commit(batch[:middle]) + self._commit(batch[middle:])
         self.batches += 1
         self.jobs += len(batch)
         return outcomes

@@ -7,10 +7,9 @@ import contextlib
 import contextvars
 import functools
 import logging
-import math
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import blake3
@@ -22,6 +21,7 @@ from rollnet.ledger import artifacts, idempotency, nodes, tasks
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Task
 from rollnet.ledger.tasks import LeasedTask, NewTask
+from rollnet.reference.coordinator.bounds import MAX_ROLLOUTS_PER_TASK
 from rollnet.reference.coordinator.context import (
     IDEMPOTENCY_SCOPE,
     CoordinatorContext,
@@ -31,7 +31,6 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.logprobs import max_verdict_bytes
 from rollnet.reference.coordinator.nodes import (
-    MAX_CAPABILITY_ITEMS,
     Caller,
     capabilities_from_db,
     duration,
@@ -53,10 +52,6 @@ from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_p
 log = logging.getLogger("rollnet.coordinator")
 
 MAX_TASKS_PER_REQUEST = 10_000
-#: Lowest sampling temperature a trainer may ask for (the highest is ``max_temperature``).
-#: A floor well above where ``logits / T`` overflows to inf/NaN in the validator's
-#: exact-sampling re-check (1e-310 does).
-MIN_TEMPERATURE = 1e-3
 # Long polls re-check the database this often, to see work queued by other replicas.
 _POLL_SECONDS = 1.0
 
@@ -276,10 +271,6 @@ class PullBatcher:
             )
         outcomes: list[Any] = [_GONE] * len(batch)
         again = [i for i, pending in enumerate(batch) if not _gone(pending)]
-        for index in again:
-            scope = batch[index].scope
-            if scope is not None:
-                scope.stored = False  # its record was rolled back with the batch
         self._count_each([batch[i] for i in again])
         singles = await asyncio.gather(
             *(self._write([batch[index]]) for index in again), return_exceptions=True
@@ -296,6 +287,11 @@ class PullBatcher:
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
         """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
+        for pending in batch:
+            if pending.scope is not None:
+                # Nothing of this transaction is recorded yet; a batch (or a group commit) that
+                # failed before runs this again with its records rolled back.
+                pending.scope.stored = False
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
         repeats = _answer_repeats(session, batch, outcomes)
@@ -412,37 +408,25 @@ class Dispatcher:
     async def request_rollouts(
         self, caller: Caller, request: rollout_service_pb2.RequestRolloutsRequest
     ) -> rollout_service_pb2.RequestRolloutsResponse:
-        """Split the trainer's demand into tasks of ``prompts_per_task`` prompts each."""
+        """Split the trainer's demand into tasks of ``prompts_per_task`` prompts each (each
+        field is in bounds; what relates them is checked here)."""
         v = Violations()
-        v.require(bool(request.environment), "environment", "is required")
-        v.require(request.prompt_count > 0, "prompt_count", "must be positive")
         config = self.ctx.config
-        v.require(
-            0 < request.samples_per_prompt <= config.max_samples_per_prompt,
-            "samples_per_prompt",
-            f"1 to {config.max_samples_per_prompt} (max_samples_per_prompt)",
-        )
-        temperature = request.sampling.temperature
-        v.require(
-            math.isfinite(temperature) and MIN_TEMPERATURE <= temperature <= config.max_temperature,
-            "sampling.temperature",
-            f"{MIN_TEMPERATURE} to {config.max_temperature} (max_temperature)",
-        )
         v.require(
             not config.environments or request.environment in config.environments,
             "environment",
             f"this coordinator serves {sorted(config.environments)} (environments)",
-        )
-        v.require(
-            0 < request.sampling.max_new_tokens <= config.max_new_tokens,
-            "sampling.max_new_tokens",
-            f"1 to {config.max_new_tokens} (max_new_tokens)",
         )
         per_task = request.prompts_per_task or 1
         v.require(
             -(-request.prompt_count // per_task) <= MAX_TASKS_PER_REQUEST,
             "prompts_per_task",
             f"the demand would make more than {MAX_TASKS_PER_REQUEST} tasks",
+        )
+        v.require(
+            per_task * request.samples_per_prompt <= MAX_ROLLOUTS_PER_TASK,
+            "prompts_per_task",
+            f"times samples_per_prompt at most {MAX_ROLLOUTS_PER_TASK} rollouts per task",
         )
         verdict = max_verdict_bytes(
             min(per_task, request.prompt_count) * request.samples_per_prompt,
@@ -528,18 +512,10 @@ class Dispatcher:
         self, caller: Caller, request: task_service_pb2.PullTaskRequest
     ) -> task_service_pb2.PullTaskResponse:
         """Long-poll for a task; lease the oldest matching one."""
-        v = Violations()
-        v.require(
-            len(request.environments) <= MAX_CAPABILITY_ITEMS
-            and all(0 < len(name) <= 64 for name in request.environments),
-            "environments",
-            f"at most {MAX_CAPABILITY_ITEMS} names of 1-64 characters",
-        )
-        v.raise_if_any()
         config = self.ctx.config
         wait = config.pull_wait_max
         if request.HasField("wait"):
-            wait = min(max(request.wait.ToTimedelta(), timedelta(0)), config.pull_wait_max)
+            wait = min(request.wait.ToTimedelta(), config.pull_wait_max)
         loop_deadline = self.ctx.clock() + wait
         asked = tuple(sorted(set(request.environments))) or None
         scope = IDEMPOTENCY_SCOPE.get()
@@ -548,7 +524,7 @@ class Dispatcher:
             if not isinstance(outcome, NoTask):
                 return outcome
             remaining = (loop_deadline - self.ctx.clock()).total_seconds()
-            if remaining <= 0:
+            if remaining <= 0 or self.ctx.signals.stopping:
                 return task_service_pb2.PullTaskResponse(retry_after=duration(config.retry_after))
             await wait_for(self.ctx.signals.work_available, min(remaining, _POLL_SECONDS))
             # An idle poll costs a read, not a write: lease only when something is queued.
@@ -579,9 +555,6 @@ class Dispatcher:
         self, caller: Caller, request: task_service_pb2.FailTaskRequest
     ) -> task_service_pb2.FailTaskResponse:
         """Give a leased task back; it is requeued at once (or FAILED after the cap)."""
-        v = Violations()
-        v.require(bool(request.lease_id), "lease_id", "is required")
-        v.raise_if_any()
         now = self.ctx.clock()
         config = self.ctx.config
 

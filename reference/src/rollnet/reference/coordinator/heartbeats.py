@@ -4,13 +4,16 @@ Flower's SuperLink spends one database transaction per heartbeat and tops out ne
 class of machine. Here concurrent heartbeats are queued and flushed together every few
 milliseconds (or when the batch is full): one conditional UPDATE revives the batch's nodes, one
 SELECT reads their states, one UPDATE per lease kind extends every listed lease. Each caller still
-gets its own answer, and a heartbeat is acknowledged only after its batch committed.
+gets its own answer, and a heartbeat is acknowledged only after its batch committed. A batch whose
+transaction fails is split in halves, each committed alone, down to the heartbeat that fails by
+itself: one node's bad heartbeat never fails the others' (nor turns them SUSPECT).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -23,6 +26,8 @@ from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.reference.coordinator.context import CoordinatorContext
 
 _NOT_WORKING = frozenset({NodeState.EJECTED, NodeState.BANNED, NodeState.DEREGISTERED})
+
+log = logging.getLogger("rollnet.coordinator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,7 @@ class _Pending:
     lease_ids: tuple[str, ...]
     interval: timedelta
     future: asyncio.Future[HeartbeatResult]
+    checkpoint_step: int = 0
 
 
 #: Heartbeats queued for the next group commit beyond which the coordinator is behind.
@@ -118,17 +124,22 @@ class HeartbeatBatcher:
         self.lag = LoopLag()
 
     async def submit(
-        self, node_id: str, lease_ids: tuple[str, ...], interval: timedelta
+        self,
+        node_id: str,
+        lease_ids: tuple[str, ...],
+        interval: timedelta,
+        checkpoint_step: int = 0,
     ) -> HeartbeatResult:
         """Queue one heartbeat and wait until its batch is committed.
 
         ``interval`` is the heartbeat interval granted to the node in this reply: its SUSPECT and
-        OFFLINE deadlines are counted from it.
+        OFFLINE deadlines are counted from it. ``checkpoint_step`` is the step the node reported
+        (recorded for the operator's view of checkpoint broadcast).
         """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future))
+        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future, checkpoint_step))
         return await future
 
     @property
@@ -162,16 +173,32 @@ class HeartbeatBatcher:
             await asyncio.sleep(self.max_delay)
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            try:
-                results = await self._commit(batch)
-            except Exception as error:  # the whole batch failed: every caller hears why
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(error)
-                continue
-            for item, result in zip(batch, results, strict=True):
-                if not item.future.done():
+            for item, result in zip(batch, await self._commit_apart(batch), strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(result, HeartbeatResult):
                     item.future.set_result(result)
+                else:
+                    item.future.set_exception(result)
+
+    async def _commit_apart(self, batch: list[_Pending]) -> list[HeartbeatResult | Exception]:
+        """Each heartbeat's result, or the error its transaction failed with: when the batch's
+        transaction fails, each half is committed on its own (recursively), so a heartbeat the
+        database refuses fails alone, at the cost of a few more transactions."""
+        try:
+            return list(await self._commit(batch))
+        except Exception as error:
+            if len(batch) == 1:
+                return [error]
+            log.warning(
+                "a batch of %d heartbeats failed (%s: %s); committing each half alone",
+                len(batch),
+                type(error).__name__,
+                error,
+            )
+        middle = len(batch) // 2
+        first = await self._commit_apart(batch[:middle])
+        return first + await self._commit_apart(batch[middle:])
 
     async def _commit(self, batch: list[_Pending]) -> list[HeartbeatResult]:
         config = self.ctx.config
@@ -190,6 +217,7 @@ class HeartbeatBatcher:
                     )
                     for p in batch
                 },
+                checkpoint_steps={p.node_id: p.checkpoint_step for p in batch},
             )
             # An ejected, banned or deregistered node's leases were taken back; should it hold
             # one again somehow, its heartbeats do not keep it.

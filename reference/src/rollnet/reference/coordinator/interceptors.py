@@ -2,8 +2,9 @@
 
 ``RpcObserver`` (outermost) times every call and emits one structured log line and one metrics
 sample per RPC. ``CallerLimiter`` runs inside the signature verifier: it records the verified node
-and request id for that log line and enforces the per-key token bucket. ``ResolvedInterceptors``
-runs the chain once per method rather than once per call.
+and request id for that log line and enforces the per-key token bucket. ``FieldBoundsCheck``, inside
+it, refuses a request any field of which is out of bounds before a handler sees it.
+``ResolvedInterceptors`` runs the chain once per method rather than once per call.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import structlog
 
+from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
-from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
+from rollnet.sdk.errors import REASON_CODES, ErrorReason, FieldViolation, abort
 from rollnet.sdk.verifier import WrapperCache, current_caller, current_request_id
 
 log = structlog.get_logger("rollnet.coordinator.rpc")
@@ -303,7 +305,7 @@ class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _wrap(self, handler: Any, _method: str) -> Any:
 
-        def admit(context: Any) -> float | None:
+        def admit(_request: Any, _context: Any) -> float | None:
             caller = current_caller()
             fields = _CALL_FIELDS.get(None)
             if fields is not None:
@@ -311,27 +313,41 @@ class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 fields["request_id"] = current_request_id()
             return self.buckets.take(caller.public_key)
 
-        def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
-            if resp_stream and inspect.isasyncgenfunction(inner):
+        return _rewrap(handler, _guarded(admit, _refuse_rate))
 
-                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
-                    wait = admit(context)
-                    if wait is not None:
-                        await _refuse_rate(context, wait)
-                    async for item in inner(request, context):
-                        yield item
 
-                return streaming
+Problem = TypeVar("Problem")
 
-            async def unary(request: Any, context: Any) -> Any:
-                wait = admit(context)
-                if wait is not None:
-                    await _refuse_rate(context, wait)
-                return await inner(request, context)
 
-            return unary
+def _guarded(
+    check: Callable[[Any, Any], Problem | None],
+    refuse: Callable[[Any, Problem], Awaitable[None]],
+) -> Callable[[Behavior, bool, bool], Behavior]:
+    """A ``wrap`` for :func:`_rewrap` that runs ``check(request, context)`` before the
+    behaviour and, when it finds a problem, ``refuse(context, problem)`` (which aborts) instead.
+    A client stream's ``request`` is its iterator."""
 
-        return _rewrap(handler, wrap)
+    def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
+        if resp_stream and inspect.isasyncgenfunction(inner):
+
+            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                problem = check(request, context)
+                if problem is not None:
+                    await refuse(context, problem)
+                async for item in inner(request, context):
+                    yield item
+
+            return streaming
+
+        async def unary(request: Any, context: Any) -> Any:
+            problem = check(request, context)
+            if problem is not None:
+                await refuse(context, problem)
+            return await inner(request, context)
+
+        return unary
+
+    return wrap
 
 
 async def _refuse_rate(context: Any, wait: float) -> None:
@@ -341,4 +357,59 @@ async def _refuse_rate(context: Any, wait: float) -> None:
         ErrorReason.RATE_LIMITED,
         f"per-key rate limit exceeded; retry in {wait:.3f} s",
         retry_after=wait,
+    )
+
+
+class FieldBoundsCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Innermost: refuse a request with a field out of bounds (:mod:`.bounds`) with
+    INVALID_ARGUMENT / INVALID_FIELDS and a ``FieldViolation`` per field, before any handler
+    (or SQL) sees it. Every message of a client stream is checked as it is read."""
+
+    def __init__(self, bounds: RequestBounds) -> None:
+        self.bounds = bounds
+        self._wrappers = WrapperCache(self._wrap)
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or self.bounds.checker(details.method) is None:
+            return handler
+        return self._wrappers.get(handler, details.method)
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        violations = self.bounds.checker(method)
+        assert violations is not None
+
+        def check(request: Any, _context: Any) -> list[FieldViolation] | None:
+            return violations(request) or None
+
+        single = _guarded(check, _refuse_fields)
+
+        def wrap(inner: Behavior, req_stream: bool, resp_stream: bool) -> Behavior:
+            if not req_stream:
+                return single(inner, req_stream, resp_stream)
+
+            async def each(requests: Any, context: Any) -> AsyncIterator[Any]:
+                async for request in requests:
+                    found = violations(request)
+                    if found:
+                        await _refuse_fields(context, found)
+                    yield request
+
+            async def stream_request(requests: Any, context: Any) -> Any:
+                return await inner(each(requests, context), context)
+
+            return stream_request
+
+        return _rewrap(handler, wrap)
+
+
+async def _refuse_fields(context: Any, violations: Sequence[FieldViolation]) -> None:
+    summary = "; ".join(f"{v.field}: {v.description}" for v in violations[:4])
+    more = len(violations) - 4
+    await abort(
+        context,
+        REASON_CODES[ErrorReason.INVALID_FIELDS],
+        ErrorReason.INVALID_FIELDS,
+        f"{summary}{f'; and {more} more' if more > 0 else ''}",
+        field_violations=violations,
     )

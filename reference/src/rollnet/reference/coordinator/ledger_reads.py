@@ -181,4 +181,6 @@ class LedgerDesk:
                         accepted.validated_logprobs.extend(logprobs[index])
                     yield accepted
             if not batch:
+                if self.ctx.signals.stopping:
+                    return  # the stream ends; the trainer resumes after its last sequence
                 await wait_for(self.ctx.signals.rollouts_accepted, 1.0)

@@ -6,14 +6,13 @@ They reach the trainer (``AcceptedRollout.validated_logprobs``) in place of the 
 ``behaviour_logprobs``, which a worker can shade by anything under the validator's tolerance, so
 the coordinator takes them only in the exact shape the batch has: one entry per rollout, one value
 per completion token, each finite and at most 0. Anything else is INVALID_FIELDS, naming the
-entry.
+entry. The values themselves and the counts are bounds of the fields (``bounds.field_rules``,
+checked before any handler); this module checks what relates them to the decision and the batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
 
 from rollnet.reference.coordinator.refusal import Violations, invalid
 from rollnet.v1 import validation_pb2
@@ -33,27 +32,13 @@ def max_verdict_bytes(rollouts: int, max_new_tokens: int) -> int:
     return rollouts * (4 * max_new_tokens + VERDICT_BYTES_PER_ROLLOUT)
 
 
-def check_values(
+def check_decision(
     entries: Sequence[validation_pb2.ValidatedLogprobs], accepted: bool, v: Violations
 ) -> None:
-    """What can be checked without the commitment: sent with an ACCEPT only, and every value
-    finite and at most 0 (a log-probability)."""
-    if not entries:
-        return
-    if not accepted:
-        v.require(False, FIELD, "only an ACCEPT carries validated log-probabilities")
-        return
-    for index, entry in enumerate(entries):
-        values = np.asarray(entry.logprobs, dtype=np.float32)
-        bad = np.flatnonzero(~(np.isfinite(values) & (values <= 0)))
-        if bad.size:
-            first = int(bad[0])
-            v.require(
-                False,
-                f"{FIELD}[{index}].logprobs",
-                f"value {first} is {float(values[first])!r}: every value must be finite and "
-                f"at most 0 ({bad.size} are not)",
-            )
+    """Only an ACCEPT carries them: a REJECT's would mean nothing, so it is refused rather than
+    silently dropped. (Each value being finite and at most 0, and the counts, are bounds of the
+    fields themselves, checked at the edge: ``bounds.field_rules``.)"""
+    v.require(accepted or not entries, FIELD, "only an ACCEPT carries validated log-probabilities")
 
 
 def check_shape(
@@ -85,7 +70,7 @@ def check_shape(
 __all__ = [
     "FIELD",
     "VERDICT_BYTES_PER_ROLLOUT",
+    "check_decision",
     "check_shape",
-    "check_values",
     "max_verdict_bytes",
 ]

@@ -15,14 +15,14 @@ from rollnet.ledger import nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
 from rollnet.ledger.nodes import NodeStanding
-from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.config import SAMPLE_CONFIG, CoordinatorConfig
 from rollnet.reference.coordinator.context import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
     CoordinatorContext,
 )
 from rollnet.reference.coordinator.heartbeats import HeartbeatBatcher
-from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
@@ -46,13 +46,12 @@ STATE_FROM_DB = {
 }
 STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
 
-# Hardware claims beyond these are refused as implausible (a single host).
+# Hardware claims beyond these are refused as implausible (a single host). The number of
+# accelerator kinds and their names are bounded with every other field (bounds.py).
 MAX_CPU_CORES = 4096
 MAX_HOST_MEMORY = 64 * 2**40
 MAX_ACCELERATORS = 64
 MAX_ACCELERATOR_MEMORY = 2 * 2**40
-MAX_CAPABILITY_ITEMS = 64
-MAX_CONCURRENT_LEASES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +175,9 @@ def off_allow_list(
     if allow is None or node_id in allow or public_key.hex() in allow:
         return ""
     return (
-        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list"
+        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list: "
+        f'add "{node_id}" to {role}s = [...] in the coordinator\'s TOML file (--config; sample: '
+        f"{SAMPLE_CONFIG}) and restart it"
     )
 
 
@@ -217,29 +218,6 @@ class NodeRegistry:
         self.heartbeats = HeartbeatBatcher(ctx)
 
     # ---------------------------------------------------------------- registration
-    def _check_request(self, request: node_service_pb2.RegisterNodeRequest) -> None:
-        v = Violations()
-        v.require(len(request.public_key) == 32, "public_key", "must be 32 raw Ed25519 bytes")
-        v.require(request.role in ROLE_TO_DB, "role", "must be a known role")
-        v.require(request.HasField("protocol_version"), "protocol_version", "is required")
-        v.require(len(request.software_version) <= 64, "software_version", "at most 64 characters")
-        v.require(len(request.pool) <= 64, "pool", "at most 64 characters")
-        caps = request.capabilities
-        for name in ("backends", "environments", "dtypes"):
-            items = getattr(caps, name)
-            v.require(
-                len(items) <= MAX_CAPABILITY_ITEMS
-                and all(0 < len(i) <= 64 and ":" not in i for i in items),
-                f"capabilities.{name}",
-                f"at most {MAX_CAPABILITY_ITEMS} names of 1-64 characters without ':'",
-            )
-        v.require(
-            caps.max_concurrent_leases <= MAX_CONCURRENT_LEASES,
-            "capabilities.max_concurrent_leases",
-            f"at most {MAX_CONCURRENT_LEASES}",
-        )
-        v.raise_if_any()
-
     def _check_dtypes(self, caps: node_pb2.Capabilities) -> None:
         """Refuse a node that says which dtypes it runs, none of them the network's: it would
         do every task's work in a dtype whose proofs fail validation."""
@@ -257,15 +235,11 @@ class NodeRegistry:
             problems.append(f"cpu_cores {hardware.cpu_cores} > {MAX_CPU_CORES}")
         if hardware.memory_bytes > MAX_HOST_MEMORY:
             problems.append(f"memory_bytes {hardware.memory_bytes} > {MAX_HOST_MEMORY}")
-        if len(hardware.accelerators) > 16:
-            problems.append("more than 16 accelerator kinds")
         total = 0
         for i, acc in enumerate(hardware.accelerators):
             total += acc.count
             if acc.memory_bytes > MAX_ACCELERATOR_MEMORY:
                 problems.append(f"accelerators[{i}].memory_bytes {acc.memory_bytes} too large")
-            if not acc.name or len(acc.name) > 128:
-                problems.append(f"accelerators[{i}].name must be 1-128 characters")
         if total > MAX_ACCELERATORS:
             problems.append(f"{total} accelerators > {MAX_ACCELERATORS} on one host")
         if problems:
@@ -294,8 +268,7 @@ class NodeRegistry:
         peer_ip: str,
         request: node_service_pb2.RegisterNodeRequest,
     ) -> node_service_pb2.RegisterNodeResponse:
-        """Admit a node (idempotent for the same key and role)."""
-        self._check_request(request)
+        """Admit a node (idempotent for the same key and role); its fields are in bounds."""
         if request.public_key != signer_public_key:
             raise Refusal(
                 ErrorReason.KEY_MISMATCH, "public_key differs from the key that signed the call"
@@ -400,15 +373,12 @@ class NodeRegistry:
         self, caller: Caller, request: node_service_pb2.HeartbeatRequest
     ) -> node_service_pb2.HeartbeatResponse:
         """Record liveness, extend held leases, hand out commands."""
-        v = Violations()
-        v.require(len(request.held_lease_ids) <= 1024, "held_lease_ids", "at most 1024")
-        v.raise_if_any()
         interval = self.clamp_interval(request.requested_interval)
         if self.heartbeats.behind:
             # The back-off hint: a coordinator that is behind asks for heartbeats less often.
             interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
         result = await self.heartbeats.submit(
-            caller.node_id, tuple(request.held_lease_ids), interval
+            caller.node_id, tuple(request.held_lease_ids), interval, request.checkpoint_step
         )
         if not result.known or result.state is None:
             raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
@@ -523,10 +493,19 @@ class NodeRegistry:
 
         return await self.ctx.run_read(work)
 
-    async def remove(self, node_id: str, reason: str, state: NodeState) -> node_pb2.Node:
-        """Eject or ban a node: revoke its leases (tasks requeued) and record why."""
+    async def remove(
+        self, caller: Caller, node_id: str, reason: str, state: NodeState
+    ) -> node_pb2.Node:
+        """Eject or ban a node: revoke its leases (tasks requeued) and record why.
+
+        An operator may not remove itself: it would lock itself out of the very commands that
+        undo it (another operator key can still remove it).
+        """
         if state not in (NodeState.EJECTED, NodeState.BANNED):
             raise ValueError(state)
+        if node_id == caller.node_id:
+            verb = "eject" if state is NodeState.EJECTED else "ban"
+            raise invalid(("node_id", f"an operator cannot {verb} itself"))
         now = self.ctx.clock()
         config = self.ctx.config
 
@@ -549,6 +528,31 @@ class NodeRegistry:
         node = await self.ctx.run_in_transaction(work)
         self.ctx.forget_keys()
         self.ctx.signals.fire(self.ctx.signals.work_available)
+        return node
+
+    async def reinstate(self, node_id: str, reason: str) -> node_pb2.Node:
+        """Undo an ejection: the node goes OFFLINE (ACTIVE at its next heartbeat) with trust,
+        streak and reject count starting afresh. A node that is not ejected is returned as it
+        is (a retry after success changes nothing); a banned one is refused."""
+        now = self.ctx.clock()
+
+        def work(session: Session) -> node_pb2.Node:
+            row = nodes.get_node(session, node_id)
+            if row is None:
+                raise Refusal(ErrorReason.NODE_NOT_FOUND, f"no node {node_id}")
+            if row.state is NodeState.BANNED:
+                raise Refusal(
+                    ErrorReason.NODE_BANNED, f"node {node_id} is banned, which is for good"
+                )
+            rejects = reject_count(session, node_id)
+            nodes.reinstate_node(
+                session, node_id, reason=f"reinstated: {reason}", rejects=rejects, now=now
+            )
+            session.refresh(row)
+            return node_to_proto(row, rejects)
+
+        node = await self.ctx.run_in_transaction(work)
+        self.ctx.forget_keys()  # its cached state is EJECTED no more
         return node
 
 

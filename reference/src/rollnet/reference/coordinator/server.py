@@ -4,34 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts
 from rollnet.ledger import nodes as node_repo
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
-from rollnet.ledger.engine import check_ready, create_engine
+from rollnet.ledger.engine import check_ready, create_engine, describe_database_error
 from rollnet.ledger.migrate import upgrade_to_head
+from rollnet.reference.addresses import split_host_port
 from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blobstore import BlobStore
+from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
+    FieldBoundsCheck,
     Readiness,
     ReadinessGate,
     ResolvedInterceptors,
@@ -54,7 +62,7 @@ from rollnet.reference.coordinator.servicers import (
     ValidationServicer,
 )
 from rollnet.reference.coordinator.work import WorkDesk
-from rollnet.sdk.identity import Identity
+from rollnet.sdk.identity import Identity, KeyFileError
 from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy
 from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
 from rollnet.v1 import (
@@ -76,7 +84,13 @@ from rollnet.v1 import (
     validation_service_pb2_grpc,
 )
 
+if TYPE_CHECKING:
+    from rollnet.reference.coordinator.dashboard import Dashboard
+
 log = logging.getLogger("rollnet.coordinator")
+
+#: Seconds calls in flight get to finish when the coordinator stops (long polls end at once).
+STOP_GRACE_SECONDS = 1.0
 
 #: Finished validation jobs read per query by the retention sweep.
 _RETENTION_PAGE = 500
@@ -104,6 +118,108 @@ def load_or_create_identity(config: CoordinatorConfig) -> Identity:
     return identity
 
 
+def preflight(config: CoordinatorConfig) -> None:
+    """Check what can be checked before anything is created or started: an existing key file
+    loads, the TLS files are a PEM certificate chain and its private key, and every listen
+    address can be bound. Raises :class:`ConfigError` naming the option and the remedy."""
+    key_file = config.resolved_key_file
+    if key_file.exists():
+        try:
+            Identity.load(key_file)
+        except KeyFileError as error:
+            raise ConfigError(f"key_file: {error}") from None
+    if config.tls_cert is not None and config.tls_key is not None:
+        check_tls_files(config.tls_cert, config.tls_key)
+    ports: dict[int, str] = {}
+    for name in ("listen", "metrics_listen", "dashboard_listen"):
+        value = getattr(config, name)
+        if not value:
+            continue
+        port = split_host_port(value, allow_port_zero=True)[1]
+        if port and port in ports:
+            raise ConfigError(
+                f"{name} {value}: port {port} is {ports[port]}'s too; give each its own port"
+            )
+        ports[port] = name
+        check_can_listen(name, value)
+
+
+def check_tls_files(cert: Path, key: Path) -> None:
+    """``cert`` is a PEM certificate chain and ``key`` the PEM private key of its first
+    certificate; else :class:`ConfigError` naming the file."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    def read(option: str, path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as error:
+            raise ConfigError(
+                f"{option} {path}: cannot read it: {error.strerror or error}"
+            ) from None
+
+    chain = read("tls_cert", cert)
+    try:
+        leaf = x509.load_pem_x509_certificates(chain)[0]
+    except ValueError:
+        raise ConfigError(f"tls_cert {cert}: not a PEM certificate chain") from None
+    try:
+        private = serialization.load_pem_private_key(read("tls_key", key), password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"tls_key {key}: not an unencrypted PEM private key") from None
+    raw = serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(
+        serialization.Encoding.DER, raw
+    ) != leaf.public_key().public_bytes(serialization.Encoding.DER, raw):
+        raise ConfigError(f"tls_key {key} is not the key of the certificate in {cert}")
+
+
+def check_can_listen(option: str, address: str) -> None:
+    """Bind ``address`` for a moment: a port in use, or a host that is not this machine's, is
+    a :class:`ConfigError` before the database is touched (port 0 always binds)."""
+    host, port = split_host_port(address, allow_port_zero=True)
+    if port == 0:
+        return
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ConfigError(f"{option} {address}: unknown host {host!r} ({error.strerror})") from None
+    for family, kind, proto, _name, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            # As the servers themselves bind: connections of a previous run in TIME_WAIT do not
+            # block the port (on Linux a listening socket still does).
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as error:
+                why = (
+                    "the port is in use (another coordinator?)"
+                    if error.errno == errno.EADDRINUSE
+                    else error.strerror or str(error)
+                )
+                raise ConfigError(
+                    f"{option} {address}: cannot listen there: {why}; choose another "
+                    f"--{option.replace('_', '-')}"
+                ) from None
+
+
+async def open_database(config: CoordinatorConfig, *, migrate: bool) -> Engine:
+    """The engine, its schema migrated to head; an unreachable or missing database is a
+    :class:`ConfigError` in one line (PostgreSQL's own words, and what to do)."""
+    engine = create_engine(config.database_url, config.data_dir)
+    try:
+        if migrate:
+            await asyncio.to_thread(upgrade_to_head, engine)
+    except SQLAlchemyError as error:
+        engine.dispose()
+        url = config.database_url or f"sqlite:///{config.data_dir / 'rollnet.db'}"
+        raise ConfigError(f"database: {describe_database_error(error, url)}") from None
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
 @dataclass
 class Coordinator:
     """A running coordinator (see :func:`start_coordinator`)."""
@@ -116,6 +232,8 @@ class Coordinator:
     dispatcher: Dispatcher
     metrics_port: int | None = None
     readiness: Readiness = field(default_factory=Readiness)
+    ledger: LedgerDesk | None = None
+    dashboard: Dashboard | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -137,17 +255,30 @@ class Coordinator:
             for service in module.DESCRIPTOR.services_by_name.values():
                 await self.health.set(service.full_name, status)
 
-    async def stop(self, grace: float = 5.0) -> None:
-        """Drain: NOT_SERVING first, then stop accepting calls and finish in-flight ones."""
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Drain: NOT_SERVING first, then stop accepting calls and finish in-flight ones.
+
+        Long polls answer "come back later" and streams end at once, so ``grace`` bounds only
+        calls doing real work. ``None`` aborts in-flight calls at once (a forced stop). Last,
+        the ledger's chain head is signed, so a signed head covers every entry written here.
+        """
         await self.set_serving(False)
+        self.ctx.signals.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.server.stop(grace)
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         await self.registry.heartbeats.close()
         await self.dispatcher.leases.close()
+        if self.ledger is not None:
+            try:
+                await self.ledger.sign_head()
+            except Exception:  # a database gone at shutdown must not hide the rest of it
+                log.exception("could not sign the ledger's chain head at shutdown")
         await asyncio.to_thread(self.ctx.metrics.close)
         self.ctx.close()
 
@@ -313,10 +444,13 @@ async def _serve_when_ready(coordinator: Coordinator, interval: float = 0.25) ->
 
 
 async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) -> Coordinator:
-    """Open the database (migrating it), bind the port, start serving and sweeping."""
-    engine = create_engine(config.database_url, config.data_dir)
-    if migrate:
-        await asyncio.to_thread(upgrade_to_head, engine)
+    """Open the database (migrating it), bind the port, start serving and sweeping.
+
+    Anything wrong with the configuration's files, addresses or database is a
+    :class:`ConfigError`, raised before anything is left running.
+    """
+    await asyncio.to_thread(preflight, config)
+    engine = await open_database(config, migrate=migrate)
     identity = load_or_create_identity(config)
     blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
     blobs.remove_partials()
@@ -333,6 +467,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             key_resolver=keys.resolve,
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
+            max_message_bytes=config.max_message_bytes,
         )
     )
     limiter = CallerLimiter(
@@ -342,15 +477,24 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     serving = Readiness()
     server = grpc.aio.server(
         # Outermost first: observe everything, refuse all but health while not serving, verify
-        # signatures, then limit verified callers.
+        # signatures (after the message size), limit verified callers, check every field.
         interceptors=[
             ResolvedInterceptors(
-                [RpcObserver(metrics), ReadinessGate(serving, EXEMPT_PREFIXES), verifier, limiter],
+                [
+                    RpcObserver(metrics),
+                    ReadinessGate(serving, EXEMPT_PREFIXES),
+                    verifier,
+                    limiter,
+                    FieldBoundsCheck(RequestBounds(config)),
+                ],
                 serving,
             )
         ],
         options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
+            # gRPC refuses a message over its limit itself, before any handler, with a bare
+            # RESOURCE_EXHAUSTED; up to twice the cap, the verifier answers MESSAGE_TOO_LARGE
+            # with an ErrorInfo instead, as the protocol promises.
+            ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.server.max_pending_requests", config.max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", 2 * config.max_pending_calls),
@@ -427,9 +571,15 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         registry=registry,
         dispatcher=dispatcher,
         readiness=serving,
+        ledger=ledger,
     )
     await coordinator.set_serving(False)
     await server.start()
+    try:
+        await _start_side_servers(coordinator, config, metrics)
+    except BaseException:
+        await coordinator.stop(grace=None)
+        raise
     readiness = await asyncio.to_thread(check_ready, engine)
     if not readiness.ready:
         log.error("database not ready: %s", readiness.detail)
@@ -438,9 +588,6 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         coordinator._tasks.append(asyncio.create_task(_serve_when_ready(coordinator)))
     else:
         await coordinator.set_serving(True)
-    if config.metrics_listen:
-        host, _, metrics_port = config.metrics_listen.rpartition(":")
-        coordinator.metrics_port = metrics.serve(host or "127.0.0.1", int(metrics_port))
     coordinator._tasks.append(
         asyncio.create_task(_every(config.sweep_interval.total_seconds(), lambda: sweep_once(ctx)))
     )
@@ -449,6 +596,25 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     )
     coordinator._tasks.append(asyncio.create_task(_sweep_blobs_forever(ctx)))
     return coordinator
+
+
+async def _start_side_servers(
+    coordinator: Coordinator, config: CoordinatorConfig, metrics: CoordinatorMetrics
+) -> None:
+    """Metrics and dashboard listeners (a port taken since the preflight: ConfigError)."""
+    if config.metrics_listen:
+        host, port = split_host_port(config.metrics_listen, allow_port_zero=True)
+        try:
+            coordinator.metrics_port = metrics.serve(host, port)
+        except OSError as error:
+            raise ConfigError(
+                f"metrics_listen {config.metrics_listen}: cannot listen there: "
+                f"{error.strerror or error}; choose another --metrics-listen"
+            ) from None
+    if config.dashboard_listen:
+        from rollnet.reference.coordinator.dashboard import start_dashboard
+
+        coordinator.dashboard = await start_dashboard(coordinator.ctx, config.dashboard_listen)
 
 
 async def serve_forever(config: CoordinatorConfig) -> None:
@@ -460,16 +626,38 @@ async def serve_forever(config: CoordinatorConfig) -> None:
     # couple of calls.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
+    signals = 0
+    stop = asyncio.Event()
+    force = asyncio.Event()
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        (stop if signals == 1 else force).set()
+
+    # Installed before the line below is printed: whoever waits for it may signal at once.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     # Always said, whatever the log level: scripts and operators wait for this line.
     print(
         f"rollnet coordinator listening on {coordinator.address} (network {config.network_id})",
         file=sys.stderr,
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    if coordinator.dashboard is not None:
+        print(f"rollnet coordinator dashboard on {coordinator.dashboard.url}", file=sys.stderr)
     await stop.wait()
+    print(
+        "rollnet coordinator stopping (Ctrl-C again to stop at once)", file=sys.stderr, flush=True
+    )
     log.info("draining")
-    await coordinator.stop(grace=10.0)
+    drain = asyncio.create_task(coordinator.stop(grace=STOP_GRACE_SECONDS))
+    forced = asyncio.create_task(force.wait())
+    await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
+    if not drain.done():
+        log.warning("forced stop: calls in flight are aborted")
+        # The graceful stop goes on, with its grace cut to nothing: gRPC aborts every call.
+        await coordinator.server.stop(None)
+    forced.cancel()
+    await drain

@@ -121,8 +121,6 @@ class Idempotency:
         request_id: str = getattr(request, "request_id", "")
         if not request_id:
             return await produce()
-        if len(request_id) > 128:
-            raise Refusal(ErrorReason.INVALID_FIELDS, "request_id: at most 128 characters")
         who = current_caller().node_id
         digest = blake3.blake3(request.SerializeToString(deterministic=True)).digest()
         # The stored response, if any, is looked up by the call's first transaction (saving a
@@ -239,7 +237,9 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
         self, request: node_service_pb2.EjectNodeRequest, context: Any
     ) -> node_service_pb2.EjectNodeResponse:
         async def produce() -> node_service_pb2.EjectNodeResponse:
-            node = await self.registry.remove(request.node_id, request.reason, NodeState.EJECTED)
+            node = await self.registry.remove(
+                caller(), request.node_id, request.reason, NodeState.EJECTED
+            )
             return node_service_pb2.EjectNodeResponse(node=node)
 
         return await self.idem.run(
@@ -251,10 +251,24 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
         self, request: node_service_pb2.BanNodeRequest, context: Any
     ) -> node_service_pb2.BanNodeResponse:
         async def produce() -> node_service_pb2.BanNodeResponse:
-            node = await self.registry.remove(request.node_id, request.reason, NodeState.BANNED)
+            node = await self.registry.remove(
+                caller(), request.node_id, request.reason, NodeState.BANNED
+            )
             return node_service_pb2.BanNodeResponse(node=node)
 
         return await self.idem.run("BanNode", request, node_service_pb2.BanNodeResponse, produce)
+
+    @handled
+    async def ReinstateNode(
+        self, request: node_service_pb2.ReinstateNodeRequest, context: Any
+    ) -> node_service_pb2.ReinstateNodeResponse:
+        async def produce() -> node_service_pb2.ReinstateNodeResponse:
+            node = await self.registry.reinstate(request.node_id, request.reason)
+            return node_service_pb2.ReinstateNodeResponse(node=node)
+
+        return await self.idem.run(
+            "ReinstateNode", request, node_service_pb2.ReinstateNodeResponse, produce
+        )
 
 
 class TaskServicer(_Base, task_service_pb2_grpc.TaskServiceServicer):

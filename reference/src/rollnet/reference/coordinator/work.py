@@ -17,7 +17,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, chain, nodes, tasks, validation
+from rollnet.ledger import artifacts, chain, nodes, overview, tasks, validation
 from rollnet.ledger.artifacts import NewCommitment
 from rollnet.ledger.chain import NewEntry
 from rollnet.ledger.engine import read_only_session
@@ -209,10 +209,6 @@ class WorkDesk:
         until a commitment records them; a trainer's checkpoint shards are not charged. No
         upload may take the store below its free-space reserve.
         """
-        v = Violations()
-        v.require(len(header.blob.blake3) == 32, "header.blob.blake3", "must be 32 bytes")
-        v.require(header.kind != 0, "header.kind", "is required")
-        v.raise_if_any()
         config = self.ctx.config
         digest, size = header.blob.blake3, header.blob.size
         trusted = caller.role == NodeRole.TRAINER
@@ -328,9 +324,6 @@ class WorkDesk:
         self, request: blob_service_pb2.GetBlobRequest, chunk_size: int = 1 << 20
     ) -> AsyncIterator[blob_service_pb2.GetBlobResponse]:
         """Stream a stored blob from ``offset``."""
-        v = Violations()
-        v.require(len(request.blake3) == 32, "blake3", "must be 32 bytes")
-        v.raise_if_any()
         if not self.ctx.blobs.exists(request.blake3):
             name = request.blake3.hex()
             row = await self.ctx.run_read(lambda session: artifacts.get_blob(session, name))
@@ -478,13 +471,6 @@ class WorkDesk:
         self, caller: Caller, request: commitment_service_pb2.SubmitCommitmentRequest
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         """Accept a commitment for a held lease, answer with a signed receipt."""
-        v = Violations()
-        v.require(bool(request.lease_id), "lease_id", "is required")
-        v.require(bool(request.task_id), "task_id", "is required")
-        v.require(len(request.rollout_batch.blake3) == 32, "rollout_batch.blake3", "32 bytes")
-        v.require(len(request.binding_digest) == 32, "binding_digest", "must be 32 bytes")
-        v.require(len(request.rollouts) > 0, "rollouts", "must not be empty")
-        v.raise_if_any()
         config = self.ctx.config
         expected_binding = batch_binding_digest(
             config.network_id,
@@ -780,7 +766,7 @@ class WorkDesk:
             if response is not None:
                 return response
             remaining = (deadline - self.ctx.clock()).total_seconds()
-            if remaining <= 0:
+            if remaining <= 0 or self.ctx.signals.stopping:
                 return validation_service_pb2.PullValidationJobResponse(
                     retry_after=duration(config.retry_after)
                 )
@@ -793,27 +779,16 @@ class WorkDesk:
         self, caller: Caller, request: validation_service_pb2.SubmitVerdictRequest
     ) -> validation_service_pb2.SubmitVerdictResponse:
         """Record a verdict: credit or slash, trust update, ejection after repeated rejects."""
-        v = Violations()
-        v.require(bool(request.job_id), "job_id", "is required")
-        v.require(bool(request.lease_id), "lease_id", "is required")
         accept = validation_pb2.Verdict.DECISION_ACCEPT
-        reject = validation_pb2.Verdict.DECISION_REJECT
-        v.require(request.decision in (accept, reject), "decision", "ACCEPT or REJECT")
+        # Each field is in bounds (the FieldBoundsCheck interceptor: a known decision, finite
+        # figures, rewards and log-probabilities); what relates them is checked here.
+        v = Violations()
         v.require(
-            request.decision != reject or bool(request.reject_reason),
+            request.decision == accept or bool(request.reject_reason),
             "reject_reason",
             "is required when rejecting",
         )
-        for index, check in enumerate(request.checks):
-            for name, value in check.figures.items():
-                v.require(math.isfinite(value), f"checks[{index}].figures[{name!r}]", "not finite")
-        for index, reward in enumerate(request.validated_rewards):
-            v.require(
-                all(map(math.isfinite, (reward.task_reward, reward.length_penalty, reward.total))),
-                f"validated_rewards[{index}]",
-                "must be finite",
-            )
-        logprobs.check_values(request.validated_logprobs, request.decision == accept, v)
+        logprobs.check_decision(request.validated_logprobs, request.decision == accept, v)
         v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
@@ -911,6 +886,12 @@ class WorkDesk:
                 # One UPDATE reading the row it writes: a concurrent reject's reset (or another
                 # accept) is never overwritten with a stale streak.
                 nodes.record_accepted(session, commitment.node_id, config.trusted_streak)
+                overview.record_step_rewards(
+                    session,
+                    int(task.sampling.get("rollout_step", 0)),
+                    [(r.task_reward, r.length_penalty, r.total) for r in request.validated_rewards],
+                    now=now,
+                )
             else:
                 tasks.transition_task(
                     session,
@@ -933,7 +914,9 @@ class WorkDesk:
                 )
                 nodes.set_trust(session, commitment.node_id, trust=0.0, accepted_streak=0)
                 rejects = validation.count_rejected_commitments(session, commitment.node_id)
-                if rejects >= config.eject_after_rejects and worker.state not in (
+                # Rejects an operator forgave by reinstating the node do not count again.
+                counted = rejects - worker.rejects_forgiven
+                if counted >= config.eject_after_rejects and worker.state not in (
                     NodeState.BANNED,
                     NodeState.EJECTED,
                 ):

@@ -60,8 +60,10 @@ class ValidatorMetrics:
 
     def serve(self, listen: str) -> None:
         """Serve ``/metrics`` on ``HOST:PORT`` (a background thread)."""
-        host, _, port = listen.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
+        from rollnet.reference.addresses import split_host_port
+
+        host, port = split_host_port(listen, allow_port_zero=True)
+        start_http_server(port, addr=host, registry=self.registry)
 
 
 __all__ = ["ValidatorMetrics"]
