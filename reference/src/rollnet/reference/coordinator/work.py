@@ -588,7 +588,9 @@ class WorkDesk:
                 rollout_batch=request.rollout_batch,
                 checkpoint_step=task.checkpoint_step,
                 rollouts=request.rollouts,
-                claimed_work=request.claimed_work,
+                # The coordinator's own count of the batch's tokens, not the node's claim: only
+                # figures the coordinator checked are shown (GetCommitment, validation jobs).
+                claimed_work=commitment_pb2.WorkClaim(prefill_tokens=prefill, decode_tokens=decode),
                 binding_digest=request.binding_digest,
                 received_at=timestamp(now),
             )
@@ -1028,6 +1030,11 @@ def commitment_to_proto(session: Session, row: Commitment) -> commitment_pb2.Com
         state = COMMITMENT_STATE.get(task.state, commitment_pb2.Commitment.STATE_PENDING)
     if row.record is not None:
         commitment = commitment_pb2.Commitment.FromString(row.record)
+        claimed = commitment.claimed_work
+        if claimed.prefill_tokens + claimed.decode_tokens != row.claimed_work:
+            # Recorded as the node sent it (before the coordinator stored its own count): a
+            # figure nobody checked is not shown.
+            commitment.ClearField("claimed_work")
     else:  # stored before migration 0003: only what the row's columns hold
         blob = artifacts.get_blob(session, row.rollout_blob_hash)
         commitment = commitment_pb2.Commitment(
