@@ -155,6 +155,11 @@ class CoordinatorContext:
         self.key_cache.clear()
         self.key_cache_generation += 1
 
+    def forget_key(self, public_key: bytes) -> None:
+        """Drop one cached key (its node registered again: its cached state is stale)."""
+        self.key_cache.pop(public_key, None)
+        self.key_cache_generation += 1
+
     @property
     def group_commit(self) -> GroupCommitWriter | None:
         """The SQLite group-commit writer (``None`` on PostgreSQL)."""

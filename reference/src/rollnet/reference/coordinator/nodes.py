@@ -140,6 +140,10 @@ def node_to_proto(row: Node, reject_count: int = 0) -> node_pb2.Node:
     return node
 
 
+#: States in which a node may not work (refused by :func:`refuse_state`).
+REFUSED_STATES = frozenset({NodeState.BANNED, NodeState.EJECTED, NodeState.DEREGISTERED})
+
+
 def refuse_unusable(row: Node | NodeStanding) -> None:
     """Refuse a call from a node that may not work (ejected, banned, deregistered)."""
     refuse_state(row.id, row.state)
@@ -346,6 +350,10 @@ class NodeRegistry:
             # The same key registered at the same moment through another replica (or call)
             # inserted the row first; the second attempt finds it and is idempotent.
             node = await self.ctx.run_in_transaction(work)
+        # Its key may be cached with the state it had before (DEREGISTERED, after a clean
+        # restart): forgotten, the next call reads it afresh. (Another replica's cache is not
+        # trusted to refuse: a refusing cached state is read again before it refuses.)
+        self.ctx.forget_key(request.public_key)
         config = self.ctx.config
         return node_service_pb2.RegisterNodeResponse(
             node=node,

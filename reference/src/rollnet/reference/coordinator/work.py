@@ -43,10 +43,10 @@ from rollnet.reference.coordinator.dispatch import (
     task_to_proto,
 )
 from rollnet.reference.coordinator.nodes import (
+    REFUSED_STATES,
     Caller,
     duration,
     eject_node,
-    refuse_state,
     refuse_unless_in_standing,
     refuse_unusable,
     timestamp,
@@ -222,13 +222,13 @@ class WorkDesk:
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
         # An ejected (or deregistered) worker has nothing left to commit: no quota, no disk.
-        # Its state as the call's key was resolved (no read on this per-lease path); only a key
-        # evicted since then is read again. SubmitCommitment reads it in its transaction.
+        # Its state as the call's key was resolved (no read on this per-lease path); a key
+        # evicted since then is read again, and so is one whose cached state would refuse: the
+        # node may have registered again (or been reinstated) since, here or on another replica.
+        # SubmitCommitment reads it in its transaction.
         state = self.ctx.cached_state(caller.public_key)
-        if state is None:
+        if state is None or state in REFUSED_STATES:
             await self.ctx.run_read(partial(refuse_unless_in_standing, caller=caller))
-        else:
-            refuse_state(caller.node_id, state)
         uploads = self.ctx.uploads
 
         def over_quota(error: QuotaExceeded) -> Refusal:
