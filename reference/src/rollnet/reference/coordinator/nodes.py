@@ -26,6 +26,7 @@ from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
+from rollnet.sdk.methods import may_reach_others, method_path
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 ROLE_TO_DB = {
@@ -45,6 +46,8 @@ STATE_FROM_DB = {
     NodeState.DEREGISTERED: node_pb2.Node.STATE_DEREGISTERED,
 }
 STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
+
+GET_NODE = method_path("NodeService", "GetNode")
 
 # Hardware claims beyond these are refused as implausible (a single host). The number of
 # accelerator kinds and their names are bounded with every other field (bounds.py).
@@ -183,6 +186,17 @@ def off_allow_list(
         f'add "{node_id}" to {role}s = [...] in the coordinator\'s TOML file (--config; sample: '
         f"{SAMPLE_CONFIG}) and restart it"
     )
+
+
+def refuse_unless_reaching_others(method: str, caller: Caller, what: str) -> None:
+    """Refuse (``ROLE_NOT_ALLOWED``) a caller whose role may use ``method`` on its own objects
+    only (the roles table, :data:`rollnet.sdk.methods.ROLE_TABLE`)."""
+    role = ROLE_FROM_DB.get(caller.role) if caller.role is not None else None
+    if role is None or not may_reach_others(method, role):
+        raise Refusal(
+            ErrorReason.ROLE_NOT_ALLOWED,
+            f"role {caller.role or 'unregistered'} may not {what} ({method}: own only)",
+        )
 
 
 def refuse_unless_in_standing(session: Session, caller: Caller) -> None:
@@ -466,8 +480,8 @@ class NodeRegistry:
     async def get(self, caller: Caller, node_id: str) -> node_pb2.Node:
         """One node; non-operators may only read themselves."""
         target = node_id or caller.node_id
-        if target != caller.node_id and caller.role is not NodeRole.OPERATOR:
-            raise Refusal(ErrorReason.ROLE_NOT_ALLOWED, "only operators may read other nodes")
+        if target != caller.node_id:
+            refuse_unless_reaching_others(GET_NODE, caller, "read other nodes")
 
         def work(session: Session) -> node_pb2.Node:
             row = nodes.get_node(session, target)

@@ -48,6 +48,7 @@ from rollnet.reference.coordinator.nodes import (
     duration,
     eject_node,
     refuse_unless_in_standing,
+    refuse_unless_reaching_others,
     refuse_unusable,
     timestamp,
 )
@@ -55,6 +56,7 @@ from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
@@ -66,6 +68,8 @@ from rollnet.v1 import (
     validation_pb2,
     validation_service_pb2,
 )
+
+_GET_COMMITMENT = method_path("CommitmentService", "GetCommitment")
 
 # Work units are MFLOPs: tokens x forward FLOPs per token / 10^6.
 FLOPS_PER_WORK_UNIT = 1_000_000
@@ -704,11 +708,12 @@ class WorkDesk:
 
         def work(session: Session) -> commitment_service_pb2.GetCommitmentResponse:
             row = artifacts.get_commitment(session, commitment_id)
-            if row is None or (
-                row.node_id != caller.node_id
-                and caller.role not in (NodeRole.VALIDATOR, NodeRole.OPERATOR, NodeRole.TRAINER)
-            ):
+            if row is None:
                 raise Refusal(ErrorReason.COMMITMENT_NOT_FOUND, f"no commitment {commitment_id}")
+            if row.node_id != caller.node_id:
+                refuse_unless_reaching_others(
+                    _GET_COMMITMENT, caller, "read another node's commitment"
+                )
             return commitment_service_pb2.GetCommitmentResponse(
                 commitment=commitment_to_proto(session, row)
             )
