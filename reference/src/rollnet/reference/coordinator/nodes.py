@@ -27,6 +27,7 @@ from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.sdk.methods import may_reach_others, method_path
+from rollnet.sdk.verifier import current_nonce
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 ROLE_TO_DB = {
@@ -399,9 +400,16 @@ class NodeRegistry:
         if self.heartbeats.behind:
             # The back-off hint: a coordinator that is behind asks for heartbeats less often.
             interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
+        signed = current_nonce()
         result = await self.heartbeats.submit(
-            caller.node_id, tuple(request.held_lease_ids), interval, request.checkpoint_step
+            caller.node_id,
+            tuple(request.held_lease_ids),
+            interval,
+            request.checkpoint_step,
+            (caller.node_id, signed.nonce, signed.timestamp_ms),
         )
+        if result.replayed:
+            raise Refusal(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
         if not result.known or result.state is None:
             raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
         if result.state is NodeState.BANNED:

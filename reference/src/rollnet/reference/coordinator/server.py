@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts
 from rollnet.ledger import nodes as node_repo
+from rollnet.ledger import nonces as nonce_repo
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
 from rollnet.ledger.engine import check_ready, create_engine, describe_database_error
@@ -50,6 +51,7 @@ from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.nodes import NodeRegistry
+from rollnet.reference.coordinator.nonces import NonceLedger
 from rollnet.reference.coordinator.servicers import (
     BlobServicer,
     CheckpointServicer,
@@ -63,7 +65,7 @@ from rollnet.reference.coordinator.servicers import (
 )
 from rollnet.reference.coordinator.work import WorkDesk
 from rollnet.sdk.identity import Identity, KeyFileError
-from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy
+from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy, method_path
 from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
 from rollnet.v1 import (
     blob_service_pb2,
@@ -321,6 +323,9 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
         )
         jobs += len(taken.requeued)
         failed_jobs += taken.failed
+        # Nonces whose signatures expired (signed more than a skew window ago), a skew window
+        # later still, in case a replica's clock runs behind this one's.
+        nonce_repo.prune_nonces(session, signed_before=now - 2 * config.signature_skew)
         return requeued, jobs, failed_jobs
 
     requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
@@ -461,6 +466,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     metrics.pending_upload_bytes.set_function(ctx.uploads.pending_bytes)
 
     keys = KeyDirectory(ctx)
+    nonces = NonceLedger(ctx)
     verifier = RequestVerifier(
         VerifierConfig(
             audience=config.network_id,
@@ -468,6 +474,10 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
+            # Replays are refused across restarts and replicas: nonces live in the database
+            # (heartbeats record theirs in their own batch's transaction).
+            nonce_recorder=nonces.record,
+            deferred_nonce_methods=frozenset({method_path("NodeService", "Heartbeat")}),
         )
     )
     limiter = CallerLimiter(
