@@ -37,6 +37,7 @@ from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
+from rollnet.reference.coordinator.database_lock import lock_database
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
@@ -455,13 +456,26 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     :class:`ConfigError`, raised before anything is left running.
     """
     await asyncio.to_thread(preflight, config)
-    engine = await open_database(config, migrate=migrate)
-    identity = load_or_create_identity(config)
-    blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
-    blobs.remove_partials()
+    # Before anything touches the database: a second coordinator on one SQLite database is
+    # refused (replicas share PostgreSQL). Held until stop(), or until the process ends.
+    database_lock = lock_database(config)
+    try:
+        engine = await open_database(config, migrate=migrate)
+        identity = load_or_create_identity(config)
+        blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
+        blobs.remove_partials()
+    except BaseException:
+        if database_lock is not None:
+            database_lock.release()
+        raise
     metrics = CoordinatorMetrics()
     ctx = CoordinatorContext(
-        config=config, engine=engine, identity=identity, blobs=blobs, metrics=metrics
+        config=config,
+        engine=engine,
+        identity=identity,
+        blobs=blobs,
+        metrics=metrics,
+        database_lock=database_lock,
     )
     metrics.pending_upload_bytes.set_function(ctx.uploads.pending_bytes)
 
