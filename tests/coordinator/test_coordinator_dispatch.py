@@ -163,7 +163,8 @@ async def test_expiry_requeues_then_fails_and_stale_submits_are_refused(
         with pytest.raises(RollnetError) as refused:
             await upload_and_commit(other, rescuer, make_work(rescuer, second.task, second.lease))
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert refused.value.reason == ErrorReason.LEASE_CLOSED  # the task is FAILED
+        # The task is FAILED because its lease ran out: expired, as before the sweep.
+        assert refused.value.reason == ErrorReason.LEASE_EXPIRED
     finally:
         for c in (trainer, slow, other):
             await c.close()

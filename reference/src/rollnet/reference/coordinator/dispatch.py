@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import artifacts, idempotency, nodes, tasks
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Task
+from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.ledger.tasks import LeasedTask, NewTask
 from rollnet.reference.coordinator.bounds import MAX_ROLLOUTS_PER_TASK
 from rollnet.reference.coordinator.context import (
@@ -47,6 +48,7 @@ from rollnet.reference.envs.registry import (
 )
 from rollnet.sdk.dtypes import FLOAT32, compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.verifier import current_nonce
 from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
 
 log = logging.getLogger("rollnet.coordinator")
@@ -144,6 +146,8 @@ class _PendingPull:
     environments: tuple[str, ...] | None
     scope: IdempotencyScope | None
     future: asyncio.Future[task_service_pb2.PullTaskResponse | NoTask] | None = None
+    #: The call's nonce, recorded in the batch's transaction (first try of a long poll only).
+    nonce: NonceKey | None = None
 
 
 #: Outcome of a pull whose request id another pull of the same batch carries: it is retried in
@@ -185,13 +189,15 @@ class PullBatcher:
         caller: Caller,
         environments: tuple[str, ...] | None,
         scope: IdempotencyScope | None,
+        nonce: NonceKey | None = None,
     ) -> task_service_pb2.PullTaskResponse | NoTask:
         """Lease a task for one pull: its response (with a lease), or :class:`NoTask`.
 
-        Raises the pull's :class:`Refusal`, or :class:`StoredResponse` when its request id was
-        answered before.
+        Raises the pull's :class:`Refusal` (``NONCE_REPLAYED`` when ``nonce``, recorded in the
+        batch's transaction, was recorded before), or :class:`StoredResponse` when its request
+        id was answered before.
         """
-        pending = _PendingPull(caller, environments, scope)
+        pending = _PendingPull(caller, environments, scope, nonce=nonce)
         if self.ctx.group_commit is None:
             self._count([pending])
             (outcome,) = await self._write([pending])
@@ -248,6 +254,7 @@ class PullBatcher:
                 if future.done() or outcome is _GONE:
                     continue  # the caller went away (a lease it took expires unused)
                 if outcome is _AGAIN:
+                    pending.nonce = None  # recorded with the batch that committed
                     self._queue.put_nowait(pending)
                 elif isinstance(outcome, BaseException):
                     future.set_exception(outcome)
@@ -294,7 +301,18 @@ class PullBatcher:
                 pending.scope.stored = False
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
+        # The pulls' nonces first: a replayed pull leases nothing and hears no stored answer.
+        fresh = claim_nonces(session, [p.nonce for p in batch if p.nonce is not None])
+        replays = []
+        for index, pending in enumerate(batch):
+            if pending.nonce is not None:
+                if pending.nonce in fresh:
+                    fresh.discard(pending.nonce)  # a second one in this batch is its replay
+                else:
+                    replays.append(index)
         repeats = _answer_repeats(session, batch, outcomes)
+        for index in replays:
+            outcomes[index] = Refusal(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
         asking = [index for index, outcome in enumerate(outcomes) if outcome is None]
         standings = nodes.get_standings(session, {batch[i].caller.node_id for i in asking})
         latest = artifacts.latest_checkpoint_step(session)
@@ -519,7 +537,9 @@ class Dispatcher:
         loop_deadline = self.ctx.clock() + wait
         asked = tuple(sorted(set(request.environments))) or None
         scope = IDEMPOTENCY_SCOPE.get()
-        outcome = await self.leases.lease(caller, asked, scope)
+        signed = current_nonce()
+        nonce = (caller.node_id, signed.nonce, signed.timestamp_ms)
+        outcome = await self.leases.lease(caller, asked, scope, nonce)
         while True:
             if not isinstance(outcome, NoTask):
                 return outcome
