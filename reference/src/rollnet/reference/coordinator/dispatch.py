@@ -39,6 +39,7 @@ from rollnet.reference.coordinator.nodes import (
     refuse_unusable,
     timestamp,
 )
+from rollnet.reference.coordinator.prompt_lengths import PromptLengths
 from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.envs.config import EnvironmentConfigError
 from rollnet.reference.envs.registry import (
@@ -416,12 +417,17 @@ def _settled(outcome: Any) -> task_service_pb2.PullTaskResponse | NoTask:
     return outcome  # type: ignore[no-any-return]
 
 
+#: The task spec's key for its prompts' token counts (absent: unknown, see prompt_lengths.py).
+PROMPT_TOKENS = "prompt_tokens"
+
+
 class Dispatcher:
     """Creates tasks from demand and leases them to pulling workers."""
 
     def __init__(self, ctx: CoordinatorContext) -> None:
         self.ctx = ctx
         self.leases = PullBatcher(ctx)
+        self.prompt_lengths = PromptLengths(ctx.blobs, ctx.config.data_dir / "tokenizers")
 
     async def request_rollouts(
         self, caller: Caller, request: rollout_service_pb2.RequestRolloutsRequest
@@ -477,6 +483,20 @@ class Dispatcher:
         else:
             prompt_ids = rng.integers(0, limit, size=request.prompt_count, dtype=np.int64)
         data_seed = int(rng.integers(0, 2**62))
+        # What each assigned prompt's rollouts may claim as prefill: its token count with the
+        # checkpoint the tasks are made against (prompt_lengths.py). Off the event loop.
+        newest = await self.ctx.run_read(artifacts.latest_checkpoint)
+        counted: tuple[int, list[int] | None] | None = None
+        if newest is not None:
+            lengths = self.prompt_lengths
+
+            def count() -> list[int] | None:
+                tokenizer = lengths.tokenizer(newest.manifest)
+                if tokenizer is None:
+                    return None
+                return lengths.count(environment, tokenizer, [int(p) for p in prompt_ids])
+
+            counted = (newest.step, await asyncio.to_thread(count))
         now = self.ctx.clock()
 
         def work(session: Session) -> rollout_service_pb2.RequestRolloutsResponse:
@@ -486,6 +506,10 @@ class Dispatcher:
                     ErrorReason.CHECKPOINT_NOT_FOUND,
                     "no checkpoint is published yet: publish one before requesting rollouts",
                 )
+            # Counted against another checkpoint (one was published meanwhile): unknown.
+            prompt_tokens = (
+                counted[1] if counted is not None and counted[0] == latest.step else None
+            )
             ids = [
                 _task_id(caller.node_id, request.request_id, index)
                 for index in range(-(-request.prompt_count // per_task))
@@ -500,6 +524,16 @@ class Dispatcher:
             new_tasks = []
             for index, start in enumerate(range(0, request.prompt_count, per_task)):
                 chunk = prompt_ids[start : start + per_task]
+                sampling: dict[str, Any] = {
+                    "temperature": request.sampling.temperature,
+                    "max_new_tokens": request.sampling.max_new_tokens,
+                    "samples_per_prompt": request.samples_per_prompt,
+                    "rollout_step": request.rollout_step,
+                    "environment_config": normalized_config,
+                    "compute_dtype": config.compute_dtype,
+                }
+                if prompt_tokens is not None:
+                    sampling[PROMPT_TOKENS] = prompt_tokens[start : start + per_task]
                 new_tasks.append(
                     NewTask(
                         task_id=ids[index],
@@ -507,14 +541,7 @@ class Dispatcher:
                         checkpoint_step=latest.step,
                         prompt_ids=[str(int(p)) for p in chunk],
                         seed=data_seed,
-                        sampling={
-                            "temperature": request.sampling.temperature,
-                            "max_new_tokens": request.sampling.max_new_tokens,
-                            "samples_per_prompt": request.samples_per_prompt,
-                            "rollout_step": request.rollout_step,
-                            "environment_config": normalized_config,
-                            "compute_dtype": config.compute_dtype,
-                        },
+                        sampling=sampling,
                     )
                 )
             tasks.enqueue_tasks(session, new_tasks, now=now)
