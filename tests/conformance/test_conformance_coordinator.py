@@ -1,41 +1,19 @@
 """The coordinator conformance suite against the reference coordinator, in process, and against
-deliberately broken ones: it must pass the first and catch the others.
-
-The reference coordinator runs with short timers (a 3 s lease, so the lease-expiry case runs), a
-small upload quota and message cap (so the quota and size cases are quick), an invite-only pool
-and a restart hook that stops it and starts it again on the same port and database.
-"""
+deliberately broken ones: it must pass the first and catch the others."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
-from datetime import timedelta
-from pathlib import Path
-
 import grpc
 import pytest
+from conformance_testing import Running
 
-from rollnet.reference.coordinator.config import (
-    CoordinatorConfig,
-    PoolConfig,
-    load_config,
-    with_overrides,
-)
-from rollnet.reference.coordinator.server import Coordinator, start_coordinator
-from rollnet.sdk import Identity
 from rollnet.sdk.conformance import (
     CASES,
     Outcome,
     Report,
-    TargetConfig,
     format_result,
     run_coordinator_suite,
 )
-
-NETWORK = "rollnet-conformance"
-QUOTA = 256 * 1024
-MESSAGE_CAP = 1 << 20
 
 #: Cases the reference coordinator fails today, and why. Two are holes issue 17 is closing; the
 #: third is a finding of this suite: a commitment after the deadline is answered LEASE_CLOSED
@@ -46,66 +24,6 @@ KNOWN_HOLES = {
     "registration.request_id_reused": "issue 17: RegisterNode keeps no request_id record",
     "dispatch.lease_expiry": "late commitment answered LEASE_CLOSED after the requeue",
 }
-
-
-@dataclass
-class Running:
-    """The coordinator under test and what the suite is told about it."""
-
-    coordinator: Coordinator
-    config: CoordinatorConfig
-    keys: dict[str, Identity]
-
-    @property
-    def address(self) -> str:
-        return self.coordinator.address
-
-    async def restart(self) -> None:
-        await self.coordinator.stop(grace=0.5)
-        self.coordinator = await start_coordinator(
-            replace(self.config, listen=self.coordinator.address)
-        )
-
-    def target(self, **changes: object) -> TargetConfig:
-        config = TargetConfig(
-            target=self.address,
-            network_id=NETWORK,
-            keys=self.keys,
-            restart=self.restart,
-            invite_pool="invited",
-            invite_token="conformance-token",
-            upload_quota_bytes=QUOTA,
-            max_message_bytes=MESSAGE_CAP,
-            max_wait=15.0,
-        )
-        return replace(config, **changes)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def running(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Running]:
-    keys = {role: Identity.generate() for role in ("validator", "trainer", "operator")}
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=sqlite_url,
-        listen="127.0.0.1:0",
-        network_id=NETWORK,
-        validators=frozenset({keys["validator"].node_id}),
-        trainers=frozenset({keys["trainer"].node_id}),
-        operators=frozenset({keys["operator"].node_id}),
-        heartbeat_interval=timedelta(seconds=2),
-        lease_duration=timedelta(seconds=3),
-        upload_quota_bytes=QUOTA,
-        max_message_bytes=MESSAGE_CAP,
-        registrations_per_ip_per_minute=200,
-    )
-    config = replace(
-        config, pools={"": PoolConfig(), "invited": PoolConfig(frozenset({"conformance-token"}))}
-    )
-    state = Running(await start_coordinator(config), config, keys)
-    try:
-        yield state
-    finally:
-        await state.coordinator.stop(grace=0.5)
 
 
 def _print(report: Report) -> None:

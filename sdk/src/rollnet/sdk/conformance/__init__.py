@@ -6,7 +6,7 @@ implementation, in any language. ``rollnet conformance coordinator`` is the comm
 :func:`run_coordinator_suite` the same from Python.
 """
 
-from rollnet.sdk.conformance.coordinator import CASES, run_coordinator_suite
+from rollnet.sdk.conformance.coordinator import CASES, run_coordinator_suite, unreachable
 from rollnet.sdk.conformance.suite import (
     Case,
     CaseFailure,
@@ -30,4 +30,5 @@ __all__ = [
     "TargetConfig",
     "format_result",
     "run_coordinator_suite",
+    "unreachable",
 ]

@@ -1739,6 +1739,20 @@ async def errors_rate_limit(target: Target) -> None:
     raise CaseFailure("2000 registrations from one address were all admitted")
 
 
+async def unreachable(config: TargetConfig) -> str | None:
+    """Why the target cannot be asked anything (no connection within ``call_timeout``), or
+    ``None`` when Health/Check answers (SERVING or not: the health cases judge that)."""
+    target = Target(config)
+    try:
+        await target.health()
+    except RollnetError as error:
+        if error.code in (C.UNAVAILABLE, C.DEADLINE_EXCEEDED) and error.status is None:
+            return f"{error.code.name}: {error.message}"
+    finally:
+        await target.close()
+    return None
+
+
 async def run_coordinator_suite(
     config: TargetConfig,
     *,
