@@ -128,3 +128,15 @@ async def test_unreachable_target_and_unknown_case_are_one_line_errors(
     assert code == 2
     assert len(err) == 1, err
     assert "selects no case" in err[0]
+
+
+async def test_worker_suite_lists_its_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    from rollnet.reference.conformance.worker import WORKER_CASES
+
+    assert await rollnet("conformance", "worker", "--command", "x", "--list") == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [case.name for case in WORKER_CASES]
+    code = await rollnet("conformance", "worker", "--command", "x", "--case", "nonsense")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert "selects no case" in err[0]

@@ -7,6 +7,8 @@ exits 1 when a case failed (0 otherwise; 2 for a mistake in the command, or a ta
 be reached). Cases that need what the command was not given (a role's key, a restart hook, an
 invite, the upload quota) are skipped, never passed.
 
+``rollnet conformance worker --command "..."`` runs the worker suite
+(:mod:`rollnet.reference.conformance.worker`) against a worker program.
 """
 
 from __future__ import annotations
@@ -127,6 +129,37 @@ def _coordinator(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_REFUSED
 
 
+def _worker(args: argparse.Namespace) -> int:
+    from rollnet.reference.conformance.worker import (
+        WORKER_CASES,
+        WorkerHarnessConfig,
+        run_worker_suite,
+    )
+    from rollnet.sdk.conformance import format_result
+    from rollnet.sdk.conformance.suite import select
+
+    if args.list:
+        for case in WORKER_CASES:
+            print(f"{case.name}  {case.summary}")
+        return EXIT_OK
+    if not select(WORKER_CASES, args.case):
+        raise CliError(f"--case {' '.join(args.case)} selects no case (see --list)")
+    config = WorkerHarnessConfig(
+        command=args.command,
+        work_dir=args.work_dir,
+        startup_timeout=args.startup_timeout,
+    )
+    report = asyncio.run(
+        run_worker_suite(
+            config, patterns=args.case, on_result=lambda r: _print_line(format_result(r))
+        )
+    )
+    print(report.summary())
+    if args.junit is not None:
+        args.junit.write_text(report.junit_xml())
+    return EXIT_OK if report.ok else EXIT_REFUSED
+
+
 def _common(parser: Any) -> None:
     parser.add_argument("--junit", type=output_file, metavar="FILE", help="write JUnit XML here")
     parser.add_argument(
@@ -232,3 +265,34 @@ def register(subparsers: Any) -> None:
     )
     _common(coordinator)
     coordinator.set_defaults(handler=_coordinator)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run the worker suite against a worker program",
+        description=(
+            "Starts a harness network (reference coordinator, validator, trainer, operator; the "
+            "tiny model), launches the worker under test with --command and drives scenarios."
+        ),
+    )
+    worker.add_argument(
+        "--command",
+        required=True,
+        metavar="CMD",
+        help="the worker's command line, split as a shell would but run without one; {target} "
+        "{network_id} {key} {data_dir} {python} are replaced",
+    )
+    worker.add_argument(
+        "--work-dir",
+        type=directory,
+        metavar="DIR",
+        help="where the harness keeps its files (default: a temporary folder)",
+    )
+    worker.add_argument(
+        "--startup-timeout",
+        type=seconds(1.0, 3600.0),
+        default=120.0,
+        metavar="SECONDS",
+        help="how long the worker may take to register (default 120)",
+    )
+    _common(worker)
+    worker.set_defaults(handler=_worker)
