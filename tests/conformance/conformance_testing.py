@@ -22,6 +22,8 @@ class Running:
     coordinator: Coordinator
     config: CoordinatorConfig
     keys: dict[str, Identity]
+    replica: str | None = None
+    """Another replica's address (on PostgreSQL), for the cross-replica cases."""
 
     @property
     def address(self) -> str:
@@ -39,6 +41,7 @@ class Running:
             network_id=NETWORK,
             keys=self.keys,
             restart=self.restart,
+            replica=self.replica,
             invite_pool="invited",
             invite_token="conformance-token",
             upload_quota_bytes=QUOTA,

@@ -104,6 +104,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         tls=tls,
         keys=_keys(args.keys),
         restart=_restart_hook(args.restart_command),
+        replica=args.replica,
         invite_pool=pool,
         invite_token=token,
         upload_quota_bytes=args.upload_quota_bytes,
@@ -214,6 +215,12 @@ def register(subparsers: Any) -> None:
         metavar="CMD",
         help="a shell command that restarts the target (same data and address); enables the "
         "restart cases",
+    )
+    coordinator.add_argument(
+        "--replica",
+        type=address,
+        metavar="HOST:PORT",
+        help="another replica of the target (same database): enables the cross-replica cases",
     )
     coordinator.add_argument(
         "--invite",

@@ -61,6 +61,7 @@ from rollnet.sdk.conformance.target import (
 )
 from rollnet.sdk.conformance.wire import (
     Tamper,
+    Wire,
     describe,
     refusal,
     replace_header,
@@ -531,6 +532,30 @@ async def auth_replay_after_restart(target: Target) -> None:
     await target.wire.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
     await target.restart()
     await _expect_auth(target, peer, headers, "NONCE_REPLAYED", "replayed after a restart")
+
+
+@case(
+    "auth.replay_other_replica", "a call replayed at another replica of the target: NONCE_REPLAYED"
+)
+async def auth_replay_other_replica(target: Target) -> None:
+    if target.config.replica is None:
+        raise Skipped("needs the address of another replica (--replica HOST:PORT)")
+    peer = await target.worker()
+    body = _get_node().SerializeToString()
+    headers = peer.headers(GET_NODE, body)
+    await target.wire.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
+    other = Wire(target.config.replica, tls=target.config.tls)
+    try:
+        await other.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
+    except RollnetError as error:
+        try:
+            refusal(error, C.UNAUTHENTICATED, "NONCE_REPLAYED")
+        except CaseFailure as failure:
+            raise CaseFailure(f"replayed at the other replica: {failure}") from None
+        return
+    finally:
+        await other.close()
+    raise CaseFailure("a call replayed at another replica was accepted")
 
 
 @case("auth.clock_skew", "a timestamp 5 minutes off either way: TIMESTAMP_SKEW")

@@ -109,7 +109,11 @@ class TargetConfig:
     restart: Callable[[], Awaitable[None]] | None = None
     """Restarts the target (same data, same address) and returns once it was asked to; the suite
     then waits for its health to be SERVING. Without it, the restart cases are skipped."""
+    replica: str | None = None
+    """``host:port`` of another replica of the same coordinator (same database and network), for
+    the cases that check what replicas must share (a nonce seen by one is spent on all)."""
     invite_pool: str | None = None
+
     """An invite-only pool of the target, with ``invite_token``, one of its tokens."""
     invite_token: str | None = None
     upload_quota_bytes: int | None = None
