@@ -856,6 +856,30 @@ async def dispatch_pull_request_id(target: Target) -> None:
     )
 
 
+@case("dispatch.lease_cap", "a worker at its max_concurrent_leases gets no task, with retry_after")
+async def dispatch_lease_cap(target: Target) -> None:
+    worker = Peer(target, Identity.generate(), common_pb2.ROLE_WORKER)
+    await target.register(
+        worker,
+        registration(
+            worker.identity,
+            worker.role,
+            capabilities=node_pb2.Capabilities(max_concurrent_leases=1),
+        ),
+    )
+    await worker.heartbeat()
+    await target.lease(worker)
+    await target.request_tasks()
+    pulled = await worker.pull(wait=1.0)
+    expect(not pulled.HasField("task"), "a second lease past max_concurrent_leases = 1")
+    expect(pulled.retry_after.ToTimedelta().total_seconds() > 0, "no retry_after at the cap")
+    # Take the queued task off the queue so that later cases lease their own.
+    other = await target.worker()
+    extra = await other.pull(wait=2.0)
+    if extra.HasField("task"):
+        await target.commit(other, target.work(other, extra.task, extra.lease))
+
+
 @case("dispatch.fail_requeue", "FailTask requeues the task: another worker leases it, token + 1")
 async def dispatch_fail_requeue(target: Target) -> None:
     first = await target.worker()
@@ -1315,6 +1339,40 @@ async def validation_one_verdict(target: Target) -> None:
     await validator.refused(
         VERDICT, other, C.FAILED_PRECONDITION, "VERDICT_ALREADY_RECORDED", "LEASE_CLOSED"
     )
+
+
+@case(
+    "validation.pull_request_id",
+    "a PullValidationJob retried with its request id returns the same job",
+)
+async def validation_pull_request_id(target: Target) -> None:
+    validator = await target.peer("validator")
+    worker = await target.worker()
+    _, response = await target.committed(worker)
+    request = validation_service_pb2.PullValidationJobRequest(
+        request_id=new_request_id(), wait=duration(5.0)
+    )
+    first = await validator.call(
+        PULL_JOB, request, validation_service_pb2.PullValidationJobResponse, timeout=20.0
+    )
+    expect(first.HasField("job"), "a job was queued, yet PullValidationJob leased none")
+    again = await validator.call(
+        PULL_JOB, request, validation_service_pb2.PullValidationJobResponse, timeout=20.0
+    )
+    expect(
+        again.lease.lease_id == first.lease.lease_id and again.job.job_id == first.job.job_id,
+        "a PullValidationJob retried with its request id leased another job",
+    )
+    await validator.call(
+        VERDICT, target.verdict(first, accept=True), validation_service_pb2.SubmitVerdictResponse
+    )
+    if first.job.commitment.commitment_id != response.commitment.commitment_id:
+        pulled = await target.job_for(validator, response.commitment.commitment_id)
+        await validator.call(
+            VERDICT,
+            target.verdict(pulled, accept=True),
+            validation_service_pb2.SubmitVerdictResponse,
+        )
 
 
 @case(
