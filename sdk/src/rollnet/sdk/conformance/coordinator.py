@@ -1336,9 +1336,7 @@ async def validation_one_verdict(target: Target) -> None:
         "a verdict retried with its request id answered another verdict",
     )
     other = target.verdict(pulled, accept=False)
-    await validator.refused(
-        VERDICT, other, C.FAILED_PRECONDITION, "VERDICT_ALREADY_RECORDED", "LEASE_CLOSED"
-    )
+    await validator.refused(VERDICT, other, C.FAILED_PRECONDITION, "VERDICT_ALREADY_RECORDED")
 
 
 @case(
@@ -1441,7 +1439,7 @@ async def validation_job_not_found(target: Target) -> None:
         decision=validation_pb2.Verdict.DECISION_REJECT,
         reject_reason="conformance",
     )
-    await validator.refused(VERDICT, request, C.NOT_FOUND, "JOB_NOT_FOUND", "LEASE_NOT_FOUND")
+    await validator.refused(VERDICT, request, C.NOT_FOUND, "JOB_NOT_FOUND")
 
 
 # ============================================================================ checkpoints
