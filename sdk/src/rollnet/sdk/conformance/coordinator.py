@@ -737,6 +737,34 @@ async def node_ejected(target: Target) -> None:
     expect(beat.state == node_pb2.Node.STATE_ACTIVE, "a reinstated node's heartbeat is not ACTIVE")
 
 
+@case("node.others", "a worker reading another node: ROLE_NOT_ALLOWED; the operator may")
+async def node_others(target: Target) -> None:
+    worker = await target.worker()
+    other = await target.worker()
+    await worker.refused(
+        GET_NODE,
+        node_service_pb2.GetNodeRequest(node_id=other.node_id),
+        C.PERMISSION_DENIED,
+        "ROLE_NOT_ALLOWED",
+    )
+    operator = await target.peer("operator")
+    read = await operator.call(
+        GET_NODE,
+        node_service_pb2.GetNodeRequest(node_id=other.node_id),
+        node_service_pb2.GetNodeResponse,
+    )
+    expect(read.node.node_id == other.node_id, "the operator's GetNode answered another node")
+    unchanged = await operator.call(
+        REINSTATE,
+        node_service_pb2.ReinstateNodeRequest(request_id=new_request_id(), node_id=other.node_id),
+        node_service_pb2.ReinstateNodeResponse,
+    )
+    expect(
+        unchanged.node.state == read.node.state,
+        "ReinstateNode changed a node that was not ejected",
+    )
+
+
 @case("node.operator_self", "an operator ejecting or banning its own key: INVALID_FIELDS node_id")
 async def node_operator_self(target: Target) -> None:
     operator = await target.peer("operator")
@@ -1036,6 +1064,10 @@ async def blob_roundtrip(target: Target) -> None:
     expect(again.already_present, "the same content uploaded twice is not already_present")
     back = await worker.get_blob(first.blob.blake3)
     expect(back == data, f"GetBlob returned {len(back)} bytes that differ from the upload")
+    part = await worker.get_blob(first.blob.blake3, offset=1000, length=500)
+    expect(part == data[1000:1500], "GetBlob(offset 1000, length 500) is not those bytes")
+    tail = await worker.get_blob(first.blob.blake3, offset=2900)
+    expect(tail == data[2900:], "GetBlob(offset 2900, length 0) is not the rest of the blob")
 
 
 @case("blob.hash_mismatch", "bytes that do not hash to the declared digest: BLOB_HASH_MISMATCH")
@@ -1597,6 +1629,11 @@ async def rollouts_request(target: Target) -> None:
     await trainer.refused(
         REQUEST_ROLLOUTS, bad, C.INVALID_ARGUMENT, "INVALID_FIELDS", field="samples_per_prompt"
     )
+    bad = target.rollouts_request(8192, 2, step)
+    bad.prompts_per_task = 4096  # 4,096 prompts x 2 samples: above 4,096 rollouts per task
+    await trainer.refused(
+        REQUEST_ROLLOUTS, bad, C.INVALID_ARGUMENT, "INVALID_FIELDS", field="prompts_per_task"
+    )
     # Take the two tasks off the queue so that later cases lease their own.
     worker = await target.worker()
     for _ in first.task_ids:
@@ -1753,6 +1790,10 @@ async def malformed_fields(target: Target) -> None:
         C.INVALID_ARGUMENT,
         "INVALID_FIELDS",
         field="node_id",
+    )
+    twice = node_service_pb2.HeartbeatRequest(held_lease_ids=["lease-a", "lease-a"])
+    await worker.refused(
+        HEARTBEAT, twice, C.INVALID_ARGUMENT, "INVALID_FIELDS", field="held_lease_ids"
     )
     many = node_service_pb2.HeartbeatRequest(held_lease_ids=[f"l{i}" for i in range(300)])
     await worker.refused(

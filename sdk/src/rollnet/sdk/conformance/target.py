@@ -228,9 +228,12 @@ class Peer:
             timeout=self.target.config.call_timeout,
         )
 
-    async def get_blob(self, digest: bytes) -> bytes:
-        """The whole blob ``digest``, from GetBlob's stream."""
-        body = blob_service_pb2.GetBlobRequest(blake3=digest).SerializeToString()
+    async def get_blob(self, digest: bytes, offset: int = 0, length: int = 0) -> bytes:
+        """Blob ``digest`` (from ``offset``, ``length`` bytes or to its end) from GetBlob's
+        stream; the chunks' offsets must follow one another."""
+        body = blob_service_pb2.GetBlobRequest(
+            blake3=digest, offset=offset, length=length
+        ).SerializeToString()
         call = self.target.wire.server_stream(
             GET_BLOB,
             body,
@@ -239,9 +242,13 @@ class Peer:
             timeout=self.target.config.call_timeout,
         )
         parts = []
+        at = offset
         try:
             async for part in call:
+                if part.offset != at:
+                    raise CaseFailure(f"a GetBlob chunk at offset {part.offset}, expected {at}")
                 parts.append(part.chunk)
+                at += len(part.chunk)
         except grpc.aio.AioRpcError as error:
             from rollnet.sdk.errors import from_rpc_error
 
