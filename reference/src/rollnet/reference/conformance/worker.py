@@ -144,7 +144,7 @@ class Harness:
             validators=frozenset({self.keys["validator"].node_id}),
             operators=frozenset({self.keys["operator"].node_id}),
             heartbeat_interval=timedelta(seconds=1),
-            lease_duration=timedelta(seconds=6),
+            lease_duration=timedelta(seconds=4),
             sweep_interval=timedelta(seconds=0.2),
             retry_after=timedelta(seconds=0.2),
             pull_wait_max=timedelta(seconds=2),
@@ -404,11 +404,13 @@ async def work(harness: Harness) -> None:
     expect(balance.credited > 0, "the worker's accepted work earned no credit")
 
 
-@case("worker.rate_limit", "a RATE_LIMITED PullTask with RetryInfo 2 s: the next pull waits 2 s")
+@case(
+    "worker.rate_limit", "a RATE_LIMITED PullTask with RetryInfo 1.5 s: the next pull waits 1.5 s"
+)
 async def rate_limit(harness: Harness) -> None:
     worker = await harness.main_worker()
     assert harness.proxy is not None
-    delay = 2.0
+    delay = 1.5
     harness.proxy.faults.append(
         Fault(
             PULL_TASK,
