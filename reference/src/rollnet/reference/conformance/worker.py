@@ -573,10 +573,11 @@ async def run_worker_suite(
     config: WorkerHarnessConfig,
     *,
     patterns: Sequence[str] = (),
+    skip: Sequence[str] = (),
     on_result: Callable[[Result], None] | None = None,
 ) -> Report:
-    """Build the harness network, run the worker suite (or the cases ``patterns`` select) and
-    tear everything down."""
+    """Build the harness network, run the worker suite (or the cases ``patterns`` select, less
+    those ``skip`` names) and tear everything down."""
     with contextlib.ExitStack() as stack:
         root = config.work_dir
         if root is None:

@@ -1879,13 +1879,15 @@ async def run_coordinator_suite(
     config: TargetConfig,
     *,
     patterns: Sequence[str] = (),
+    skip: Sequence[str] = (),
     on_result: Callable[[Result], None] | None = None,
 ) -> Report:
-    """Run the coordinator suite (or the cases ``patterns`` select) against ``config``."""
+    """Run the coordinator suite (or the cases ``patterns`` select, less those ``skip`` names)
+    against ``config``."""
     from rollnet.sdk.conformance.suite import select
 
     target = Target(config)
     try:
-        return await run_cases(SUITE, select(CASES, patterns), target, on_result=on_result)
+        return await run_cases(SUITE, select(CASES, patterns, skip), target, on_result=on_result)
     finally:
         await target.close()

@@ -128,17 +128,22 @@ def format_result(result: Result) -> str:
     return line
 
 
-def select(cases: Iterable[Case[C]], patterns: Sequence[str]) -> list[Case[C]]:
+def _matches(name: str, pattern: str) -> bool:
+    return name == pattern or name.startswith(pattern.rstrip(".") + ".")
+
+
+def select(
+    cases: Iterable[Case[C]], patterns: Sequence[str], skip: Sequence[str] = ()
+) -> list[Case[C]]:
     """The cases whose name equals one of ``patterns`` or starts with it and a dot (``auth``
-    selects every ``auth.*`` case); all of them when ``patterns`` is empty."""
-    chosen = []
-    for case in cases:
-        if not patterns or any(
-            case.name == pattern or case.name.startswith(pattern.rstrip(".") + ".")
-            for pattern in patterns
-        ):
-            chosen.append(case)
-    return chosen
+    selects every ``auth.*`` case), all of them when ``patterns`` is empty; less those that
+    ``skip`` names the same way."""
+    return [
+        case
+        for case in cases
+        if (not patterns or any(_matches(case.name, p) for p in patterns))
+        and not any(_matches(case.name, p) for p in skip)
+    ]
 
 
 async def run_case(case: Case[C], context: C) -> Result:
