@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import shlex
 import signal
 import sys
@@ -487,6 +488,47 @@ async def new_checkpoint(harness: Harness) -> None:
         if checkpoint_service_pb2.GetCheckpointRequest.FromString(c.body).step == step
     ]
     expect(bool(fetched), f"the worker never asked for checkpoint {step}")
+
+
+def _interval(seconds: float) -> Callable[[bytes, bytes], bytes]:
+    def rewrite(request: bytes, response: bytes) -> bytes:
+        answer = node_service_pb2.HeartbeatResponse.FromString(response)
+        answer.heartbeat_interval.FromTimedelta(timedelta(seconds=seconds))
+        return answer.SerializeToString()
+
+    return rewrite
+
+
+@case("worker.heartbeat_interval", "heartbeats follow the interval the last reply granted (2.5 s)")
+async def heartbeat_interval(harness: Harness) -> None:
+    worker = await harness.main_worker()
+    assert harness.proxy is not None
+    granted = 2.5
+    harness.proxy.faults.append(
+        Fault(HEARTBEAT, key=worker.key, count=3, rewrite=_interval(granted))
+    )
+    first = await harness.proxy.wait_for(
+        lambda c: c.method == HEARTBEAT and c.key == worker.key and c.rewritten,
+        within=10.0,
+        what="Heartbeat",
+    )
+    last = await harness.proxy.wait_for(
+        lambda c: c.method == HEARTBEAT and c.key == worker.key and not c.rewritten,
+        within=4 * granted + 5.0,
+        what="the heartbeat after three granting 2.5 s",
+        since=first.started + 0.001,
+    )
+    beats = [c.started for c in harness.calls(worker, HEARTBEAT) if first.started <= c.started]
+    beats = beats[: beats.index(last.started) + 1]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+    # The SDK jitters by 10 %; the protocol asks for the granted interval, so allow 20 %.
+    short = [round(gap, 2) for gap in gaps if gap < granted * 0.8]
+    expect(len(gaps) >= 3, f"{len(gaps)} heartbeat gaps seen, expected 3")
+    expect(not short, f"heartbeats {short} s apart, under the granted {granted} s")
+    expect(
+        max(gaps) < 2 * granted + 1.0,
+        f"a heartbeat gap of {max(gaps):.1f} s, far over the granted {granted} s",
+    )
 
 
 @case(
