@@ -15,14 +15,24 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import blake3
 import grpc
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
+from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.sdk.commitments import verify_receipt
 from rollnet.sdk.conformance.ledger import verify_chain
-from rollnet.sdk.conformance.suite import Case, CaseFailure, Report, Result, Skipped, run_cases
+from rollnet.sdk.conformance.suite import (
+    Case,
+    CaseFailure,
+    Report,
+    Result,
+    Skipped,
+    run_cases,
+    select,
+)
 from rollnet.sdk.conformance.target import (
     BAN,
     CHAIN_HEAD,
@@ -1225,8 +1235,6 @@ async def commitment_blob_missing(target: Target) -> None:
     worker = await target.worker()
     task, lease = await target.lease(worker)
     work = target.work(worker, task, lease)
-    import blake3
-
     blob = common_pb2.BlobRef(blake3=blake3.blake3(work.batch).digest(), size=len(work.batch))
     await worker.refused(
         SUBMIT, target.commitment(worker, work, blob), C.NOT_FOUND, "BLOB_NOT_FOUND"
@@ -1491,8 +1499,6 @@ async def checkpoint_publish(target: Target) -> None:
     )
     manifest = checkpoint_pb2.CheckpointManifest.FromString(latest.checkpoint.manifest)
     expect(manifest.step == step, f"GetLatestCheckpoint answers step {manifest.step}, not {step}")
-    from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
-
     expect(
         verify_signature(
             trainer.identity.public_key,
@@ -1564,8 +1570,6 @@ async def checkpoint_refusals(target: Target) -> None:
     await refused(
         bad, bad_signature, C.INVALID_ARGUMENT, "INVALID_FIELDS", "manifest.files[0].path"
     )
-    from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
-
     ghost = common_pb2.BlobRef(blake3=os.urandom(32), size=10)
     missing = checkpoint_pb2.CheckpointManifest(
         step=step + 1,
@@ -1884,8 +1888,6 @@ async def run_coordinator_suite(
 ) -> Report:
     """Run the coordinator suite (or the cases ``patterns`` select, less those ``skip`` names)
     against ``config``."""
-    from rollnet.sdk.conformance.suite import select
-
     target = Target(config)
     try:
         return await run_cases(SUITE, select(CASES, patterns, skip), target, on_result=on_result)

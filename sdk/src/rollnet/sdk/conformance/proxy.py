@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from rollnet.sdk.conformance.suite import CaseFailure
-from rollnet.sdk.errors import STATUS_DETAILS_KEY, ErrorReason, build_status
+from rollnet.sdk.errors import STATUS_DETAILS_KEY, ErrorReason, build_status, from_rpc_error
 from rollnet.sdk.methods import _SERVICE_MODULES
 from rollnet.sdk.signing import KEY_HEADER
 
@@ -160,8 +160,6 @@ def _key(metadata: list[tuple[str, Any]]) -> str:
 
 
 def _reason(error: grpc.aio.AioRpcError) -> str:
-    from rollnet.sdk.errors import from_rpc_error
-
     return str(from_rpc_error(error).reason)
 
 

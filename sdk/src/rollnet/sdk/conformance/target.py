@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import blake3
 import grpc
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
@@ -30,7 +31,7 @@ from rollnet.sdk.client import TlsConfig
 from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.conformance.suite import CaseFailure, Skipped
 from rollnet.sdk.conformance.wire import Tamper, Wire, describe, refusal, signing_headers
-from rollnet.sdk.errors import RollnetError
+from rollnet.sdk.errors import RollnetError, from_rpc_error
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed, proof_digest
@@ -250,8 +251,6 @@ class Peer:
                 parts.append(part.chunk)
                 at += len(part.chunk)
         except grpc.aio.AioRpcError as error:
-            from rollnet.sdk.errors import from_rpc_error
-
             raise from_rpc_error(error) from None
         return b"".join(parts)
 
@@ -307,8 +306,6 @@ def upload_header(
     data: bytes, kind: int = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH, *, size: int | None = None
 ) -> blob_service_pb2.UploadBlobRequest:
     """The header message declaring ``data`` (its BLAKE3 and, unless given, its size)."""
-    import blake3
-
     return blob_service_pb2.UploadBlobRequest(
         header=blob_service_pb2.BlobHeader(
             blob=common_pb2.BlobRef(
