@@ -1805,6 +1805,18 @@ async def malformed_fields(target: Target) -> None:
     )
 
 
+@case("malformed.newer_fields", "fields of a newer minor version (unknown numbers) are ignored")
+async def malformed_newer_fields(target: Target) -> None:
+    worker = await target.worker()
+    # Field 1000 as a varint and field 1001 as bytes: what a 1.n node could add.
+    extra = b"\xc0\x3e\x07" + b"\xca\x3e\x03abc"
+    body = node_service_pb2.GetNodeRequest(node_id=worker.node_id).SerializeToString() + extra
+    read = await worker.call(GET_NODE, body, node_service_pb2.GetNodeResponse)
+    expect(read.node.node_id == worker.node_id, "GetNode with newer fields answered another node")
+    beat = node_service_pb2.HeartbeatRequest().SerializeToString() + extra
+    await worker.call(HEARTBEAT, beat, node_service_pb2.HeartbeatResponse)
+
+
 @case("malformed.too_large", "a message above the size cap: RESOURCE_EXHAUSTED, no RetryInfo")
 async def malformed_too_large(target: Target) -> None:
     worker = await target.worker()
