@@ -159,3 +159,38 @@ async def test_unsupported_version_names_the_supported_range(coordinator: Coordi
         }
     finally:
         await client.close()
+
+
+async def test_register_node_honours_request_id(coordinator: Coordinator) -> None:
+    """A retry with the request id of an answered RegisterNode gets the same answer (its
+    server_time read afresh) and changes nothing; the same id with another body is
+    REQUEST_ID_REUSED, and what that body asked for (a new software version) is not applied."""
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        first = await register(
+            client, worker, common_pb2.ROLE_WORKER, request_id="reg-1", software_version="w/1"
+        )
+        await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())  # ACTIVE now
+        again = await register(
+            client, worker, common_pb2.ROLE_WORKER, request_id="reg-1", software_version="w/1"
+        )
+        assert again.node == first.node  # the stored answer: PENDING, as first registered
+        assert again.network_id == first.network_id
+        assert again.server_time.ToDatetime() >= first.server_time.ToDatetime()
+        with pytest.raises(RollnetError) as refused:
+            await register(
+                client, worker, common_pb2.ROLE_WORKER, request_id="reg-1", software_version="w/2"
+            )
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.reason == ErrorReason.REQUEST_ID_REUSED
+        node = await client.nodes.get_node(node_service_pb2.GetNodeRequest())
+        assert node.node.software_version == "w/1"
+        assert node.node.state == node_pb2.Node.STATE_ACTIVE
+        # A fresh id registers again (idempotent by key and role) and applies the new body.
+        fresh = await register(
+            client, worker, common_pb2.ROLE_WORKER, request_id="reg-2", software_version="w/2"
+        )
+        assert fresh.node.software_version == "w/2"
+    finally:
+        await client.close()

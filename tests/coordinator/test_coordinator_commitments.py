@@ -25,7 +25,11 @@ from coordinator_testing import (
 from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
-from rollnet.reference.coordinator.server import prune_uncredited_blobs, start_coordinator
+from rollnet.reference.coordinator.server import (
+    Coordinator,
+    prune_uncredited_blobs,
+    start_coordinator,
+)
 from rollnet.reference.coordinator.work import (
     count_rollouts,
     spot_check_draw,
@@ -428,3 +432,46 @@ async def test_a_blob_is_read_only_for_a_lease_that_may_submit(
         for c in (trainer, client, other):
             await c.close()
         await coordinator.stop(grace=0.1)
+
+
+async def test_only_the_coordinators_token_counts_are_shown(
+    coordinator: Coordinator, trainer_identity: Identity, validator_identity: Identity
+) -> None:
+    """A claim of 2 x 10^12 tokens for a batch of a few is not echoed: the receipt's commitment,
+    GetCommitment and the validator's job show the tokens the coordinator counted."""
+    worker = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    client = connect(coordinator.address, worker)
+    validator = connect(coordinator.address, validator_identity)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await publish_checkpoint(trainer, trainer_identity, 1)
+        await request_tasks(trainer, 1, samples_per_prompt=2)
+        leased = await pull(client)
+        work = make_work(worker, leased.task, leased.lease)
+        uploaded = await client.blobs.upload(work.batch, BATCH)
+        request = commitment_request(worker, work, uploaded.blob)
+        request.claimed_work.prefill_tokens = 10**12
+        request.claimed_work.decode_tokens = 10**12
+        submitted = await client.commitments.submit_commitment(request)
+        counted = commitment_pb2.WorkClaim(
+            prefill_tokens=sum(len(r.prompt_token_ids) for r in work.rollouts),
+            decode_tokens=sum(len(r.completion_token_ids) for r in work.rollouts),
+        )
+        assert counted.prefill_tokens == 6
+        assert submitted.commitment.claimed_work == counted
+        read = await client.commitments.get_commitment(
+            commitment_service_pb2.GetCommitmentRequest(
+                commitment_id=submitted.commitment.commitment_id
+            )
+        )
+        assert read.commitment.claimed_work == counted
+        job = await validator.validation.pull_validation_job(
+            validation_service_pb2.PullValidationJobRequest()
+        )
+        assert job.job.commitment.claimed_work == counted
+    finally:
+        for each in (trainer, client, validator):
+            await each.close()

@@ -5,6 +5,7 @@ is checked like any other input."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -28,6 +29,7 @@ from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
     ledger_service_pb2,
+    node_pb2,
     node_service_pb2,
     task_service_pb2,
     validation_pb2,
@@ -254,3 +256,56 @@ async def test_a_retry_racing_its_first_verdict_gets_the_first_answer(
         for client in (trainer, validator, worker):
             await client.close()
         await coordinator.stop(grace=0.5)
+
+
+async def _clean_restart_uploads_at_once(
+    leave: RollnetClient, come_back: RollnetClient, work: RollnetClient, worker: Identity
+) -> None:
+    """Deregister through ``leave``; ``work`` caches the DEREGISTERED state (an upload is
+    refused); register again through ``come_back``: ``work`` accepts an upload at once."""
+    await register(leave, worker, common_pb2.ROLE_WORKER)
+    await leave.nodes.deregister_node(node_service_pb2.DeregisterNodeRequest())
+    refused = await _refused(work.blobs.upload(b"while away", BATCH))
+    assert refused.reason == ErrorReason.NODE_DEREGISTERED, refused
+    again = await register(come_back, worker, common_pb2.ROLE_WORKER)
+    assert again.node.state == node_pb2.Node.STATE_PENDING
+    uploaded = await work.blobs.upload(b"back at work", BATCH)
+    assert uploaded.blob.size == len(b"back at work")
+
+
+async def test_a_clean_worker_restart_uploads_at_once(
+    coordinator_config: CoordinatorConfig,
+) -> None:
+    """Registration refreshes the key state cached by an earlier call (issue 17, item 9: the
+    upload was refused NODE_DEREGISTERED for the key cache's 30 s)."""
+    coordinator = await start_coordinator(coordinator_config)
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await _clean_restart_uploads_at_once(client, client, client, worker)
+    finally:
+        await client.close()
+        await coordinator.stop(grace=0.5)
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_worker_registered_on_another_replica_uploads_at_once(
+    coordinator_config: CoordinatorConfig, tmp_path: Path
+) -> None:
+    """A replica whose cache says DEREGISTERED reads the state again before it refuses, so a
+    node that registered again through another replica is not refused there either."""
+    replicas = [
+        await start_coordinator(with_overrides(coordinator_config, data_dir=tmp_path / name))
+        for name in ("replica-a", "replica-b")
+    ]
+    worker = Identity.generate()
+    clients = [connect(r.address, worker) for r in replicas]
+    try:
+        await _clean_restart_uploads_at_once(clients[0], clients[1], clients[0], worker)
+    finally:
+        for client in clients:
+            await client.close()
+        for replica in replicas:
+            await replica.stop(grace=0.5)

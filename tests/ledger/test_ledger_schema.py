@@ -35,6 +35,7 @@ EXPECTED_TABLES = {
     "ledger_signed_heads",
     "step_rewards",
     "idempotency_records",
+    "request_nonces",
 }
 
 

@@ -391,3 +391,63 @@ async def test_full_nonce_cache_refuses_with_retry_info(swarm: Swarm) -> None:
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.reason == ErrorReason.RATE_LIMITED
     assert error.retry_after is not None
+
+
+async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
+    """With a ``nonce_recorder`` (a database shared by replicas), a nonce recorded before is a
+    replay even to a fresh verifier (a restart, another replica); a recorder that fails refuses
+    the call UNAVAILABLE / NOT_SERVING; a deferred method leaves the recording to its handler
+    (current_nonce), whose expiry is the signed timestamp plus the skew window."""
+    from rollnet.sdk.verifier import (
+        KnownKey,
+        RequestVerifier,
+        VerificationError,
+        VerifierConfig,
+        current_nonce,
+    )
+
+    identity = Identity.generate()
+    shared: set[tuple[bytes, str]] = set()
+    recorded: list[int] = []
+    broken = False
+
+    async def resolve(key: bytes) -> KnownKey:
+        return KnownKey(identity.node_id, common_pb2.ROLE_WORKER)
+
+    async def record(key: bytes, nonce: str, signed_ms: int) -> bool:
+        if broken:
+            raise OSError("database unreachable")
+        recorded.append(signed_ms)
+        fresh = (key, nonce) not in shared
+        shared.add((key, nonce))
+        return fresh
+
+    def verifier(deferred: frozenset[str] = frozenset()) -> RequestVerifier:
+        return RequestVerifier(
+            VerifierConfig(
+                NETWORK_ID,
+                resolve,
+                {GET_NODE: frozenset({common_pb2.ROLE_WORKER})},
+                skew=60.0,
+                nonce_recorder=record,
+                deferred_nonce_methods=deferred,
+            )
+        )
+
+    body = get_node_body()
+    metadata = signed(identity, GET_NODE, body)
+    await verifier().verify(GET_NODE, metadata, body)
+    timestamp = int(dict(metadata)[TIMESTAMP_HEADER])
+    assert recorded == [timestamp]
+    with pytest.raises(VerificationError) as replayed:
+        await verifier().verify(GET_NODE, metadata, body)  # a fresh verifier: memory is empty
+    assert replayed.value.reason == ErrorReason.NONCE_REPLAYED
+    broken = True
+    with pytest.raises(VerificationError) as failed:
+        await verifier().verify(GET_NODE, signed(identity, GET_NODE, body), body)
+    assert failed.value.reason == ErrorReason.NOT_SERVING
+    assert failed.value.code == grpc.StatusCode.UNAVAILABLE
+    fresh = signed(identity, GET_NODE, body)
+    await verifier(frozenset({GET_NODE})).verify(GET_NODE, fresh, body)  # not recorded here
+    assert current_nonce().nonce == dict(fresh)[NONCE_HEADER]
+    assert current_nonce().expires_at == int(dict(fresh)[TIMESTAMP_HEADER]) / 1000 + 60.0

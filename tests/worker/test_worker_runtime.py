@@ -271,3 +271,37 @@ async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
             running.cancel()
         await trainer.close()
         await coordinator.stop(grace=0.5)
+
+
+@pytest.mark.timeout(180)
+async def test_a_receipt_whose_signature_fails_is_not_stored(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    """Receipts signed by another key than the coordinator's of registration prove nothing:
+    the submission is dropped with that reason, no receipt is kept."""
+    coordinator = await start_coordinator(coordinator_config)
+    trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
+    worker = Worker(
+        worker_config(coordinator.address, tmp_path / "w"), Identity.generate(), EchoGenerator()
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        await eventually(lambda: bool(worker.coordinator_public_key), within=30, what="registered")
+        coordinator.ctx.identity = Identity.generate()  # receipts signed by a key nobody named
+        await request_tasks(trainer, 1)
+        await eventually(lambda: len(worker.outbox.dropped()) == 1, within=60, what="a drop")
+        [(_, reason)] = worker.outbox.dropped()
+        assert "receipt's signature does not verify" in reason
+        assert worker.receipts_invalid == 1
+        assert worker.receipts_received == 0
+        assert worker.outbox.receipts() == []
+        worker.request_stop()
+        await asyncio.wait_for(running, 20)
+    finally:
+        if not running.done():
+            running.cancel()
+        await trainer.close()
+        await coordinator.stop(grace=0.5)

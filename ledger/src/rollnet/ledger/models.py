@@ -6,7 +6,8 @@ natural keys. Enum-valued columns hold short strings (see :mod:`rollnet.ledger.e
 
 Tables: ``nodes``, ``tasks``, ``blobs``, ``commitments``, ``validation_jobs``, ``verdicts``,
 ``checkpoints``, ``ledger_entries``, ``ledger_chain_tip`` (one row: the head every append
-serialises on), ``ledger_signed_heads``, ``step_rewards`` and ``idempotency_records``.
+serialises on), ``ledger_signed_heads``, ``step_rewards``, ``idempotency_records`` and
+``request_nonces``.
 """
 
 from __future__ import annotations
@@ -432,3 +433,21 @@ class IdempotencyRecord(Base):
     request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     response: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime]
+
+
+class RequestNonce(Base):
+    """A signed call's nonce, kept while its signature could still be accepted.
+
+    The replay cache every replica and every restart shares: a call whose (signed timestamp,
+    key, nonce) is here is a replay (a replay carries the same signed timestamp). The key leads
+    with the signed timestamp, so new rows go to the end of one B-tree (no rowid table on
+    SQLite, no second index) and the expired ones, pruned from its start, are one range.
+    """
+
+    __tablename__ = "request_nonces"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    #: The call's signed timestamp (``x-rollnet-timestamp``), Unix milliseconds.
+    signed_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    node_id: Mapped[str] = mapped_column(String(NODE_ID_LENGTH), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(32), primary_key=True)

@@ -388,11 +388,20 @@ def _lease_outcome(
         TaskState.REJECTED,
     ):
         return LeaseOutcome.ALREADY_SUBMITTED
-    if task.state is not TaskState.LEASED:
-        return LeaseOutcome.NOT_LEASED
-    if task.lease_deadline is not None and task.lease_deadline <= now:
-        return LeaseOutcome.LEASE_EXPIRED
-    return LeaseOutcome.OK
+    return lease_state_outcome(task.state, task.lease_deadline, now)
+
+
+def lease_state_outcome(
+    state: TaskState | str, lease_deadline: datetime | None, now: datetime
+) -> LeaseOutcome:
+    """The outcome of using a task's current lease, given the task's state and the lease's
+    deadline: a lease whose deadline passed is expired whether or not the sweep has requeued
+    its task yet; one taken back before it (given back, its node offline or ejected) is
+    closed."""
+    expired = lease_deadline is not None and lease_deadline <= now
+    if TaskState(state) is not TaskState.LEASED:
+        return LeaseOutcome.LEASE_EXPIRED if expired else LeaseOutcome.NOT_LEASED
+    return LeaseOutcome.LEASE_EXPIRED if expired else LeaseOutcome.OK
 
 
 def extend_lease(

@@ -222,6 +222,9 @@ def _refusal(
         return LeaseOutcome.WRONG_HOLDER
     if job.state is ValidationJobState.DONE:
         return LeaseOutcome.ALREADY_SUBMITTED
+    # A lease whose deadline passed is expired whether or not the sweep took the job back yet.
+    if job.lease_deadline is not None and job.lease_deadline <= now:
+        return LeaseOutcome.LEASE_EXPIRED
     if job.state is not ValidationJobState.LEASED:
         return LeaseOutcome.NOT_LEASED
     return LeaseOutcome.LEASE_EXPIRED

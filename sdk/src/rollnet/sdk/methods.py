@@ -3,6 +3,7 @@ method → roles policy a coordinator's :class:`~rollnet.sdk.verifier.RequestVer
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from types import ModuleType
 
@@ -66,47 +67,90 @@ EXEMPT_PREFIXES: frozenset[str] = frozenset(
 )
 """Method prefixes served without a signature: standard health checking and reflection."""
 
-_W = common_pb2.ROLE_WORKER
-_V = common_pb2.ROLE_VALIDATOR
-_T = common_pb2.ROLE_TRAINER
-_O = common_pb2.ROLE_OPERATOR
-_ANY = frozenset({_W, _V, _T, _O})
+_W: int = common_pb2.ROLE_WORKER
+_V: int = common_pb2.ROLE_VALIDATOR
+_T: int = common_pb2.ROLE_TRAINER
+_O: int = common_pb2.ROLE_OPERATOR
+ROLE_ORDER: tuple[int, ...] = (_W, _V, _T, _O)
+"""The roles in the order the docs' roles table names them."""
 
-_DEFAULT_POLICY: dict[tuple[str, str], frozenset[int]] = {
+
+class Access(enum.Enum):
+    """How far a role may reach with a method."""
+
+    ALL = "all"
+    """Any object the method names (any node, any commitment)."""
+    OWN = "own"
+    """Only the caller's own: its own node (GetNode), its own commitments (GetCommitment). The
+    handler refuses another's with PERMISSION_DENIED / ``ROLE_NOT_ALLOWED``."""
+
+
+_A, _OWN = Access.ALL, Access.OWN
+_ANY = {_W: _A, _V: _A, _T: _A, _O: _A}
+
+_ROLE_TABLE: dict[tuple[str, str], dict[int, Access]] = {
     ("NodeService", "RegisterNode"): _ANY,
     ("NodeService", "Heartbeat"): _ANY,
     ("NodeService", "DeregisterNode"): _ANY,
-    # Non-operators may only read themselves; the handler enforces that finer rule.
-    ("NodeService", "GetNode"): _ANY,
-    ("NodeService", "ListNodes"): frozenset({_O}),
-    ("NodeService", "EjectNode"): frozenset({_O}),
-    ("NodeService", "BanNode"): frozenset({_O}),
-    ("NodeService", "ReinstateNode"): frozenset({_O}),
-    ("TaskService", "PullTask"): frozenset({_W}),
-    ("TaskService", "ReportProgress"): frozenset({_W}),
-    ("TaskService", "FailTask"): frozenset({_W}),
-    # Workers upload rollout batches, trainers checkpoint shards.
-    ("BlobService", "UploadBlob"): frozenset({_W, _T}),
+    ("NodeService", "GetNode"): {_W: _OWN, _V: _OWN, _T: _OWN, _O: _A},
+    ("NodeService", "ListNodes"): {_O: _A},
+    ("NodeService", "EjectNode"): {_O: _A},
+    ("NodeService", "BanNode"): {_O: _A},
+    ("NodeService", "ReinstateNode"): {_O: _A},
+    ("TaskService", "PullTask"): {_W: _A},
+    ("TaskService", "ReportProgress"): {_W: _A},
+    ("TaskService", "FailTask"): {_W: _A},
+    # Workers upload rollout batches, trainers checkpoint shards (the handler tells them apart).
+    ("BlobService", "UploadBlob"): {_W: _A, _T: _A},
     ("BlobService", "GetBlob"): _ANY,
-    ("CommitmentService", "SubmitCommitment"): frozenset({_W}),
-    ("CommitmentService", "GetCommitment"): _ANY,
-    ("ValidationService", "PullValidationJob"): frozenset({_V}),
-    ("ValidationService", "SubmitVerdict"): frozenset({_V}),
-    ("CheckpointService", "PublishCheckpoint"): frozenset({_T}),
+    ("CommitmentService", "SubmitCommitment"): {_W: _A},
+    # A worker reads its own commitments; validators judge and operators oversee any. Trainers
+    # receive accepted work through StreamRollouts, not by reading workers' commitments.
+    ("CommitmentService", "GetCommitment"): {_W: _OWN, _V: _A, _O: _A},
+    ("ValidationService", "PullValidationJob"): {_V: _A},
+    ("ValidationService", "SubmitVerdict"): {_V: _A},
+    ("CheckpointService", "PublishCheckpoint"): {_T: _A},
     ("CheckpointService", "GetLatestCheckpoint"): _ANY,
     ("CheckpointService", "GetCheckpoint"): _ANY,
     ("CheckpointService", "WatchCheckpoints"): _ANY,
-    ("RolloutService", "RequestRollouts"): frozenset({_T}),
-    ("RolloutService", "StreamRollouts"): frozenset({_T}),
+    ("RolloutService", "RequestRollouts"): {_T: _A},
+    ("RolloutService", "StreamRollouts"): {_T: _A},
     ("LedgerService", "ListEntries"): _ANY,
     ("LedgerService", "GetBalance"): _ANY,
     ("LedgerService", "GetChainHead"): _ANY,
 }
 
+ROLE_TABLE: Mapping[str, Mapping[int, Access]] = {
+    method_path(service, rpc): dict(access) for (service, rpc), access in _ROLE_TABLE.items()
+}
+"""The roles table of docs/protocol.md (*Services*), the one source of who may call what: full
+method path → the ``rollnet.v1.Role`` values that may call it, each with its
+:class:`Access`. A role absent from a method's entry is refused ``ROLE_NOT_ALLOWED`` by the
+verifier; ``Access.OWN`` is narrowed by the handler."""
+
+
+def may_reach_others(method: str, role: int) -> bool:
+    """Whether ``role`` may name another node's object with ``method`` (``Access.ALL``)."""
+    return ROLE_TABLE.get(method, {}).get(role) is Access.ALL
+
+
+def roles_text(method: str) -> str:
+    """The docs' *Roles* cell of ``method``: "all", or the roles in table order, "(own)" after
+    those limited to their own objects."""
+    access = ROLE_TABLE[method]
+    if all(access.get(role) is Access.ALL for role in ROLE_ORDER):
+        return "all (and any new key)" if method == REGISTER_NODE else "all"
+    names = {_W: "worker", _V: "validator", _T: "trainer", _O: "operator"}
+    return ", ".join(
+        names[role] + (" (own)" if access[role] is Access.OWN else "")
+        for role in ROLE_ORDER
+        if role in access
+    )
+
 
 def default_method_policy() -> Mapping[str, frozenset[int]]:
-    """Which roles (``rollnet.v1.Role`` values) may call each RPC, as the protocol comments say.
+    """Which roles (``rollnet.v1.Role`` values) may call each RPC: :data:`ROLE_TABLE`'s roles.
 
     Covers every method in :data:`ALL_METHODS`. A coordinator may pass its own mapping instead.
     """
-    return {method_path(service, rpc): roles for (service, rpc), roles in _DEFAULT_POLICY.items()}
+    return {method: frozenset(access) for method, access in ROLE_TABLE.items()}

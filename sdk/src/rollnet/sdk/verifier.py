@@ -78,6 +78,26 @@ class KnownKey:
 KeyResolver = Callable[[bytes], Awaitable[KnownKey | None]]
 """Looks up a raw public key; ``None`` when the key is not registered."""
 
+NonceRecorder = Callable[[bytes, str, int], Awaitable[bool]]
+"""Records a verified call's nonce where every replica and every restart of the server sees it
+(a shared database): ``(public key, nonce, signed timestamp in Unix ms) -> False`` when it was
+recorded before, i.e. the call is a replay. It must be remembered until the signature's window
+has closed (the signed timestamp plus the skew window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignedNonce:
+    """The nonce of the call being handled, for a handler that records it itself
+    (:attr:`VerifierConfig.deferred_nonce_methods`)."""
+
+    public_key: bytes
+    nonce: str
+    timestamp_ms: int
+    """The signed timestamp (``x-rollnet-timestamp``), Unix milliseconds."""
+    expires_at: float
+    """Unix seconds after which the call's signature is refused as stale anyway (its signed
+    timestamp plus the skew window): how long the nonce must be remembered."""
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -91,6 +111,7 @@ class Caller:
 
 
 _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rollnet_caller")
+_SIGNED_NONCE: contextvars.ContextVar[SignedNonce] = contextvars.ContextVar("rollnet_nonce")
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rollnet_request_id")
 
 
@@ -106,6 +127,11 @@ def current_caller() -> Caller:
         raise LookupError(
             "no verified caller: not inside a call admitted by RequestVerifier"
         ) from None
+
+
+def current_nonce() -> SignedNonce:
+    """The signing nonce of the call being handled (``LookupError`` outside a verified call)."""
+    return _SIGNED_NONCE.get()
 
 
 def current_request_id() -> str:
@@ -231,6 +257,15 @@ class VerifierConfig:
     max_message_bytes: int | None = None
     """Largest request message accepted (``None``: no cap beyond gRPC's own); a larger one is
     refused with RESOURCE_EXHAUSTED / ``MESSAGE_TOO_LARGE`` before its signature is checked."""
+    nonce_recorder: NonceRecorder | None = None
+    """Where nonces are recorded beyond this process (``None``: in its memory only, so a call
+    captured before a restart, or sent to another replica, would be accepted once more). A
+    recorded nonce refuses its replay with ``NONCE_REPLAYED``; a recorder that fails refuses
+    the call with UNAVAILABLE / ``NOT_SERVING``."""
+    deferred_nonce_methods: frozenset[str] = frozenset()
+    """Methods whose handlers hand the nonce (:func:`current_nonce`) to the recorder
+    themselves, in the transaction of their own effect (a heartbeat's batch, say), rather than
+    have the verifier record it first."""
 
 
 class WrapperCache:
@@ -322,6 +357,20 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             ) from None
         if not fresh:
             raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
+        signed = SignedNonce(key, nonce, int(timestamp), int(timestamp) / 1000 + config.skew)
+        if config.nonce_recorder is not None and method not in config.deferred_nonce_methods:
+            try:
+                fresh = await config.nonce_recorder(key, nonce, signed.timestamp_ms)
+            except Exception as error:
+                _log.warning("nonce_not_recorded", extra={"method": method, "error": repr(error)})
+                raise VerificationError(
+                    ErrorReason.NOT_SERVING, "the replay cache cannot be written; retry later"
+                ) from None
+            if not fresh:
+                raise VerificationError(
+                    ErrorReason.NONCE_REPLAYED, "nonce already used by this key"
+                )
+        _SIGNED_NONCE.set(signed)
         if known is not None and known.banned:
             raise VerificationError(ErrorReason.NODE_BANNED, "key is banned")
         if known is not None and known.revoked and method not in config.registration_methods:
@@ -367,7 +416,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 "call_refused",
                 extra={"method": method, "reason": str(exc.reason), "peer": context.peer()},
             )
-            retry_after = 1.0 if exc.reason is ErrorReason.RATE_LIMITED else None
+            retry_after = (
+                1.0 if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING) else None
+            )
             await abort(context, exc.code, exc.reason, exc.message, retry_after=retry_after)
         _CALLER.set(caller)
         _REQUEST_ID.set(_header(metadata, NONCE_HEADER))

@@ -115,7 +115,12 @@ class Commitment(_message.Message):
 
     @_builtins.property
     def claimed_work(self) -> Global___WorkClaim:
-        """The work the node claims (credited only if accepted, as recomputed by the validator)."""
+        """The batch's tokens as the coordinator counted them from the stored batch (prompt tokens of
+        every rollout as prefill, completion tokens as decode), never the figures the node sent in
+        SubmitCommitmentRequest.claimed_work. Credit is computed from the coordinator's counts (a
+        validator's validated_work when validated). Unset on a commitment recorded before the
+        coordinator stored its own count.
+        """
 
     @_builtins.property
     def received_at(self) -> _timestamp_pb2.Timestamp:

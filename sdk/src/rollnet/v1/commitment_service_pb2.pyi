@@ -56,7 +56,9 @@ class SubmitCommitmentRequest(_message.Message):
 
     @_builtins.property
     def claimed_work(self) -> _commitment_pb2.WorkClaim:
-        """The work claimed."""
+        """The work the node claims. Advisory: the coordinator counts the batch's tokens itself, credits
+        by its own count, and records and shows only that count (Commitment.claimed_work).
+        """
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ from rollnet.ledger.engine import read_only_session, session_factory
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
+from rollnet.reference.coordinator.database_lock import DatabaseLock
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.refusal import Refusal
 from rollnet.reference.coordinator.uploads import PendingUploads, block_size
@@ -123,6 +124,8 @@ class CoordinatorContext:
     uploads: PendingUploads = field(init=False)
     #: (ended at, job id) of the last finished validation job the retention sweep has passed.
     retention_position: tuple[datetime, str] | None = None
+    #: The SQLite database's lock (None on PostgreSQL), released by :meth:`close`.
+    database_lock: DatabaseLock | None = None
     _writer: GroupCommitWriter | ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +156,11 @@ class CoordinatorContext:
     def forget_keys(self) -> None:
         """Drop every cached key (a node was banned, ejected or deregistered)."""
         self.key_cache.clear()
+        self.key_cache_generation += 1
+
+    def forget_key(self, public_key: bytes) -> None:
+        """Drop one cached key (its node registered again: its cached state is stale)."""
+        self.key_cache.pop(public_key, None)
         self.key_cache_generation += 1
 
     @property
@@ -206,9 +214,11 @@ class CoordinatorContext:
         return await asyncio.get_running_loop().run_in_executor(self._writer, _run)
 
     def close(self) -> None:
-        """Stop the writer thread and release database connections."""
+        """Stop the writer thread and release database connections, then the database."""
         self._writer.shutdown(wait=True)
         self.engine.dispose()
+        if self.database_lock is not None:
+            self.database_lock.release()
 
     async def run_read(self, work: Callable[[Session], T]) -> T:
         """Run read-only ``work`` on a worker thread; on SQLite it takes no write lock."""

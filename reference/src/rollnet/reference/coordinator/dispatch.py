@@ -543,10 +543,9 @@ class Dispatcher:
                 raise Refusal(ErrorReason.LEASE_NOT_FOUND, "no such lease held by you")
             if row.fencing_token != request.fencing_token:
                 raise lease_outcome_refusal(LeaseOutcome.STALE_LEASE, f"task {row.id}")
-            if row.state != "leased":
-                raise lease_outcome_refusal(LeaseOutcome.NOT_LEASED, f"task {row.id}")
-            if row.lease_deadline is None or row.lease_deadline <= now:
-                raise lease_outcome_refusal(LeaseOutcome.LEASE_EXPIRED, f"task {row.id}")
+            outcome = tasks.lease_state_outcome(row.state, row.lease_deadline, now)
+            if outcome is not LeaseOutcome.OK or row.lease_deadline is None:
+                raise lease_outcome_refusal(outcome, f"task {row.id}")
             return task_service_pb2.ReportProgressResponse(deadline=timestamp(row.lease_deadline))
 
         return await self.ctx.run_in_transaction(work)

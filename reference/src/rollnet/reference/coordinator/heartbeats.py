@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts, nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
+from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.reference.coordinator.context import CoordinatorContext
 
 _NOT_WORKING = frozenset({NodeState.EJECTED, NodeState.BANNED, NodeState.DEREGISTERED})
@@ -41,6 +42,8 @@ class HeartbeatResult:
     extended: frozenset[str]
     deadline: datetime
     latest_step: int
+    #: The heartbeat's nonce was recorded before: a replay, which changed nothing.
+    replayed: bool = False
 
 
 @dataclass
@@ -50,6 +53,12 @@ class _Pending:
     interval: timedelta
     future: asyncio.Future[HeartbeatResult]
     checkpoint_step: int = 0
+    #: The call's nonce, recorded in the batch's transaction (see reference.coordinator.nonces).
+    nonce: NonceKey | None = None
+
+
+def _replayed(deadline: datetime) -> HeartbeatResult:
+    return HeartbeatResult(False, None, None, "", frozenset(), deadline, 0, replayed=True)
 
 
 #: Heartbeats queued for the next group commit beyond which the coordinator is behind.
@@ -129,17 +138,22 @@ class HeartbeatBatcher:
         lease_ids: tuple[str, ...],
         interval: timedelta,
         checkpoint_step: int = 0,
+        nonce: NonceKey | None = None,
     ) -> HeartbeatResult:
         """Queue one heartbeat and wait until its batch is committed.
 
         ``interval`` is the heartbeat interval granted to the node in this reply: its SUSPECT and
         OFFLINE deadlines are counted from it. ``checkpoint_step`` is the step the node reported
-        (recorded for the operator's view of checkpoint broadcast).
+        (recorded for the operator's view of checkpoint broadcast). ``nonce`` is the call's,
+        recorded in the batch's transaction: a heartbeat whose nonce was recorded before is a
+        replay, changes nothing and comes back ``replayed``.
         """
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(node_id, lease_ids, interval, future, checkpoint_step))
+        self._queue.put_nowait(
+            _Pending(node_id, lease_ids, interval, future, checkpoint_step, nonce)
+        )
         return await future
 
     @property
@@ -206,24 +220,33 @@ class HeartbeatBatcher:
         deadline = now + config.lease_duration
 
         def work(session: Session) -> list[HeartbeatResult]:
+            fresh = claim_nonces(session, [p.nonce for p in batch if p.nonce is not None])
+            replays: set[int] = set()
+            for index, item in enumerate(batch):
+                if item.nonce is not None:
+                    if item.nonce in fresh:
+                        fresh.discard(item.nonce)  # a second one in this batch is its replay
+                    else:
+                        replays.add(index)
+            live = [p for index, p in enumerate(batch) if index not in replays]
             states = nodes.record_heartbeats(
                 session,
-                [p.node_id for p in batch],
+                [p.node_id for p in live],
                 now=now,
                 deadlines={
                     p.node_id: (
                         now + p.interval * config.suspect_after_missed,
                         now + p.interval * config.offline_after_missed,
                     )
-                    for p in batch
+                    for p in live
                 },
-                checkpoint_steps={p.node_id: p.checkpoint_step for p in batch},
+                checkpoint_steps={p.node_id: p.checkpoint_step for p in live},
             )
             # An ejected, banned or deregistered node's leases were taken back; should it hold
             # one again somehow, its heartbeats do not keep it.
             holders = [
                 (lease_id, p.node_id)
-                for p in batch
+                for p in live
                 if p.node_id in states and states[p.node_id][0] not in _NOT_WORKING
                 for lease_id in p.lease_ids
             ]
@@ -235,7 +258,10 @@ class HeartbeatBatcher:
             )
             step = artifacts.latest_checkpoint_step(session) or 0
             results = []
-            for item in batch:
+            for index, item in enumerate(batch):
+                if index in replays:
+                    results.append(_replayed(deadline))
+                    continue
                 state_role = states.get(item.node_id)
                 results.append(
                     HeartbeatResult(

@@ -26,6 +26,8 @@ from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
+from rollnet.sdk.methods import may_reach_others, method_path
+from rollnet.sdk.verifier import current_nonce
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 ROLE_TO_DB = {
@@ -45,6 +47,8 @@ STATE_FROM_DB = {
     NodeState.DEREGISTERED: node_pb2.Node.STATE_DEREGISTERED,
 }
 STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
+
+GET_NODE = method_path("NodeService", "GetNode")
 
 # Hardware claims beyond these are refused as implausible (a single host). The number of
 # accelerator kinds and their names are bounded with every other field (bounds.py).
@@ -140,6 +144,10 @@ def node_to_proto(row: Node, reject_count: int = 0) -> node_pb2.Node:
     return node
 
 
+#: States in which a node may not work (refused by :func:`refuse_state`).
+REFUSED_STATES = frozenset({NodeState.BANNED, NodeState.EJECTED, NodeState.DEREGISTERED})
+
+
 def refuse_unusable(row: Node | NodeStanding) -> None:
     """Refuse a call from a node that may not work (ejected, banned, deregistered)."""
     refuse_state(row.id, row.state)
@@ -179,6 +187,17 @@ def off_allow_list(
         f'add "{node_id}" to {role}s = [...] in the coordinator\'s TOML file (--config; sample: '
         f"{SAMPLE_CONFIG}) and restart it"
     )
+
+
+def refuse_unless_reaching_others(method: str, caller: Caller, what: str) -> None:
+    """Refuse (``ROLE_NOT_ALLOWED``) a caller whose role may use ``method`` on its own objects
+    only (the roles table, :data:`rollnet.sdk.methods.ROLE_TABLE`)."""
+    role = ROLE_FROM_DB.get(caller.role) if caller.role is not None else None
+    if role is None or not may_reach_others(method, role):
+        raise Refusal(
+            ErrorReason.ROLE_NOT_ALLOWED,
+            f"role {caller.role or 'unregistered'} may not {what} ({method}: own only)",
+        )
 
 
 def refuse_unless_in_standing(session: Session, caller: Caller) -> None:
@@ -346,6 +365,10 @@ class NodeRegistry:
             # The same key registered at the same moment through another replica (or call)
             # inserted the row first; the second attempt finds it and is idempotent.
             node = await self.ctx.run_in_transaction(work)
+        # Its key may be cached with the state it had before (DEREGISTERED, after a clean
+        # restart): forgotten, the next call reads it afresh. (Another replica's cache is not
+        # trusted to refuse: a refusing cached state is read again before it refuses.)
+        self.ctx.forget_key(request.public_key)
         config = self.ctx.config
         return node_service_pb2.RegisterNodeResponse(
             node=node,
@@ -377,9 +400,16 @@ class NodeRegistry:
         if self.heartbeats.behind:
             # The back-off hint: a coordinator that is behind asks for heartbeats less often.
             interval = min(interval * 2, self.ctx.config.heartbeat_interval_max)
+        signed = current_nonce()
         result = await self.heartbeats.submit(
-            caller.node_id, tuple(request.held_lease_ids), interval, request.checkpoint_step
+            caller.node_id,
+            tuple(request.held_lease_ids),
+            interval,
+            request.checkpoint_step,
+            (caller.node_id, signed.nonce, signed.timestamp_ms),
         )
+        if result.replayed:
+            raise Refusal(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
         if not result.known or result.state is None:
             raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
         if result.state is NodeState.BANNED:
@@ -458,8 +488,8 @@ class NodeRegistry:
     async def get(self, caller: Caller, node_id: str) -> node_pb2.Node:
         """One node; non-operators may only read themselves."""
         target = node_id or caller.node_id
-        if target != caller.node_id and caller.role is not NodeRole.OPERATOR:
-            raise Refusal(ErrorReason.ROLE_NOT_ALLOWED, "only operators may read other nodes")
+        if target != caller.node_id:
+            refuse_unless_reaching_others(GET_NODE, caller, "read other nodes")
 
         def work(session: Session) -> node_pb2.Node:
             row = nodes.get_node(session, target)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts
 from rollnet.ledger import nodes as node_repo
+from rollnet.ledger import nonces as nonce_repo
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
 from rollnet.ledger.engine import check_ready, create_engine, describe_database_error
@@ -36,6 +37,7 @@ from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
+from rollnet.reference.coordinator.database_lock import lock_database
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
@@ -50,6 +52,7 @@ from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.nodes import NodeRegistry
+from rollnet.reference.coordinator.nonces import NonceLedger
 from rollnet.reference.coordinator.servicers import (
     BlobServicer,
     CheckpointServicer,
@@ -63,7 +66,7 @@ from rollnet.reference.coordinator.servicers import (
 )
 from rollnet.reference.coordinator.work import WorkDesk
 from rollnet.sdk.identity import Identity, KeyFileError
-from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy
+from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy, method_path
 from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
 from rollnet.v1 import (
     blob_service_pb2,
@@ -321,6 +324,9 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
         )
         jobs += len(taken.requeued)
         failed_jobs += taken.failed
+        # Nonces whose signatures expired (signed more than a skew window ago), a skew window
+        # later still, in case a replica's clock runs behind this one's.
+        nonce_repo.prune_nonces(session, signed_before=now - 2 * config.signature_skew)
         return requeued, jobs, failed_jobs
 
     requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
@@ -450,17 +456,31 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     :class:`ConfigError`, raised before anything is left running.
     """
     await asyncio.to_thread(preflight, config)
-    engine = await open_database(config, migrate=migrate)
-    identity = load_or_create_identity(config)
-    blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
-    blobs.remove_partials()
+    # Before anything touches the database: a second coordinator on one SQLite database is
+    # refused (replicas share PostgreSQL). Held until stop(), or until the process ends.
+    database_lock = lock_database(config)
+    try:
+        engine = await open_database(config, migrate=migrate)
+        identity = load_or_create_identity(config)
+        blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
+        blobs.remove_partials()
+    except BaseException:
+        if database_lock is not None:
+            database_lock.release()
+        raise
     metrics = CoordinatorMetrics()
     ctx = CoordinatorContext(
-        config=config, engine=engine, identity=identity, blobs=blobs, metrics=metrics
+        config=config,
+        engine=engine,
+        identity=identity,
+        blobs=blobs,
+        metrics=metrics,
+        database_lock=database_lock,
     )
     metrics.pending_upload_bytes.set_function(ctx.uploads.pending_bytes)
 
     keys = KeyDirectory(ctx)
+    nonces = NonceLedger(ctx)
     verifier = RequestVerifier(
         VerifierConfig(
             audience=config.network_id,
@@ -468,6 +488,10 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
+            # Replays are refused across restarts and replicas: nonces live in the database
+            # (heartbeats record theirs in their own batch's transaction).
+            nonce_recorder=nonces.record,
+            deferred_nonce_methods=frozenset({method_path("NodeService", "Heartbeat")}),
         )
     )
     limiter = CallerLimiter(

@@ -27,7 +27,7 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
-from rollnet.reference.coordinator.nodes import ROLE_TO_DB, Caller, NodeRegistry
+from rollnet.reference.coordinator.nodes import ROLE_TO_DB, Caller, NodeRegistry, timestamp
 from rollnet.reference.coordinator.refusal import Refusal
 from rollnet.reference.coordinator.work import WorkDesk
 from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
@@ -199,7 +199,15 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
         peer = context.peer() or ""
         ip = peer.rsplit(":", 1)[0] if ":" in peer else peer
         signer = current_caller().public_key
-        return await self.registry.register(signer, ip, request)
+        response = await self.idem.run(
+            "RegisterNode",
+            request,
+            node_service_pb2.RegisterNodeResponse,
+            lambda: self.registry.register(signer, ip, request),
+        )
+        # A clock reading, not part of the answer: a retry measures its offset afresh.
+        response.server_time.CopyFrom(timestamp(self.ctx.clock()))
+        return response
 
     @handled
     async def Heartbeat(

@@ -43,11 +43,12 @@ from rollnet.reference.coordinator.dispatch import (
     task_to_proto,
 )
 from rollnet.reference.coordinator.nodes import (
+    REFUSED_STATES,
     Caller,
     duration,
     eject_node,
-    refuse_state,
     refuse_unless_in_standing,
+    refuse_unless_reaching_others,
     refuse_unusable,
     timestamp,
 )
@@ -55,6 +56,7 @@ from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
@@ -66,6 +68,8 @@ from rollnet.v1 import (
     validation_pb2,
     validation_service_pb2,
 )
+
+_GET_COMMITMENT = method_path("CommitmentService", "GetCommitment")
 
 # Work units are MFLOPs: tokens x forward FLOPs per token / 10^6.
 FLOPS_PER_WORK_UNIT = 1_000_000
@@ -222,13 +226,13 @@ class WorkDesk:
                 f"blob of {size} bytes exceeds the cap of {self.ctx.blobs.max_bytes}",
             )
         # An ejected (or deregistered) worker has nothing left to commit: no quota, no disk.
-        # Its state as the call's key was resolved (no read on this per-lease path); only a key
-        # evicted since then is read again. SubmitCommitment reads it in its transaction.
+        # Its state as the call's key was resolved (no read on this per-lease path); a key
+        # evicted since then is read again, and so is one whose cached state would refuse: the
+        # node may have registered again (or been reinstated) since, here or on another replica.
+        # SubmitCommitment reads it in its transaction.
         state = self.ctx.cached_state(caller.public_key)
-        if state is None:
+        if state is None or state in REFUSED_STATES:
             await self.ctx.run_read(partial(refuse_unless_in_standing, caller=caller))
-        else:
-            refuse_state(caller.node_id, state)
         uploads = self.ctx.uploads
 
         def over_quota(error: QuotaExceeded) -> Refusal:
@@ -588,7 +592,9 @@ class WorkDesk:
                 rollout_batch=request.rollout_batch,
                 checkpoint_step=task.checkpoint_step,
                 rollouts=request.rollouts,
-                claimed_work=request.claimed_work,
+                # The coordinator's own count of the batch's tokens, not the node's claim: only
+                # figures the coordinator checked are shown (GetCommitment, validation jobs).
+                claimed_work=commitment_pb2.WorkClaim(prefill_tokens=prefill, decode_tokens=decode),
                 binding_digest=request.binding_digest,
                 received_at=timestamp(now),
             )
@@ -702,11 +708,12 @@ class WorkDesk:
 
         def work(session: Session) -> commitment_service_pb2.GetCommitmentResponse:
             row = artifacts.get_commitment(session, commitment_id)
-            if row is None or (
-                row.node_id != caller.node_id
-                and caller.role not in (NodeRole.VALIDATOR, NodeRole.OPERATOR, NodeRole.TRAINER)
-            ):
+            if row is None:
                 raise Refusal(ErrorReason.COMMITMENT_NOT_FOUND, f"no commitment {commitment_id}")
+            if row.node_id != caller.node_id:
+                refuse_unless_reaching_others(
+                    _GET_COMMITMENT, caller, "read another node's commitment"
+                )
             return commitment_service_pb2.GetCommitmentResponse(
                 commitment=commitment_to_proto(session, row)
             )
@@ -1028,6 +1035,11 @@ def commitment_to_proto(session: Session, row: Commitment) -> commitment_pb2.Com
         state = COMMITMENT_STATE.get(task.state, commitment_pb2.Commitment.STATE_PENDING)
     if row.record is not None:
         commitment = commitment_pb2.Commitment.FromString(row.record)
+        claimed = commitment.claimed_work
+        if claimed.prefill_tokens + claimed.decode_tokens != row.claimed_work:
+            # Recorded as the node sent it (before the coordinator stored its own count): a
+            # figure nobody checked is not shown.
+            commitment.ClearField("claimed_work")
     else:  # stored before migration 0003: only what the row's columns hold
         blob = artifacts.get_blob(session, row.rollout_blob_hash)
         commitment = commitment_pb2.Commitment(

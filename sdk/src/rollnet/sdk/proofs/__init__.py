@@ -4,6 +4,7 @@ Importing this package needs numpy (and blake3) only. The torch twin of the nois
 :mod:`rollnet.sdk.proofs.sampling_torch` (``rollnet-sdk[torch]``), imported on demand.
 """
 
+from rollnet.sdk.proofs._field import use_compiled_kernel
 from rollnet.sdk.proofs.assigned import check_assigned_data
 from rollnet.sdk.proofs.binding import (
     LeaseBinding,
@@ -112,6 +113,7 @@ __all__ = [
     "thresholds_for",
     "token_logprobs",
     "tokens_digest",
+    "use_compiled_kernel",
     "verify_proof",
     "verify_proofs",
     "verify_rollout",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -285,9 +284,7 @@ class _Kernel:
 
 
 def _load_kernel() -> _Kernel | None:
-    """The compiled kernel, or None (not built, or ``ROLLNET_FIELD_KERNEL=0``)."""
-    if os.environ.get("ROLLNET_FIELD_KERNEL", "1") == "0":
-        return None
+    """The compiled kernel, or None (not built, or built for another platform)."""
     path = Path(__file__).with_name("_field_kernel.so")
     if not path.is_file():
         return None
@@ -305,6 +302,15 @@ def _load_kernel() -> _Kernel | None:
 
 KERNEL: _Kernel | None = _load_kernel()
 """The compiled interpolation when available; the numpy code otherwise (same results)."""
+
+
+def use_compiled_kernel(enabled: bool) -> bool:
+    """Use the compiled field kernel when it is built (``True``, the default) or force the
+    numpy code (``False``: same results, slower; for comparisons). Returns whether the kernel
+    is used now. The library reads no environment variable for it: this is the one switch."""
+    global KERNEL
+    KERNEL = _load_kernel() if enabled else None
+    return KERNEL is not None
 
 
 def interpolate(x: Int64Array, y: Int64Array) -> Int64Array:

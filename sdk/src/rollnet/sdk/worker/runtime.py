@@ -132,6 +132,8 @@ class Worker:
         """The node's registration, heartbeats and stop (shared with every role)."""
         self.hardware = self.session.hardware
         self.receipts_received = 0
+        #: Receipts refused because their signature did not verify (their work dropped).
+        self.receipts_invalid = 0
         """Commitments acknowledged with a receipt in this run (replays included)."""
         self._outbox: Outbox | None = None
         self._leases: dict[str, LeaseContext] = {}
@@ -530,7 +532,16 @@ class Worker:
         if self.coordinator_public_key and not verify_receipt(
             response.receipt, self.coordinator_public_key
         ):
+            # Not kept as a receipt: it proves nothing. Asking again would replay the same
+            # answer (the same request id), so the submission is dropped, saying why.
             _log(logging.ERROR, "receipt_signature_invalid", {"task_id": item.task_id})
+            self.receipts_invalid += 1
+            self.outbox.drop(
+                item,
+                "the receipt's signature does not verify with the coordinator key given at "
+                "registration",
+            )
+            return
         self.outbox.complete(item, response)
         self.receipts_received += 1
         _log(
