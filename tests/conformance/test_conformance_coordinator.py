@@ -15,17 +15,6 @@ from rollnet.sdk.conformance import (
     run_coordinator_suite,
 )
 
-#: Cases the reference coordinator fails today, and why. Two are holes issue 17 is closing; the
-#: third is a finding of this suite: a commitment after the deadline is answered LEASE_CLOSED
-#: (not LEASE_EXPIRED) once the sweeper has requeued the task, so the same late call gets one
-#: reason or the other depending on the sweeper's timing (dispatch.lease_outcome_refusal).
-KNOWN_HOLES = {
-    "auth.replay_after_restart": "issue 17: the nonce cache does not survive a restart",
-    "auth.replay_other_replica": "issue 17: each replica keeps its own nonce cache",
-    "registration.request_id_reused": "issue 17: RegisterNode keeps no request_id record",
-    "dispatch.lease_expiry": "late commitment answered LEASE_CLOSED after the requeue",
-}
-
 
 def _print(report: Report) -> None:
     for result in report.results:
@@ -35,15 +24,14 @@ def _print(report: Report) -> None:
 
 async def test_reference_coordinator_passes(running: Running) -> None:
     """Every case runs (nothing skipped: the suite was given every key and hook; one SQLite
-    coordinator has no replica) and passes, but for the known holes the report names."""
+    coordinator has no replica) and passes."""
     report = await run_coordinator_suite(running.target())
     _print(report)
     assert [r.name for r in report.results] == [c.name for c in CASES]
     skipped = [r.name for r in report.results if r.outcome is Outcome.SKIPPED]
     assert skipped == ["auth.replay_other_replica"], skipped
     failed = {r.name: r.detail for r in report.results if r.outcome is Outcome.FAILED}
-    unexpected = {name: detail for name, detail in failed.items() if name not in KNOWN_HOLES}
-    assert not unexpected, unexpected
+    assert not failed, failed
 
 
 @pytest.mark.postgres
@@ -54,8 +42,7 @@ async def test_a_second_replica_on_postgresql_passes(second_replica: Running) ->
     _print(report)
     assert not [r.name for r in report.results if r.outcome is Outcome.SKIPPED]
     failed = {r.name: r.detail for r in report.results if r.outcome is Outcome.FAILED}
-    unexpected = {name: detail for name, detail in failed.items() if name not in KNOWN_HOLES}
-    assert not unexpected, unexpected
+    assert not failed, failed
 
 
 def _outcomes(report: Report) -> dict[str, Outcome]:
@@ -98,7 +85,7 @@ async def test_catches_a_lenient_ed25519_verifier(
     report = await run_coordinator_suite(running.target(), patterns=["auth"])
     _print(report)
     failed = {r.name for r in report.results if r.outcome is Outcome.FAILED}
-    assert failed - set(KNOWN_HOLES) == {"auth.strict_ed25519"}
+    assert failed == {"auth.strict_ed25519"}
 
 
 async def test_catches_a_refusal_with_the_wrong_code(
@@ -145,5 +132,4 @@ async def test_skips_what_it_was_not_given(running: Running) -> None:
         assert outcomes[name] is Outcome.SKIPPED, name
     for name in ("registration.new", "auth.replay", "blob.roundtrip", "registration.allow_list"):
         assert outcomes[name] is Outcome.PASSED, name
-    failed = {r.name for r in report.results if r.outcome is Outcome.FAILED}
-    assert failed <= set(KNOWN_HOLES), failed
+    assert report.ok, report.summary()

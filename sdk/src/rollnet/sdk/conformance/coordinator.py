@@ -1220,6 +1220,62 @@ async def commitment_receipt(target: Target) -> None:
     )
 
 
+@case(
+    "commitment.others",
+    "a worker reading another node's commitment: ROLE_NOT_ALLOWED; a validator may",
+)
+async def commitment_others(target: Target) -> None:
+    owner = await target.worker()
+    other = await target.worker()
+    _, response = await target.committed(owner)
+    request = commitment_service_pb2.GetCommitmentRequest(
+        commitment_id=response.commitment.commitment_id
+    )
+    await other.refused(GET_COMMITMENT, request, C.PERMISSION_DENIED, "ROLE_NOT_ALLOWED")
+    validator = await target.peer("validator")
+    read = await validator.call(
+        GET_COMMITMENT, request, commitment_service_pb2.GetCommitmentResponse
+    )
+    expect(read.commitment.node_id == owner.node_id, "the validator read another commitment")
+
+
+@case(
+    "commitment.claimed_work",
+    "claimed_work is the coordinator's count of the batch, whatever the node claimed",
+)
+async def commitment_claimed_work(target: Target) -> None:
+    worker = await target.worker()
+    task, lease = await target.lease(worker)
+    work = target.work(worker, task, lease)
+    uploaded = await worker.upload(work.batch)
+    request = target.commitment(worker, work, uploaded.blob)
+    counted = commitment_pb2.WorkClaim()
+    counted.CopyFrom(request.claimed_work)
+    request.claimed_work.decode_tokens += 1_000_000
+    response = await worker.call(SUBMIT, request, commitment_service_pb2.SubmitCommitmentResponse)
+    for shown, where in (
+        (response.commitment.claimed_work, "SubmitCommitment"),
+        (
+            (
+                await worker.call(
+                    GET_COMMITMENT,
+                    commitment_service_pb2.GetCommitmentRequest(
+                        commitment_id=response.commitment.commitment_id
+                    ),
+                    commitment_service_pb2.GetCommitmentResponse,
+                )
+            ).commitment.claimed_work,
+            "GetCommitment",
+        ),
+    ):
+        expect(
+            (shown.prefill_tokens, shown.decode_tokens)
+            == (counted.prefill_tokens, counted.decode_tokens),
+            f"{where} shows claimed_work {shown.prefill_tokens} + {shown.decode_tokens}, the "
+            f"batch holds {counted.prefill_tokens} + {counted.decode_tokens} tokens",
+        )
+
+
 @case("commitment.binding", "a binding digest made for another node: COMMITMENT_BINDING_INVALID")
 async def commitment_binding(target: Target) -> None:
     worker = await target.worker()
