@@ -67,7 +67,7 @@ test: $(STAMP) browser sandbox-tools ## the test suite (what CI runs)
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sdk/src ledger/src reference/src scripts
+	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples
 
 codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 from protos/
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/buf generate 2>/dev/null
