@@ -13,10 +13,13 @@ pass), counted from the safetensors headers alone, so publishing never loads tor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import struct
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +28,7 @@ import blake3
 from google.protobuf import timestamp_pb2
 
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.broadcast.delta import encode_delta
 from rollnet.sdk.checkpoints import checkpoint_path_violations
 from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
@@ -167,6 +171,30 @@ def sign_manifest(identity: Identity, manifest: bytes) -> bytes:
     return identity.sign(CHECKPOINT_DOMAIN + manifest)
 
 
+@dataclass(frozen=True, slots=True)
+class DeltaBase:
+    """The previous published step's model directory: files are also shipped as deltas
+    against it (:mod:`rollnet.sdk.broadcast.delta`)."""
+
+    step: int
+    model_dir: Path
+
+
+def origin_blob_path(origin_dir: Path, digest: bytes) -> Path:
+    """Where an origin directory keeps a blob (``rollnet relay --origin DIR`` serves it)."""
+    return origin_dir / "blobs" / digest.hex()
+
+
+def _write_origin_blob(origin_dir: Path, digest: bytes, data: bytes) -> None:
+    path = origin_blob_path(origin_dir, digest)
+    if path.is_file() and path.stat().st_size == len(data):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{digest.hex()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 async def publish_model_dir(
     client: RollnetClient,
     identity: Identity,
@@ -176,6 +204,8 @@ async def publish_model_dir(
     *,
     shard_size: int = DEFAULT_SHARD_SIZE,
     created_at: datetime | None = None,
+    delta_base: DeltaBase | None = None,
+    origin_dir: Path | None = None,
 ) -> PublishedCheckpoint:
     """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
 
@@ -183,7 +213,13 @@ async def publish_model_dir(
     in memory at a time. ``created_at`` defaults to the newest modification time of the files,
     so republishing an unchanged directory at the same step builds the identical manifest, which
     the coordinator accepts again (its shards are already stored).
+
+    ``delta_base``: the previous step's directory; each file it has too is also described as a
+    delta against it (``CheckpointFile.delta``) when the delta is less than half the file.
+    ``origin_dir``: also write every blob there, for ``rollnet relay --origin DIR``.
     """
+    if delta_base is not None and delta_base.step >= step:
+        raise CheckpointDirError(f"delta base step {delta_base.step} is not before step {step}")
     files = model_files(model_dir)
     manifest = checkpoint_pb2.CheckpointManifest(
         step=step, network_id=network_id, flops_per_token=flops_per_token(files)
@@ -194,20 +230,32 @@ async def publish_model_dir(
         created_at = datetime.fromtimestamp(newest // 1000 / 1e6, tz=UTC)
     stamp.FromDatetime(created_at)
     manifest.created_at.CopyFrom(stamp)
-    uploaded = already = sent_bytes = 0
-    for path in files:
+    counts = {"uploaded": 0, "already": 0, "bytes": 0}
+
+    async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
         whole = blake3.blake3()
-        entry = checkpoint_pb2.CheckpointFile(path=path.relative_to(model_dir).as_posix())
+        refs = []
         total = 0
         for shard, data in _file_shards(path, shard_size):
             whole.update(data)
             total += shard.size
             stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-            uploaded += 1
-            already += int(stored.already_present)
-            sent_bytes += shard.size
-            entry.shards.append(common_pb2.BlobRef(blake3=stored.blob.blake3, size=shard.size))
-        entry.content.CopyFrom(common_pb2.BlobRef(blake3=whole.digest(), size=total))
+            if origin_dir is not None:
+                await asyncio.to_thread(_write_origin_blob, origin_dir, stored.blob.blake3, data)
+            counts["uploaded"] += 1
+            counts["already"] += int(stored.already_present)
+            counts["bytes"] += shard.size
+            refs.append(common_pb2.BlobRef(blake3=stored.blob.blake3, size=shard.size))
+        return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
+
+    for path in files:
+        relative = path.relative_to(model_dir).as_posix()
+        shards, content = await store(path)
+        entry = checkpoint_pb2.CheckpointFile(path=relative, content=content, shards=shards)
+        if delta_base is not None:
+            delta = await _delta_entry(delta_base, relative, path, store)
+            if delta is not None:
+                entry.delta.CopyFrom(delta)
         manifest.files.append(entry)
     manifest_bytes = manifest.SerializeToString(deterministic=True)
     published = await client.checkpoints.publish_checkpoint(
@@ -218,7 +266,35 @@ async def publish_model_dir(
     return PublishedCheckpoint(
         checkpoint=published.checkpoint,
         manifest=manifest,
-        shards_uploaded=uploaded,
-        shards_already_present=already,
-        bytes_uploaded=sent_bytes,
+        shards_uploaded=counts["uploaded"],
+        shards_already_present=counts["already"],
+        bytes_uploaded=counts["bytes"],
+    )
+
+
+async def _delta_entry(
+    base: DeltaBase,
+    relative: str,
+    path: Path,
+    store: Callable[[Path], Awaitable[tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]]],
+) -> checkpoint_pb2.CheckpointDelta | None:
+    """The delta of one file against its namesake in ``base``, if it is worth shipping."""
+    base_file = base.model_dir / relative
+    if not base_file.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="rollnet-delta-") as scratch:
+        delta_file = Path(scratch) / "delta"
+        stats = await asyncio.to_thread(encode_delta, base_file, path, delta_file)
+        if stats.delta_bytes * 2 > stats.size:
+            return None
+        shards, content = await store(delta_file)
+    base_digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if base_file.stat().st_size:
+        base_digest.update_mmap(base_file)
+    return checkpoint_pb2.CheckpointDelta(
+        base_step=base.step,
+        base=common_pb2.BlobRef(blake3=base_digest.digest(), size=base_file.stat().st_size),
+        content=content,
+        shards=shards,
+        encoding=checkpoint_pb2.DELTA_ENCODING_SPARSE_ZSTD_V1,
     )
