@@ -185,14 +185,100 @@ def origin_blob_path(origin_dir: Path, digest: bytes) -> Path:
     return origin_dir / "blobs" / digest.hex()
 
 
-def _write_origin_blob(origin_dir: Path, digest: bytes, data: bytes) -> None:
+def write_origin_blob(origin_dir: Path, data: bytes) -> bytes:
+    """Store ``data`` in an origin directory under its BLAKE3 digest; returns the digest."""
+    digest = blake3.blake3(data).digest()
     path = origin_blob_path(origin_dir, digest)
     if path.is_file() and path.stat().st_size == len(data):
-        return
+        return digest
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{digest.hex()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    return digest
+
+
+BlobSink = Callable[[bytes], Awaitable[bool]]
+"""Stores one blob (a shard); returns whether it was already stored."""
+
+
+async def build_manifest(
+    model_dir: Path,
+    step: int,
+    network_id: str,
+    sink: BlobSink,
+    *,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    created_at: datetime | None = None,
+    delta_base: DeltaBase | None = None,
+) -> tuple[checkpoint_pb2.CheckpointManifest, PublishCounts]:
+    """Cut ``model_dir`` into shards, hand each to ``sink``, and describe them in a manifest
+    (unsigned). ``delta_base``: the previous step's directory; each file it has too is also
+    described as a delta against it (``CheckpointFile.delta``) when the delta is less than half
+    the file. ``created_at`` defaults to the newest modification time of the files."""
+    if delta_base is not None and delta_base.step >= step:
+        raise CheckpointDirError(f"delta base step {delta_base.step} is not before step {step}")
+    files = model_files(model_dir)
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=step, network_id=network_id, flops_per_token=flops_per_token(files)
+    )
+    stamp = timestamp_pb2.Timestamp()
+    if created_at is None:
+        newest = max(path.stat().st_mtime_ns for path in files)
+        created_at = datetime.fromtimestamp(newest // 1000 / 1e6, tz=UTC)
+    stamp.FromDatetime(created_at)
+    manifest.created_at.CopyFrom(stamp)
+    counts = PublishCounts()
+
+    async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
+        whole = blake3.blake3()
+        refs = []
+        total = 0
+        for shard, data in _file_shards(path, shard_size):
+            whole.update(data)
+            total += shard.size
+            already = await sink(data)
+            counts.shards += 1
+            counts.already_present += int(already)
+            counts.bytes += shard.size
+            refs.append(common_pb2.BlobRef(blake3=blake3.blake3(data).digest(), size=shard.size))
+        return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
+
+    for path in files:
+        relative = path.relative_to(model_dir).as_posix()
+        shards, content = await store(path)
+        entry = checkpoint_pb2.CheckpointFile(path=relative, content=content, shards=shards)
+        if delta_base is not None:
+            delta = await _delta_entry(delta_base, relative, path, store)
+            if delta is not None:
+                entry.delta.CopyFrom(delta)
+                counts.delta_bytes += delta.content.size
+        manifest.files.append(entry)
+    return manifest, counts
+
+
+@dataclass(slots=True)
+class PublishCounts:
+    """What :func:`build_manifest` handed to its sink."""
+
+    shards: int = 0
+    already_present: int = 0
+    bytes: int = 0
+    delta_bytes: int = 0
+    """Bytes of the deltas among them."""
+
+
+def signed_checkpoint(
+    identity: Identity, manifest: checkpoint_pb2.CheckpointManifest
+) -> checkpoint_pb2.Checkpoint:
+    """``manifest`` serialized and signed by the trainer ``identity`` (not yet published)."""
+    data = manifest.SerializeToString(deterministic=True)
+    return checkpoint_pb2.Checkpoint(
+        manifest=data,
+        signature=sign_manifest(identity, data),
+        trainer_public_key=identity.public_key,
+        step=manifest.step,
+    )
 
 
 async def publish_model_dir(
@@ -212,51 +298,26 @@ async def publish_model_dir(
     ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
     in memory at a time. ``created_at`` defaults to the newest modification time of the files,
     so republishing an unchanged directory at the same step builds the identical manifest, which
-    the coordinator accepts again (its shards are already stored).
-
-    ``delta_base``: the previous step's directory; each file it has too is also described as a
-    delta against it (``CheckpointFile.delta``) when the delta is less than half the file.
-    ``origin_dir``: also write every blob there, for ``rollnet relay --origin DIR``.
+    the coordinator accepts again (its shards are already stored). ``delta_base``: see
+    :func:`build_manifest`. ``origin_dir``: also write every blob there, for
+    ``rollnet relay --origin DIR``.
     """
-    if delta_base is not None and delta_base.step >= step:
-        raise CheckpointDirError(f"delta base step {delta_base.step} is not before step {step}")
-    files = model_files(model_dir)
-    manifest = checkpoint_pb2.CheckpointManifest(
-        step=step, network_id=network_id, flops_per_token=flops_per_token(files)
+
+    async def sink(data: bytes) -> bool:
+        stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        if origin_dir is not None:
+            await asyncio.to_thread(write_origin_blob, origin_dir, data)
+        return bool(stored.already_present)
+
+    manifest, counts = await build_manifest(
+        model_dir,
+        step,
+        network_id,
+        sink,
+        shard_size=shard_size,
+        created_at=created_at,
+        delta_base=delta_base,
     )
-    stamp = timestamp_pb2.Timestamp()
-    if created_at is None:
-        newest = max(path.stat().st_mtime_ns for path in files)
-        created_at = datetime.fromtimestamp(newest // 1000 / 1e6, tz=UTC)
-    stamp.FromDatetime(created_at)
-    manifest.created_at.CopyFrom(stamp)
-    counts = {"uploaded": 0, "already": 0, "bytes": 0}
-
-    async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
-        whole = blake3.blake3()
-        refs = []
-        total = 0
-        for shard, data in _file_shards(path, shard_size):
-            whole.update(data)
-            total += shard.size
-            stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-            if origin_dir is not None:
-                await asyncio.to_thread(_write_origin_blob, origin_dir, stored.blob.blake3, data)
-            counts["uploaded"] += 1
-            counts["already"] += int(stored.already_present)
-            counts["bytes"] += shard.size
-            refs.append(common_pb2.BlobRef(blake3=stored.blob.blake3, size=shard.size))
-        return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
-
-    for path in files:
-        relative = path.relative_to(model_dir).as_posix()
-        shards, content = await store(path)
-        entry = checkpoint_pb2.CheckpointFile(path=relative, content=content, shards=shards)
-        if delta_base is not None:
-            delta = await _delta_entry(delta_base, relative, path, store)
-            if delta is not None:
-                entry.delta.CopyFrom(delta)
-        manifest.files.append(entry)
     manifest_bytes = manifest.SerializeToString(deterministic=True)
     published = await client.checkpoints.publish_checkpoint(
         checkpoint_service_pb2.PublishCheckpointRequest(
@@ -266,9 +327,9 @@ async def publish_model_dir(
     return PublishedCheckpoint(
         checkpoint=published.checkpoint,
         manifest=manifest,
-        shards_uploaded=counts["uploaded"],
-        shards_already_present=counts["already"],
-        bytes_uploaded=counts["bytes"],
+        shards_uploaded=counts.shards,
+        shards_already_present=counts.already_present,
+        bytes_uploaded=counts.bytes,
     )
 
 

@@ -29,6 +29,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "checkpoint",
     "rollouts",
     "dashboard",
+    "relay",
 )
 
 

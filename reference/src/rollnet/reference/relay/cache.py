@@ -1,0 +1,283 @@
+"""The relay's blob store: verified blobs on disk, fetches in flight, versions kept.
+
+A blob is fetched from upstream once however many clients ask for it: the first request starts
+a :class:`Fetch`, which writes the bytes to a partial file as they arrive, and every request
+(the first and all later ones, with or without ``Range``) streams from that file as far as it
+has got, waiting for more. So a relay passes bytes down the tree while they are still coming
+up: a tree of depth d costs about one shard's time plus d round trips, not d shard times.
+
+When the last byte is in, the BLAKE3 digest (hashed as the bytes arrive) must equal the name;
+only then is the file renamed into ``blobs/`` and served from there. A blob that does not match
+is dropped and its clients' responses are cut short, so no client receives a complete wrong
+blob from this relay (clients check digests all the same: a relay is not trusted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+import blake3
+
+from rollnet.reference.relay.metrics import RelayMetrics
+from rollnet.sdk.broadcast.client import BLOB_PATH
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+class BlobUnavailable(Exception):
+    """No upstream could deliver the blob (or it did not match its digest)."""
+
+    def __init__(self, message: str, *, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Fetch:
+    """One blob coming from upstream, readable while it arrives."""
+
+    digest: str
+    partial: Path
+    size: int | None = None
+    received: int = 0
+    done: bool = False
+    error: BlobUnavailable | None = None
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def wait_for_size(self) -> int:
+        """The blob's size, once upstream has said it."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.size is not None or self.error is not None)
+        if self.error is not None:
+            raise self.error
+        assert self.size is not None
+        return self.size
+
+    async def stream(self, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` as they become available; raises if the fetch fails."""
+        position = start
+        # The bytes were written moments ago: reads hit the page cache and do not block.
+        with open(self.partial, "rb") as handle:  # noqa: ASYNC230
+            while position < end:
+                async with self.changed:
+                    await self.changed.wait_for(
+                        lambda at=position: self.received > at or self.error is not None  # type: ignore[misc]
+                    )
+                    available = self.received
+                if self.error is not None:
+                    raise self.error
+                handle.seek(position)
+                while position < min(available, end):
+                    chunk = handle.read(min(_CHUNK, min(available, end) - position))
+                    position += len(chunk)
+                    yield chunk
+
+
+class BlobCache:
+    """Blobs under ``root/blobs`` (verified), in-flight fetches under ``root/partial``.
+
+    ``upstreams``: base URLs of relays or origins to fetch from (tried in turn, resuming with
+    ``Range`` on the next after a failure); empty for an origin, which serves ``root/blobs``
+    only. ``keep_versions``: how many checkpoint steps' blobs are kept (steps are learned from
+    the ``step`` hint of requests and from prefetched manifests); blobs of older steps are
+    deleted, blobs never tied to a step are kept.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        upstreams: Sequence[str],
+        metrics: RelayMetrics,
+        keep_versions: int = 3,
+        trusted: bool = False,
+    ) -> None:
+        self.root = root
+        self.blobs = root / "blobs"
+        self.partial_dir = root / "partial"
+        self.upstreams = [url.rstrip("/") for url in upstreams]
+        self.metrics = metrics
+        self.keep_versions = keep_versions
+        self.trusted = trusted
+        self.fetches: dict[str, Fetch] = {}
+        self.steps: dict[int, set[str]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._next_upstream = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        if not trusted:
+            shutil_rmtree(self.partial_dir)
+            self.partial_dir.mkdir(parents=True, exist_ok=True)
+
+    async def close(self) -> None:
+        """Stop fetches and close upstream connections."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+    def path(self, digest: str) -> Path | None:
+        """The stored file of ``digest``, if it is complete here."""
+        candidate = self.blobs / digest
+        return candidate if candidate.is_file() else None
+
+    def stored_bytes(self) -> int:
+        """Bytes of the blobs stored."""
+        total = 0
+        for entry in os.scandir(self.blobs):
+            with contextlib.suppress(OSError):
+                total += entry.stat().st_size
+        return total
+
+    def note_step(self, step: int, digests: Sequence[str]) -> None:
+        """Tie ``digests`` to checkpoint ``step``, and drop the blobs of steps no longer kept."""
+        self.steps.setdefault(step, set()).update(digests)
+        kept = sorted(self.steps)[-self.keep_versions :]
+        doomed = [s for s in self.steps if s not in kept]
+        if not doomed:
+            return
+        keep = set().union(*(self.steps[s] for s in kept))
+        for old in doomed:
+            for digest in self.steps.pop(old) - keep:
+                if digest in self.fetches:
+                    continue
+                path = self.blobs / digest
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    self.metrics.blobs_evicted.inc()
+        self.metrics.stored_bytes.set(self.stored_bytes())
+
+    def fetch(self, digest: str) -> Fetch:
+        """The fetch of ``digest`` in flight, started now if there is none."""
+        current = self.fetches.get(digest)
+        if current is not None:
+            return current
+        if not self.upstreams:
+            raise BlobUnavailable(f"blob {digest} is not here", status=404)
+        current = Fetch(digest, self.partial_dir / f"{digest}.{secrets.token_hex(4)}")
+        current.partial.touch()
+        self.fetches[digest] = current
+        self.metrics.inflight.inc()
+        task = asyncio.create_task(self._run(current))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return current
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=60),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=32),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def _run(self, fetch: Fetch) -> None:
+        hasher = blake3.blake3()
+        errors: list[str] = []
+        try:
+            with open(fetch.partial, "wb") as out:  # noqa: ASYNC230 - written on a thread
+                for attempt in range(2 * len(self.upstreams)):
+                    upstream = self.upstreams[(self._next_upstream + attempt) % len(self.upstreams)]
+                    try:
+                        await self._pull(fetch, upstream, out, hasher)
+                        break
+                    except (aiohttp.ClientError, TimeoutError, BlobUnavailable) as error:
+                        errors.append(f"{upstream}: {error or type(error).__name__}")
+                        self.metrics.upstream_errors.inc()
+                else:
+                    raise BlobUnavailable("; ".join(errors[-3:]) or "no upstream")
+                self._next_upstream += 1
+            if hasher.hexdigest() != fetch.digest:
+                raise BlobUnavailable(f"upstream sent bytes that do not match {fetch.digest}")
+            os.replace(fetch.partial, self.blobs / fetch.digest)
+            fetch.partial = self.blobs / fetch.digest
+            async with fetch.changed:
+                fetch.done = True
+                fetch.changed.notify_all()
+            self.metrics.stored_bytes.inc(fetch.received)
+        except BlobUnavailable as error:
+            log.warning("relay_fetch_failed", extra={"blake3": fetch.digest, "error": str(error)})
+            await self._fail(fetch, error)
+        except BaseException as error:
+            await self._fail(fetch, BlobUnavailable(f"fetch stopped: {error!r}"))
+            raise
+        finally:
+            self.fetches.pop(fetch.digest, None)
+            self.metrics.inflight.dec()
+
+    async def _fail(self, fetch: Fetch, error: BlobUnavailable) -> None:
+        async with fetch.changed:
+            fetch.error = error
+            fetch.changed.notify_all()
+        with contextlib.suppress(FileNotFoundError):
+            fetch.partial.unlink()
+
+    async def _pull(
+        self, fetch: Fetch, upstream: str, out: BinaryIO, hasher: blake3.blake3
+    ) -> None:
+        headers = {"Range": f"bytes={fetch.received}-"} if fetch.received else {}
+        url = f"{upstream}{BLOB_PATH}{fetch.digest}"
+        async with self._http().get(url, headers=headers) as response:
+            if response.status == 404:
+                raise BlobUnavailable(f"{upstream} does not have it", status=404)
+            if fetch.received and response.status != 206:
+                raise BlobUnavailable(f"{upstream} did not resume at {fetch.received}")
+            if response.status not in (200, 206):
+                raise BlobUnavailable(f"{upstream} answered HTTP {response.status}")
+            total = _total_size(response, fetch.received)
+            if fetch.size is None:
+                async with fetch.changed:
+                    fetch.size = total
+                    fetch.changed.notify_all()
+            elif total != fetch.size:
+                raise BlobUnavailable(f"{upstream} says {total} bytes, not {fetch.size}")
+            async for chunk in response.content.iter_chunked(_CHUNK):
+                if fetch.received + len(chunk) > fetch.size:
+                    raise BlobUnavailable(f"{upstream} sent more than {fetch.size} bytes")
+                await asyncio.to_thread(_write, out, hasher, chunk)
+                self.metrics.upstream_bytes.inc(len(chunk))
+                async with fetch.changed:
+                    fetch.received += len(chunk)
+                    fetch.changed.notify_all()
+        if fetch.received != fetch.size:
+            raise BlobUnavailable(f"{upstream} stopped at {fetch.received} of {fetch.size} bytes")
+
+
+def _write(out: BinaryIO, hasher: blake3.blake3, chunk: bytes) -> None:
+    out.write(chunk)
+    out.flush()
+    hasher.update(chunk)
+
+
+def _total_size(response: aiohttp.ClientResponse, start: int) -> int:
+    if response.status == 206:
+        content_range = response.headers.get("Content-Range", "")
+        _, _, total = content_range.partition("/")
+        if not content_range.startswith(f"bytes {start}-") or not total.isdigit():
+            raise BlobUnavailable(f"bad Content-Range {content_range!r} for bytes={start}-")
+        return int(total)
+    length = response.headers.get("Content-Length")
+    if length is None or not length.isdigit():
+        raise BlobUnavailable("upstream gave no Content-Length")
+    return int(length)
+
+
+def shutil_rmtree(path: Path) -> None:
+    """Remove a directory tree if it is there (leftover partial files of a previous run)."""
+    shutil.rmtree(path, ignore_errors=True)
