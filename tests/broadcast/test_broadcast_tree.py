@@ -288,3 +288,41 @@ async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
         steps[3] / "model.safetensors"
     ).read_bytes()
     assert (late.full_files, late.delta_files) == (files, 0)
+
+
+async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path) -> None:
+    """A store with relays falls back to the source ensure() is given (the coordinator's blob
+    service in workers and validators) for what the relays cannot deliver."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(SHARD))
+    origin = tmp_path / "origin"
+    checkpoint = await publish_to_origin(origin, source, 1, trainer)
+
+    class OriginFiles:
+        async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+            return (origin / "blobs" / shard.blake3.hex()).read_bytes()
+
+    async with RelayShards(["http://127.0.0.1:9"], attempts_per_relay=1) as dead:
+        store = CheckpointStore(tmp_path / "client", network_id=NETWORK, relays=dead)
+        directory = await store.ensure(checkpoint, OriginFiles())
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    assert dead.health["http://127.0.0.1:9"].failures > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["relay", "--upstream", "ftp://x"], "is not an http:// or https:// URL"),
+        (["relay", "--upstream", "http://127.0.0.1:1"], "--upstream needs --data-dir"),
+        (["relay", "--origin", "/nonexistent"], "no blobs/ directory"),
+    ],
+)
+def test_relay_command_line_mistakes(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollnet.reference.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

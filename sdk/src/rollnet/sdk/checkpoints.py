@@ -75,6 +75,26 @@ class BlobServiceShards:
         return await self.client.blobs.download(shard.blake3)
 
 
+@dataclass(frozen=True)
+class FallbackShards:
+    """A :class:`ShardSource` asking ``primary`` (relays) first and ``fallback`` (the
+    coordinator's blob service) for a shard ``primary`` could not deliver. Both are checked
+    by the store alike."""
+
+    primary: ShardSource
+    fallback: ShardSource
+
+    async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard from ``primary``, else from ``fallback``."""
+        try:
+            return await self.primary.fetch_shard(shard)
+        except Exception as error:  # whatever failed among the relays, the fallback may serve
+            log.warning(
+                "relay_shard_fallback", extra={"blake3": shard.blake3.hex(), "error": str(error)}
+            )
+            return await self.fallback.fetch_shard(shard)
+
+
 def verify_checkpoint(
     checkpoint: checkpoint_pb2.Checkpoint,
     *,
@@ -292,6 +312,7 @@ class CheckpointStore:
         trusted_trainer_keys: Collection[bytes] | None = None,
         concurrency: int = 4,
         progress: Callable[[int, int], None] | None = None,
+        relays: ShardSource | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -302,6 +323,9 @@ class CheckpointStore:
         self.concurrency = concurrency
         self.progress = progress
         """Called with (bytes done, bytes in all) as a download advances."""
+        self.relays = relays
+        """Asked first for every shard, the source given to :meth:`ensure` after it fails
+        (:class:`FallbackShards`)."""
         self.delta_files = 0
         """Files this store built by applying a delta."""
         self.full_files = 0
@@ -325,7 +349,10 @@ class CheckpointStore:
         return sorted(found)
 
     async def ensure(self, checkpoint: checkpoint_pb2.Checkpoint, source: ShardSource) -> Path:
-        """Verify ``checkpoint``, download what is missing, and return its directory."""
+        """Verify ``checkpoint``, download what is missing, and return its directory.
+
+        With ``relays`` set, shards come from them and ``source`` only for what they cannot
+        deliver."""
         manifest = verify_checkpoint(
             checkpoint,
             network_id=self.network_id,
@@ -336,6 +363,8 @@ class CheckpointStore:
             existing = self.path(manifest.step)
             if existing is not None:
                 return existing
+            if self.relays is not None:
+                source = FallbackShards(self.relays, source)
             final = await self._download(manifest, source)
         self.prune(protect=manifest.step)
         return final
@@ -511,6 +540,7 @@ __all__ = [
     "BlobServiceShards",
     "CheckpointStore",
     "CheckpointVerificationError",
+    "FallbackShards",
     "PathViolation",
     "ShardSource",
     "checkpoint_file_count_error",

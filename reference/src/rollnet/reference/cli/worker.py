@@ -127,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     node_options.protect_node_files("worker", args.data_dir, args.key, args.reward_isolation)
     checkpoints = CheckpointStore(
-        args.data_dir / "checkpoints", network_id=args.network_id, keep=args.keep_checkpoints
+        args.data_dir / "checkpoints",
+        network_id=args.network_id,
+        keep=args.keep_checkpoints,
+        relays=node_options.relay_source(args.relay, args.data_dir),
     )
     generator = InferenceGenerator(
         lambda: make_backend(args.backend),
