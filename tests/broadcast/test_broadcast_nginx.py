@@ -39,7 +39,8 @@ http {{
     fastcgi_temp_path {root}/fastcgi;
     uwsgi_temp_path {root}/uwsgi;
     scgi_temp_path {root}/scgi;
-    proxy_cache_path {root}/cache levels=1:2 keys_zone=rollnet_blobs:10m max_size=10g inactive=7d use_temp_path=off;
+    proxy_cache_path {root}/cache levels=1:2 keys_zone=rollnet_blobs:10m
+                     max_size=10g inactive=7d use_temp_path=off;
     server {{
         listen 127.0.0.1:{port};
         location /v1/blobs/ {{
@@ -94,7 +95,7 @@ async def test_clients_through_nginx_verify_and_the_origin_serves_once(
     root.mkdir()
     port = _free_port()
     (root / "nginx.conf").write_text(CONFIG.format(root=root, port=port, origin=origin.url))
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once, not waited on here
         [str(nginx), "-p", str(root), "-c", str(root / "nginx.conf")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
