@@ -117,7 +117,7 @@ async def test_clients_through_nginx_verify_and_the_origin_serves_once(
         assert served == total  # three clients, one trip to the origin per blob
 
         # A resumed transfer: nginx answers a Range from its cache.
-        blob = next(iter((tmp_path / "origin" / "blobs").iterdir()))
+        blob = max((tmp_path / "origin" / "blobs").iterdir(), key=lambda p: p.stat().st_size)
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{url}/v1/blobs/{blob.name}", headers={"Range": "bytes=100-"}) as response,
