@@ -35,8 +35,8 @@ async def publish_to_origin(
 ) -> checkpoint_pb2.Checkpoint:
     """Write ``model_dir``'s blobs to ``origin`` and return its signed checkpoint."""
 
-    async def sink(data: bytes) -> bool:
-        write_origin_blob(origin, data)
+    async def sink(data: bytes, digest: bytes) -> bool:
+        write_origin_blob(origin, data, digest)
         return False
 
     manifest, _ = await build_manifest(

@@ -185,9 +185,11 @@ def origin_blob_path(origin_dir: Path, digest: bytes) -> Path:
     return origin_dir / "blobs" / digest.hex()
 
 
-def write_origin_blob(origin_dir: Path, data: bytes) -> bytes:
-    """Store ``data`` in an origin directory under its BLAKE3 digest; returns the digest."""
-    digest = blake3.blake3(data).digest()
+def write_origin_blob(origin_dir: Path, data: bytes, digest: bytes | None = None) -> bytes:
+    """Store ``data`` in an origin directory under its BLAKE3 digest (``digest`` when the
+    caller has it already); returns the digest."""
+    if digest is None:
+        digest = blob_digest(data)
     path = origin_blob_path(origin_dir, digest)
     if path.is_file() and path.stat().st_size == len(data):
         return digest
@@ -198,8 +200,15 @@ def write_origin_blob(origin_dir: Path, data: bytes) -> bytes:
     return digest
 
 
-BlobSink = Callable[[bytes], Awaitable[bool]]
-"""Stores one blob (a shard); returns whether it was already stored."""
+BlobSink = Callable[[bytes, bytes], Awaitable[bool]]
+"""Stores one blob (a shard), given with its BLAKE3 digest; returns whether it was already
+stored."""
+
+
+def blob_digest(data: bytes) -> bytes:
+    """BLAKE3 of a blob (several threads for a large one)."""
+    threads = blake3.blake3.AUTO if len(data) >= 1 << 20 else 1
+    return bytes(blake3.blake3(data, max_threads=threads).digest())
 
 
 async def build_manifest(
@@ -237,11 +246,12 @@ async def build_manifest(
         for shard, data in _file_shards(path, shard_size):
             whole.update(data)
             total += shard.size
-            already = await sink(data)
+            digest = await asyncio.to_thread(blob_digest, data)
+            already = await sink(data, digest)
             counts.shards += 1
             counts.already_present += int(already)
             counts.bytes += shard.size
-            refs.append(common_pb2.BlobRef(blake3=blake3.blake3(data).digest(), size=shard.size))
+            refs.append(common_pb2.BlobRef(blake3=digest, size=shard.size))
         return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
 
     for path in files:
@@ -303,10 +313,10 @@ async def publish_model_dir(
     ``rollnet relay --origin DIR``.
     """
 
-    async def sink(data: bytes) -> bool:
+    async def sink(data: bytes, digest: bytes) -> bool:
         stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
         if origin_dir is not None:
-            await asyncio.to_thread(write_origin_blob, origin_dir, data)
+            await asyncio.to_thread(write_origin_blob, origin_dir, data, digest)
         return bool(stored.already_present)
 
     manifest, counts = await build_manifest(

@@ -65,17 +65,25 @@ class Fetch:
         assert self.size is not None
         return self.size
 
+    def readable(self) -> int:
+        """Bytes a client may be sent now: all once verified; until then all but the last, so
+        no response completes before the digest is checked."""
+        if self.done:
+            return self.received
+        return min(self.received, (self.size or 0) - 1)
+
     async def stream(self, start: int, end: int) -> AsyncIterator[bytes]:
-        """Bytes ``[start, end)`` as they become available; raises if the fetch fails."""
+        """Bytes ``[start, end)`` as they become available; raises if the fetch fails. A
+        response that ends with the blob's last byte ends only after the digest matched."""
         position = start
         # The bytes were written moments ago: reads hit the page cache and do not block.
         with open(self.partial, "rb") as handle:  # noqa: ASYNC230
             while position < end:
                 async with self.changed:
                     await self.changed.wait_for(
-                        lambda at=position: self.received > at or self.error is not None  # type: ignore[misc]
+                        lambda at=position: self.readable() > at or self.error is not None  # type: ignore[misc]
                     )
-                    available = self.received
+                    available = self.readable()
                 if self.error is not None:
                     raise self.error
                 handle.seek(position)
@@ -83,6 +91,11 @@ class Fetch:
                     chunk = handle.read(min(_CHUNK, min(available, end) - position))
                     position += len(chunk)
                     yield chunk
+        if end == self.size:  # an empty blob, too, is sent only once verified
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.done or self.error is not None)
+            if self.error is not None:
+                raise self.error
 
 
 class BlobCache:
@@ -191,7 +204,9 @@ class BlobCache:
         hasher = blake3.blake3()
         errors: list[str] = []
         try:
-            with open(fetch.partial, "wb") as out:  # noqa: ASYNC230 - written on a thread
+            # Unbuffered: each chunk reaches the OS at once, where readers of the partial file
+            # see it; writes land in the page cache, so they do not hold up the loop.
+            with open(fetch.partial, "wb", buffering=0) as out:  # noqa: ASYNC230
                 for attempt in range(2 * len(self.upstreams)):
                     upstream = self.upstreams[(self._next_upstream + attempt) % len(self.upstreams)]
                     try:
@@ -250,19 +265,14 @@ class BlobCache:
             async for chunk in response.content.iter_chunked(_CHUNK):
                 if fetch.received + len(chunk) > fetch.size:
                     raise BlobUnavailable(f"{upstream} sent more than {fetch.size} bytes")
-                await asyncio.to_thread(_write, out, hasher, chunk)
+                out.write(chunk)
+                hasher.update(chunk)
                 self.metrics.upstream_bytes.inc(len(chunk))
                 async with fetch.changed:
                     fetch.received += len(chunk)
                     fetch.changed.notify_all()
         if fetch.received != fetch.size:
             raise BlobUnavailable(f"{upstream} stopped at {fetch.received} of {fetch.size} bytes")
-
-
-def _write(out: BinaryIO, hasher: blake3.blake3, chunk: bytes) -> None:
-    out.write(chunk)
-    out.flush()
-    hasher.update(chunk)
 
 
 def _total_size(response: aiohttp.ClientResponse, start: int) -> int:

@@ -213,6 +213,8 @@ class RelayServer:
             if request.transport is not None:
                 request.transport.abort()
             return response
+        except ConnectionResetError:
+            return response  # the client went away; the fetch goes on for the others
         await response.write_eof()
         return response
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import aiohttp
 import blake3
@@ -112,6 +113,8 @@ class RelayShards:
         self.attempts = attempts_per_relay * len(urls)
         self.reports: list[BadShardReport] = []
         self.on_bad_shard = on_bad_shard
+        self.first_byte_at: float | None = None
+        """``time.time()`` when the first shard byte arrived (progress lines, benchmarks)."""
         self._rng = rng or random.Random()
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout, sock_read=read_timeout
@@ -174,9 +177,9 @@ class RelayShards:
                         "relay_transfer_failed", extra={"relay": relay.url, "error": last_error}
                     )
                     continue
-                data = buffer.contents()
-                if blake3.blake3(data).digest() == shard.blake3:
+                if buffer.digest() == shard.blake3:
                     relay.successes += 1
+                    data = buffer.contents()
                     buffer.discard()
                     return data
                 if buffer.sources == {relay.url}:
@@ -225,6 +228,8 @@ class RelayShards:
             async for chunk in response.content.iter_chunked(_CHUNK):
                 if buffer.size + len(chunk) > shard.size:
                     raise _RelayRefused("sent more bytes than the shard has")
+                if self.first_byte_at is None:
+                    self.first_byte_at = time.time()
                 buffer.append(chunk)
                 received += len(chunk)
         relay.bytes_received += received
@@ -241,39 +246,47 @@ class _RelayRefused(Exception):
 
 
 class _Partial:
-    """A shard's bytes so far: a file under ``partial_dir`` (kept across restarts), or memory."""
+    """A shard's bytes so far, in memory and hashed as they come; with ``directory`` also
+    appended to a file there, so an interrupted process resumes where it stopped."""
 
     def __init__(self, directory: Path | None, digest: str, size: int) -> None:
         self.sources: set[str] = set()
         self._memory = bytearray()
+        self._hasher = blake3.blake3()
         self._path: Path | None = None
-        self._handle = None
+        self._handle: BinaryIO | None = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             self._path = directory / f"{digest}.part"
-            self._handle = open(self._path, "ab")  # noqa: SIM115 - closed by close()
-            if self._handle.tell() > size:
+            earlier = self._path.read_bytes() if self._path.is_file() else b""
+            # Unbuffered: what was received is on disk if the process stops.
+            self._handle = open(self._path, "ab", buffering=0)  # noqa: SIM115 - see close()
+            if len(earlier) > size:
                 self.reset()
-        self.size = self._handle.tell() if self._handle is not None else 0
-        if self.size:
-            self.sources.add("(an earlier run)")
+            elif earlier:
+                self._memory += earlier
+                self._hasher.update(earlier)
+                self.sources.add("(an earlier run)")
+        self.size = len(self._memory)
 
     def append(self, chunk: bytes) -> None:
         if self._handle is not None:
             self._handle.write(chunk)
-        else:
-            self._memory += chunk
+        self._memory += chunk
+        self._hasher.update(chunk)
         self.size += len(chunk)
 
+    def digest(self) -> bytes:
+        """BLAKE3 of the bytes so far."""
+        return self._hasher.digest()
+
     def contents(self) -> bytes:
-        if self._handle is None or self._path is None:
-            return bytes(self._memory)
-        self._handle.flush()
-        return self._path.read_bytes()
+        return bytes(self._memory)
 
     def reset(self) -> None:
         self.sources.clear()
         self._memory.clear()
+        self._hasher = blake3.blake3()
         if self._handle is not None:
             self._handle.seek(0)
             self._handle.truncate()

@@ -10,8 +10,9 @@ The target is cut into segments that tile it in order:
 
 * **patch** segments take the base's bytes at ``base_offset`` and replace the words (elements of
   ``word`` bytes: 2 for bf16, 4 for float32, 1 for anything else) whose bits differ. The changed
-  word indices are stored as gaps (first index, then differences) and the new words follow, each
-  array byte-shuffled (all first bytes, then all second bytes, ...) so zstd sees the runs;
+  word indices are stored as gaps (first index, then differences) and the XOR of each changed
+  word with its old value follows (a small update flips low bits only), each array
+  byte-shuffled (all first bytes, then all second bytes, ...) so zstd sees the runs;
 * **literal** segments carry their bytes (a safetensors header that changed, padding, a tensor
   that has no counterpart in the base).
 
@@ -21,8 +22,8 @@ with ``word`` 1 when the sizes agree, and a literal otherwise.
 
 Layout of a delta blob: ``MAGIC``, then one zstd frame holding a little-endian ``u32`` header
 length, the header (JSON: ``base_size``, ``size``, ``segments``), then for each patch segment its
-gaps (``count`` little-endian ``u32``, byte-shuffled) and its words (``count * word`` bytes,
-byte-shuffled), and for each literal segment its bytes. Segments of more than 2^32 - 1 words are
+gaps (``count`` little-endian ``u32``, byte-shuffled) and its flips (new XOR old, ``count * word``
+bytes, little-endian, byte-shuffled), and for each literal segment its bytes. Segments of more than 2^32 - 1 words are
 split, so every gap fits in a ``u32``.
 """
 
@@ -219,9 +220,10 @@ def encode_delta(base_path: Path, target_path: Path, out_path: Path) -> DeltaSta
             }
         )
         pieces.append(_shuffle(gaps, 4))
-        pieces.append(
-            _shuffle(new_words[where].astype(new_words.dtype.newbyteorder("<")), segment.word)
-        )
+        # The XOR with the old word: a weight nudged by a few units in the last place differs
+        # in its low bits only, so the shuffled high bytes are nearly all zero.
+        flips = new_words[where] ^ old.view(kind)[where]
+        pieces.append(_shuffle(flips.astype(flips.dtype.newbyteorder("<")), segment.word))
         patched += segment.length // segment.word
         changed += int(where.size)
     head = json.dumps(
@@ -358,7 +360,6 @@ def _write_target(tmp: Path, base: np.ndarray, reader: _Reader, header: Any, siz
                 where = np.cumsum(gaps.view("<u4").ravel(), dtype=np.uint64)
                 if where[-1] >= words.size or (count > 1 and not np.all(gaps.view("<u4")[1:] > 0)):
                     raise DeltaError(f"segments[{index}]: indices out of order or out of range")
-                words[where.astype(np.int64)] = values.view(
-                    np.dtype(kind).newbyteorder("<")
-                ).ravel()
+                at = where.astype(np.int64)
+                words[at] ^= values.view(np.dtype(kind).newbyteorder("<")).ravel().astype(kind)
             out.write(words.tobytes())
