@@ -22,9 +22,9 @@ with ``word`` 1 when the sizes agree, and a literal otherwise.
 
 Layout of a delta blob: ``MAGIC``, then one zstd frame holding a little-endian ``u32`` header
 length, the header (JSON: ``base_size``, ``size``, ``segments``), then for each patch segment its
-gaps (``count`` little-endian ``u32``, byte-shuffled) and its flips (new XOR old, ``count * word``
-bytes, little-endian, byte-shuffled), and for each literal segment its bytes. Segments of more than 2^32 - 1 words are
-split, so every gap fits in a ``u32``.
+gaps (``count`` little-endian ``u32``, byte-shuffled) and its flips (new XOR old, ``count *
+word`` bytes, little-endian, byte-shuffled), and for each literal segment its bytes. Segments of
+more than 2^32 - 1 words are split, so every gap fits in a ``u32``.
 """
 
 from __future__ import annotations
