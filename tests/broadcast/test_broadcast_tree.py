@@ -317,6 +317,34 @@ async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path
         (["relay", "--upstream", "ftp://x"], "is not an http:// or https:// URL"),
         (["relay", "--upstream", "http://127.0.0.1:1"], "--upstream needs --data-dir"),
         (["relay", "--origin", "/nonexistent"], "no blobs/ directory"),
+        (
+            [
+                "worker",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--key",
+                "k",
+                "--data-dir",
+                "d",
+                "--relay",
+                "127.0.0.1:7090",
+            ],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            [
+                "validator",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--key",
+                "k",
+                "--data-dir",
+                "d",
+                "--relay",
+                ",",
+            ],
+            "give at least one relay URL",
+        ),
     ],
 )
 def test_relay_command_line_mistakes(
