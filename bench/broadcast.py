@@ -472,6 +472,7 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=512, help="checkpoint size in MiB (default 512)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--no-shardcast", action="store_true", help="rollnet only")
+    parser.add_argument("--no-deltas", action="store_true", help="the full checkpoint only")
     parser.add_argument(
         "--lr", type=float, default=1e-6, help="AdamW learning rate of the delta steps"
     )
@@ -537,6 +538,8 @@ def main() -> int:
             print(f"rollnet is {ratio:.2f}x faster than shardcast 0.3.2 (full checkpoint)")
             shutil.rmtree(root / "shardcast")
 
+        if args.no_deltas:
+            return 0
         print(
             f"\ndeltas: real AdamW steps (lr {args.lr:g}, weight decay 0.01, float32 master "
             f"weights, bf16 published) of a Qwen2 model, hidden {args.delta_hidden}, "

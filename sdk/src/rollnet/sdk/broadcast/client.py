@@ -246,46 +246,49 @@ class _RelayRefused(Exception):
 
 
 class _Partial:
-    """A shard's bytes so far, in memory and hashed as they come; with ``directory`` also
-    appended to a file there, so an interrupted process resumes where it stopped."""
+    """A shard's bytes so far, hashed as they come: appended to a file under ``directory``
+    (so an interrupted process resumes where it stopped), or without one held in memory."""
 
     def __init__(self, directory: Path | None, digest: str, size: int) -> None:
         self.sources: set[str] = set()
-        self._memory = bytearray()
         self._hasher = blake3.blake3()
         self._path: Path | None = None
         self._handle: BinaryIO | None = None
+        self._memory = bytearray(size if directory is None else 0)
+        self.size = 0
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             self._path = directory / f"{digest}.part"
-            earlier = self._path.read_bytes() if self._path.is_file() else b""
             # Unbuffered: what was received is on disk if the process stops.
             self._handle = open(self._path, "ab", buffering=0)  # noqa: SIM115 - see close()
-            if len(earlier) > size:
+            earlier = self._handle.tell()
+            if earlier > size:
                 self.reset()
             elif earlier:
-                self._memory += earlier
-                self._hasher.update(earlier)
+                self._hasher.update(self._path.read_bytes())
+                self.size = earlier
                 self.sources.add("(an earlier run)")
-        self.size = len(self._memory)
 
     def append(self, chunk: bytes) -> None:
+        end = self.size + len(chunk)
         if self._handle is not None:
             self._handle.write(chunk)
-        self._memory += chunk
+        else:
+            self._memory[self.size : end] = chunk
         self._hasher.update(chunk)
-        self.size += len(chunk)
+        self.size = end
 
     def digest(self) -> bytes:
         """BLAKE3 of the bytes so far."""
-        return self._hasher.digest()
+        return bytes(self._hasher.digest())
 
     def contents(self) -> bytes:
-        return bytes(self._memory)
+        if self._path is not None:
+            return self._path.read_bytes()
+        return bytes(memoryview(self._memory)[: self.size])
 
     def reset(self) -> None:
         self.sources.clear()
-        self._memory.clear()
         self._hasher = blake3.blake3()
         if self._handle is not None:
             self._handle.seek(0)
