@@ -3,6 +3,8 @@ checked and kept), applied by a node holding the base, refused when inconsistent
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -131,6 +133,33 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
             )
         assert refused.value.reason == ErrorReason.CHECKPOINT_SHARD_MISSING
         assert "(delta)" in str(refused.value)
+
+        # A relay watching the coordinator (its own key, registered by watch_coordinator, as
+        # rollnet relay --coordinator does) prefetches both steps, deltas included.
+        from broadcast_testing import wait_until
+
+        from rollnet.reference.relay import RelayConfig, start_relay, watch_coordinator
+        from rollnet.sdk.checkpoints import manifest_blobs
+
+        origin_relay = await start_relay(RelayConfig(data_dir=origin))
+        relay = await start_relay(
+            RelayConfig(data_dir=tmp_path / "relay", upstreams=[origin_relay.url])
+        )
+        watcher = RollnetClient.connect(
+            ConnectionConfig(target=coordinator.address, network_id=NETWORK), Identity.generate()
+        )
+        task = asyncio.create_task(watch_coordinator(relay.cache, watcher, network_id=NETWORK))
+        wanted = {ref.blake3.hex() for _, ref in manifest_blobs(published.manifest)}
+        try:
+            await wait_until(lambda: all(relay.cache.path(d) is not None for d in wanted))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await watcher.close()
+            await relay.close()
+            await origin_relay.close()
+        assert relay.cache.steps[1] == wanted
     finally:
         await publisher.close()
         await reader.close()

@@ -59,7 +59,7 @@ async def test_tree_fans_out_and_every_client_verifies(
     clients = [[first[0].url, first[1].url], [second.url], [second.url], [second.url]]
     for index, urls in enumerate(clients):
         store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK)
-        async with RelayShards(urls, step=1) as shards:
+        async with RelayShards(urls) as shards:  # the store hints the step
             directory = await store.ensure(checkpoint, shards)
         assert (directory / "model.safetensors").read_bytes() == (
             source / "model.safetensors"
@@ -70,6 +70,9 @@ async def test_tree_fans_out_and_every_client_verifies(
     assert counter(second, "rollnet_relay_served_bytes_total") == 3 * total
     # The origin served each blob at most once per first-level relay.
     assert counter(origin, "rollnet_relay_served_bytes_total") <= 2 * total
+    # The relays learned which step the blobs belong to from the store's hint.
+    digests = {s.blake3.hex() for f in checkpoint_files(checkpoint) for s in f.shards}
+    assert second.cache.steps == {1: digests}
     page = (await _get(second.url + "/metrics")).decode()
     assert "rollnet_relay_cache_hits_total" in page
 
@@ -318,6 +321,11 @@ async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path
         (["relay", "--upstream", "http://127.0.0.1:1"], "--upstream needs --data-dir"),
         (["relay", "--origin", "/nonexistent"], "no blobs/ directory"),
         (
+            ["relay", "--upstream", "http://127.0.0.1:1", "--data-dir", "d"]
+            + ["--coordinator", "127.0.0.1:1"],
+            "--coordinator needs --key FILE",
+        ),
+        (
             [
                 "worker",
                 "--coordinator",
@@ -354,3 +362,25 @@ def test_relay_command_line_mistakes(
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_terminal_progress_draws_one_line_on_a_terminal_only() -> None:
+    import io
+
+    from rollnet.sdk.broadcast import TerminalProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen, log = Terminal(), io.StringIO()
+    TerminalProgress("step 7", stream=log)(5, 10)
+    assert log.getvalue() == ""
+    progress = TerminalProgress("step 7", stream=screen, hz=1e9)
+    progress(0, 2 * 1024 * 1024)
+    progress(2 * 1024 * 1024, 2 * 1024 * 1024)
+    lines = screen.getvalue().split("\r")[1:]
+    assert lines[0].startswith("step 7 [")
+    assert "0.0%" in lines[0]
+    assert "100.0% 2.0/2.0 MiB" in lines[1]
+    assert lines[1].endswith("\n")

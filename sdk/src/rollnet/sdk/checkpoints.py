@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import blake3
 from google.protobuf.message import DecodeError
@@ -64,6 +64,15 @@ class ShardSource(Protocol):
         """The shard's bytes (the store verifies them)."""
 
 
+@runtime_checkable
+class StepHinted(Protocol):
+    """A :class:`ShardSource` that likes to know which checkpoint step the next shards belong
+    to (relays keep versions together by it). A hint only: nothing depends on it."""
+
+    def hint_step(self, step: int) -> None:
+        """The shards asked for next are the checkpoint of ``step``."""
+
+
 @dataclass(frozen=True)
 class BlobServiceShards:
     """A :class:`ShardSource` reading shards from the coordinator's ``BlobService``."""
@@ -83,6 +92,12 @@ class FallbackShards:
 
     primary: ShardSource
     fallback: ShardSource
+
+    def hint_step(self, step: int) -> None:
+        """Pass the hint on to whichever source takes it."""
+        for source in (self.primary, self.fallback):
+            if isinstance(source, StepHinted):
+                source.hint_step(step)
 
     async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """The shard from ``primary``, else from ``fallback``."""
@@ -365,6 +380,8 @@ class CheckpointStore:
                 return existing
             if self.relays is not None:
                 source = FallbackShards(self.relays, source)
+            if isinstance(source, StepHinted):
+                source.hint_step(manifest.step)
             final = await self._download(manifest, source)
         self.prune(protect=manifest.step)
         return final
@@ -553,6 +570,7 @@ __all__ = [
     "FallbackShards",
     "PathViolation",
     "ShardSource",
+    "StepHinted",
     "checkpoint_file_count_error",
     "checkpoint_path_conflicts",
     "checkpoint_path_error",

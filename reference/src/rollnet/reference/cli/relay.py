@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli.errors import CliError
-from rollnet.reference.cli.option_types import address, listen_address, network_id, whole
+from rollnet.reference.cli.option_types import (
+    address,
+    listen_address,
+    network_id,
+    readable_file,
+    whole,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -61,7 +67,18 @@ def register(subparsers: Any) -> None:
         type=address,
         default=None,
         metavar="HOST:PORT",
-        help="watch this coordinator's checkpoints and prefetch each new one",
+        help="watch this coordinator's checkpoints and prefetch each new one (with --key)",
+    )
+    parser.add_argument(
+        "--key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the relay's key for --coordinator (created, mode 0600, if missing; registered as "
+        "a worker that serves no environment: coordinators answer registered keys only)",
+    )
+    parser.add_argument(
+        "--tls-ca", type=readable_file, default=None, help="PEM roots of --coordinator's TLS"
     )
     parser.add_argument(
         "--network-id",
@@ -84,10 +101,19 @@ def _upstreams(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM."""
     from rollnet.reference.logs import configure_logging
-    from rollnet.reference.relay import RelayConfig, RelayServer, prefetch_checkpoints
+    from rollnet.reference.relay import RelayConfig, RelayServer, watch_coordinator
 
     configure_logging("INFO")
     upstreams = _upstreams(args.upstream) if args.upstream else []
+    identity = None
+    if args.coordinator is not None:
+        if args.key is None:
+            raise CliError("--coordinator needs --key FILE: coordinators answer registered keys")
+        from rollnet.reference.cli import node_options
+
+        identity = node_options.node_identity("relay", args.key)
+        if identity is None:
+            return 2
     if args.origin is not None:
         if not (args.origin / "blobs").is_dir():
             raise CliError(f"--origin {args.origin}: no blobs/ directory in it")
@@ -118,19 +144,17 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--listen {args.listen}: {error.strerror or error}") from None
         print(f"rollnet relay: serving on {relay.url}", flush=True)
         client = None
-        if args.coordinator is not None:
-            from rollnet.sdk import ConnectionConfig, Identity, RollnetClient
+        if identity is not None:
+            from rollnet.sdk import ConnectionConfig, RollnetClient, TlsConfig
 
-            # Reads need no registration; a fresh key signs them.
+            tls = None if args.tls_ca is None else TlsConfig(root_certificates=args.tls_ca)
             client = RollnetClient.connect(
-                ConnectionConfig(target=args.coordinator, network_id=args.network_id),
-                Identity.generate(),
+                ConnectionConfig(target=args.coordinator, network_id=args.network_id, tls=tls),
+                identity,
             )
             relay.background.append(
                 asyncio.create_task(
-                    prefetch_checkpoints(
-                        relay.cache, client.checkpoints.watch(0), network_id=args.network_id
-                    )
+                    watch_coordinator(relay.cache, client, network_id=args.network_id)
                 )
             )
         stop = asyncio.Event()

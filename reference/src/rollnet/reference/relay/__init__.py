@@ -9,7 +9,7 @@ docs/broadcast.md is the operator's guide.
 
 from rollnet.reference.relay.cache import BlobCache, BlobUnavailable, Fetch
 from rollnet.reference.relay.metrics import RelayMetrics
-from rollnet.reference.relay.prefetch import prefetch_checkpoints
+from rollnet.reference.relay.prefetch import prefetch_checkpoints, watch_coordinator
 from rollnet.reference.relay.server import RateLimiter, RelayConfig, RelayServer, start_relay
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "RelayServer",
     "prefetch_checkpoints",
     "start_relay",
+    "watch_coordinator",
 ]

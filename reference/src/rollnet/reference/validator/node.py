@@ -50,7 +50,7 @@ from rollnet.reference.validator.pipeline import (
     refuse_oversized,
     validate_job,
 )
-from rollnet.sdk.broadcast import RelayShards
+from rollnet.sdk.broadcast import RelayShards, TerminalProgress
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import BlobIntegrityError, RollnetClient, TlsConfig
 from rollnet.sdk.dtypes import BFLOAT16, FLOAT32, compute_dtype_name
@@ -167,6 +167,7 @@ class Validator:
                 config.data_dir / "checkpoints",
                 network_id=config.network_id,
                 keep=config.keep_checkpoints,
+                progress=TerminalProgress("checkpoint"),
                 relays=(
                     RelayShards(
                         config.relays,

@@ -142,6 +142,11 @@ class RelayShards:
             )
         return self._session
 
+    def hint_step(self, step: int) -> None:
+        """Send ``?step=N`` with the next requests (relays keep versions together by it);
+        :class:`~rollnet.sdk.checkpoints.CheckpointStore` calls it before each download."""
+        self.step = step
+
     def pick(self, exclude: set[str]) -> RelayHealth:
         """A relay sampled in proportion to success rate x bandwidth; ``exclude``d ones only
         when nothing else is left. Unmeasured relays count as the best measured one, so each
