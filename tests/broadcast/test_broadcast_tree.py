@@ -321,8 +321,10 @@ async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path
         (["relay", "--upstream", "http://127.0.0.1:1"], "--upstream needs --data-dir"),
         (["relay", "--origin", "/nonexistent"], "no blobs/ directory"),
         (
-            ["relay", "--upstream", "http://127.0.0.1:1", "--data-dir", "d"]
-            + ["--coordinator", "127.0.0.1:1"],
+            [
+                *("relay", "--upstream", "http://127.0.0.1:1", "--data-dir", "d"),
+                *("--coordinator", "127.0.0.1:1"),
+            ],
             "--coordinator needs --key FILE",
         ),
         (
