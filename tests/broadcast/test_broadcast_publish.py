@@ -160,6 +160,7 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
             await relay.close()
             await origin_relay.close()
         assert relay.cache.steps[1] == wanted
+        assert not relay.cache.hints_trusted  # versions now follow the signed manifests only
     finally:
         await publisher.close()
         await reader.close()

@@ -127,6 +127,12 @@ async def test_only_the_newest_versions_are_kept(
     assert server.cache.path(shared) is not None
     assert server.cache.path(new) is not None
     assert sample(server, "rollnet_relay_blobs_evicted_total") == 1
+    # Once versions follow signed manifests (a relay watching the coordinator), a client's
+    # claim of a far-future step evicts nothing.
+    server.cache.hints_trusted = False
+    assert (await get(f"{server.url}/v1/blobs/{old}?step=99"))[0] == 200
+    assert set(server.cache.steps) == {2}
+    assert server.cache.path(shared) is not None
 
 
 async def test_a_lying_upstream_does_not_poison_the_relay(

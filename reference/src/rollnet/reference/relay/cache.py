@@ -126,6 +126,10 @@ class BlobCache:
         self.trusted = trusted
         self.fetches: dict[str, Fetch] = {}
         self.steps: dict[int, set[str]] = {}
+        self.hints_trusted = True
+        """Whether clients' ``?step=`` hints decide which versions are kept. A relay that
+        watches the coordinator learns steps from signed manifests and turns this off, so a
+        client claiming a far-future step cannot make it drop the blobs everyone needs."""
         self._session: aiohttp.ClientSession | None = None
         self._next_upstream = 0
         self._tasks: set[asyncio.Task[None]] = set()

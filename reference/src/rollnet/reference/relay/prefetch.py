@@ -67,7 +67,9 @@ async def prefetch_checkpoints(
 
 async def watch_coordinator(cache: BlobCache, client: RollnetClient, *, network_id: str) -> None:
     """Register the relay's key (signing ``client``'s calls) and prefetch every checkpoint the
-    coordinator announces, from the newest on, until cancelled."""
+    coordinator announces, from the newest on, until cancelled. From then on the versions kept
+    follow the signed manifests, not clients' hints."""
+    cache.hints_trusted = False
     await client.nodes.register_node(
         node_service_pb2.RegisterNodeRequest(
             public_key=client.signer.identity.public_key,

@@ -168,7 +168,7 @@ class RelayServer:
         if not _DIGEST.fullmatch(digest):
             return self._refuse(400, "a blob is named by its BLAKE3 digest: 64 lowercase hex")
         step = request.query.get("step", "")
-        if step.isdigit() and not self.config.origin:
+        if step.isdigit() and not self.config.origin and self.cache.hints_trusted:
             self.cache.note_step(int(step), [digest])
         stored = self.cache.path(digest)
         if stored is not None:
