@@ -513,9 +513,11 @@ def main() -> int:
 
         def report(name: str, figures: dict[str, Any]) -> None:
             total, first = figures["total_s"], figures["first_byte_s"]
+            after = first - figures["publish_s"]
             print(
                 f"{name:<10} total {total:6.2f} s (publish {figures['publish_s']:.2f} s)  "
-                f"first byte at a leaf {first:.2f} s ({first / total:.1%} of total)  "
+                f"first byte at a leaf {first:.2f} s ({first / total:.1%} of total; "
+                f"{after:.2f} s after publishing, {after / total:.1%})  "
                 f"aggregate {copies * size / total / _MIB:,.0f} MiB/s "
                 f"({plain / total:.0%} of plain copies)"
             )

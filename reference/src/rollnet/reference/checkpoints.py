@@ -240,13 +240,12 @@ async def build_manifest(
     counts = PublishCounts()
 
     async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
-        whole = blake3.blake3()
+        whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
         refs = []
         total = 0
         for shard, data in _file_shards(path, shard_size):
-            whole.update(data)
             total += shard.size
-            digest = await asyncio.to_thread(blob_digest, data)
+            digest = await asyncio.to_thread(_hash_shard, whole, data)
             already = await sink(data, digest)
             counts.shards += 1
             counts.already_present += int(already)
@@ -276,6 +275,12 @@ class PublishCounts:
     bytes: int = 0
     delta_bytes: int = 0
     """Bytes of the deltas among them."""
+
+
+def _hash_shard(whole: blake3.blake3, data: bytes) -> bytes:
+    """Add a shard to its file's digest and return the shard's own (off the event loop)."""
+    whole.update(data)
+    return blob_digest(data)
 
 
 def signed_checkpoint(
