@@ -135,6 +135,24 @@ async def test_only_the_newest_versions_are_kept(
     assert server.cache.path(shared) is not None
 
 
+async def test_past_its_cap_the_least_recently_used_blob_goes(
+    tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
+) -> None:
+    first, second, third = (upstream.add(os.urandom(100)) for _ in range(3))
+    server = await relay(relays, tmp_path / "r", upstream.url, max_bytes=250)
+    for digest in (first, second, first, third):  # the second is now the least recently used
+        assert (await get(f"{server.url}/v1/blobs/{digest}"))[0] == 200
+    assert server.cache.path(second) is None
+    assert server.cache.path(first) is not None
+    assert server.cache.path(third) is not None
+    assert sample(server, "rollnet_relay_stored_bytes") == 200
+    # A restarted relay knows what it holds.
+    await server.close()
+    relays.remove(server)
+    again = await relay(relays, tmp_path / "r", upstream.url, max_bytes=250)
+    assert again.cache.stored_bytes() == 200
+
+
 async def test_a_lying_upstream_does_not_poison_the_relay(
     tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
 ) -> None:

@@ -56,6 +56,14 @@ def register(subparsers: Any) -> None:
         help="checkpoint steps whose blobs are kept (default 3)",
     )
     parser.add_argument(
+        "--max-gib",
+        type=whole("GiB", minimum=0),
+        default=0,
+        metavar="N",
+        help="most GiB of blobs kept; least recently used blobs outside the kept versions go "
+        "first (default 0: no cap)",
+    )
+    parser.add_argument(
         "--rate-limit",
         type=whole("requests per second", minimum=0),
         default=0,
@@ -133,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         host=host.strip("[]"),
         port=int(port),
         keep_versions=args.keep_versions,
+        max_bytes=args.max_gib * 1024**3,
         rate_limit=float(args.rate_limit),
     )
 

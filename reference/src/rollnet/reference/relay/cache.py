@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import shutil
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,8 @@ class BlobCache:
     ``Range`` on the next after a failure); empty for an origin, which serves ``root/blobs``
     only. ``keep_versions``: how many checkpoint steps' blobs are kept (steps are learned from
     the ``step`` hint of requests and from prefetched manifests); blobs of older steps are
-    deleted, blobs never tied to a step are kept.
+    deleted. ``max_bytes`` (0: none) caps the bytes stored: past it the least recently used
+    blobs that no kept step names are deleted.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class BlobCache:
         upstreams: Sequence[str],
         metrics: RelayMetrics,
         keep_versions: int = 3,
+        max_bytes: int = 0,
         trusted: bool = False,
     ) -> None:
         self.root = root
@@ -123,6 +126,7 @@ class BlobCache:
         self.upstreams = [url.rstrip("/") for url in upstreams]
         self.metrics = metrics
         self.keep_versions = keep_versions
+        self.max_bytes = max_bytes
         self.trusted = trusted
         self.fetches: dict[str, Fetch] = {}
         self.steps: dict[int, set[str]] = {}
@@ -134,6 +138,15 @@ class BlobCache:
         self._next_upstream = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.blobs.mkdir(parents=True, exist_ok=True)
+        # Stored blobs, least recently used first, with their sizes.
+        self._stored: OrderedDict[str, int] = OrderedDict()
+        found = []
+        for entry in os.scandir(self.blobs):
+            with contextlib.suppress(OSError):
+                stat = entry.stat()
+                found.append((stat.st_mtime, entry.name, stat.st_size))
+        for _, name, size in sorted(found):
+            self._stored[name] = size
         if not trusted:
             shutil_rmtree(self.partial_dir)
             self.partial_dir.mkdir(parents=True, exist_ok=True)
@@ -149,17 +162,47 @@ class BlobCache:
             await self._session.close()
 
     def path(self, digest: str) -> Path | None:
-        """The stored file of ``digest``, if it is complete here."""
+        """The stored file of ``digest``, if it is complete here (and now the most recently
+        used)."""
         candidate = self.blobs / digest
-        return candidate if candidate.is_file() else None
+        if not candidate.is_file():
+            return None
+        if digest in self._stored:
+            self._stored.move_to_end(digest)
+        return candidate
 
     def stored_bytes(self) -> int:
         """Bytes of the blobs stored."""
-        total = 0
-        for entry in os.scandir(self.blobs):
-            with contextlib.suppress(OSError):
-                total += entry.stat().st_size
-        return total
+        if self.trusted:  # an origin's directory is written by the trainer, not by this cache
+            total = 0
+            for entry in os.scandir(self.blobs):
+                with contextlib.suppress(OSError):
+                    total += entry.stat().st_size
+            return total
+        return sum(self._stored.values())
+
+    def _evict(self, digest: str) -> None:
+        self._stored.pop(digest, None)
+        with contextlib.suppress(FileNotFoundError):
+            (self.blobs / digest).unlink()
+            self.metrics.blobs_evicted.inc()
+
+    def _enforce_cap(self, newest: str) -> None:
+        if not self.max_bytes:
+            return
+        total = sum(self._stored.values())
+        if total <= self.max_bytes:
+            return
+        kept = sorted(self.steps)[-self.keep_versions :]
+        protected = set().union(*(self.steps[s] for s in kept)) if kept else set()
+        for digest in list(self._stored):
+            if total <= self.max_bytes:
+                break
+            # Never the blob just stored: requests that joined its fetch still open it.
+            if digest in protected or digest in self.fetches or digest == newest:
+                continue
+            total -= self._stored[digest]
+            self._evict(digest)
 
     def note_step(self, step: int, digests: Sequence[str]) -> None:
         """Tie ``digests`` to checkpoint ``step``, and drop the blobs of steps no longer kept."""
@@ -171,12 +214,8 @@ class BlobCache:
         keep = set().union(*(self.steps[s] for s in kept))
         for old in doomed:
             for digest in self.steps.pop(old) - keep:
-                if digest in self.fetches:
-                    continue
-                path = self.blobs / digest
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    self.metrics.blobs_evicted.inc()
+                if digest not in self.fetches:
+                    self._evict(digest)
         self.metrics.stored_bytes.set(self.stored_bytes())
 
     def fetch(self, digest: str) -> Fetch:
@@ -226,10 +265,13 @@ class BlobCache:
                 raise BlobUnavailable(f"upstream sent bytes that do not match {fetch.digest}")
             os.replace(fetch.partial, self.blobs / fetch.digest)
             fetch.partial = self.blobs / fetch.digest
+            self._stored[fetch.digest] = fetch.received
             async with fetch.changed:
                 fetch.done = True
                 fetch.changed.notify_all()
-            self.metrics.stored_bytes.inc(fetch.received)
+            self.fetches.pop(fetch.digest, None)  # not in flight: the cap may take it
+            self._enforce_cap(fetch.digest)
+            self.metrics.stored_bytes.set(self.stored_bytes())
         except BlobUnavailable as error:
             log.warning("relay_fetch_failed", extra={"blake3": fetch.digest, "error": str(error)})
             await self._fail(fetch, error)

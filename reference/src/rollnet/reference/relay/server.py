@@ -48,6 +48,9 @@ class RelayConfig:
     port: int = 0
     keep_versions: int = 3
     """Checkpoint steps whose blobs are kept."""
+    max_bytes: int = 0
+    """Most bytes of blobs stored (least recently used ones outside the kept steps go first);
+    0: no cap."""
     rate_limit: float = 0.0
     """Requests per second per client address (0: no limit)."""
     burst: int = 0
@@ -102,6 +105,7 @@ class RelayServer:
             upstreams=config.upstreams,
             metrics=self.metrics,
             keep_versions=config.keep_versions,
+            max_bytes=config.max_bytes,
             trusted=config.origin,
         )
         self.limiter = RateLimiter(config.rate_limit, config.burst)
