@@ -45,12 +45,6 @@ def _target(problem: Problem, fmt: WarmStartFormat) -> str:
     return problem.source_id if fmt == "copy" else problem.answer
 
 
-def _blur(text: str, noise: float, alphabet: str, draw: random.Random) -> str:
-    """A weak teacher: each character replaced, with probability ``noise``, by one drawn from
-    ``alphabet`` (the characters the environment's targets use)."""
-    return "".join(draw.choice(alphabet) if draw.random() < noise else char for char in text)
-
-
 def warm_start(
     model_dir: Path,
     out_dir: Path,
@@ -58,7 +52,7 @@ def warm_start(
     environment_config: Mapping[str, Any] | None = None,
     *,
     fmt: WarmStartFormat = "copy",
-    noise: float = 0.0,
+    answer_share: float = 0.0,
     steps: int = 300,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
@@ -74,8 +68,8 @@ def warm_start(
 
     if fmt not in WARM_START_FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(WARM_START_FORMATS)}")
-    if not 0.0 <= noise <= 1.0:
-        raise ValueError("noise must be within [0, 1]")
+    if not 0.0 <= answer_share <= 1.0:
+        raise ValueError("answer_share must be within [0, 1]")
     if steps < 1 or batch_size < 1 or not learning_rate > 0:
         raise ValueError("steps and batch_size must be positive, learning_rate > 0")
     env: Environment = load_environment(environment, dict(environment_config or {}))
@@ -96,12 +90,11 @@ def warm_start(
                 env.prompt(draw.randrange(limit if limit is not None else 2**62))
                 for _ in range(batch_size)
             ]
-            targets = [_target(problem, fmt) for problem in problems]
-            alphabet = "".join(sorted(set("".join(targets))))
             rows: list[tuple[list[int], list[int]]] = []
-            for problem, target in zip(problems, targets, strict=True):
-                if noise > 0 and alphabet:
-                    target = _blur(target, noise, alphabet, draw)
+            for problem in problems:
+                # A share of reference answers gives RL a behaviour to find and reinforce.
+                shown = "answer" if draw.random() < answer_share else fmt
+                target = _target(problem, shown)
                 prompt = encode_problem(tokenizer, problem)
                 rows.append((prompt, [*tokenizer.encode(target), eos]))
             length = max(len(p) + len(c) for p, c in rows)
@@ -142,7 +135,7 @@ def warm_start(
                 "environment": environment,
                 "environment_config": dict(env.config),
                 "format": fmt,
-                "noise": noise,
+                "answer_share": answer_share,
                 "steps": steps,
                 "batch_size": batch_size,
                 "learning_rate": learning_rate,
