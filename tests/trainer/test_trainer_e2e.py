@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -53,9 +54,12 @@ def _committed_step(data_dir: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "fsdp2-two-processes"])
 async def test_trainer_steps_publishes_and_resumes_after_sigkill(
-    tmp_path: Path, sqlite_url: str, tiny_model: Path
+    tmp_path: Path, sqlite_url: str, tiny_model: Path, processes: int
 ) -> None:
+    """With ``processes=2`` the trainer runs under torchrun (FSDP2, gloo); it is killed as a
+    whole and restarted the same way."""
     trainer_key = tmp_path / "trainer.key"
     trainer = Identity.generate()
     trainer.save(trainer_key)
@@ -71,7 +75,9 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
     node, generator = worker(address, tmp_path / "worker")
     check = validator(address, tmp_path / "validator", checker)
     running = [asyncio.create_task(node.run()), asyncio.create_task(check.run())]
-    process = spawn_trainer(address, trainer_key, tiny_model, data_dir, config, log)
+    process = spawn_trainer(
+        address, trainer_key, tiny_model, data_dir, config, log, processes=processes
+    )
     try:
         await eventually(
             lambda: _committed_step(data_dir) >= 2 or process.poll() is not None,
@@ -79,11 +85,13 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
             what="the trainer to commit step 2",
         )
         assert process.poll() is None, log.read_text()[-3000:]
-        process.send_signal(signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
         killed_at = _committed_step(data_dir)
         assert killed_at < STEPS
-        process = spawn_trainer(address, trainer_key, tiny_model, data_dir, config, log)
+        process = spawn_trainer(
+            address, trainer_key, tiny_model, data_dir, config, log, processes=processes
+        )
         exit_code = await asyncio.to_thread(process.wait, 180)
         assert exit_code == 0, log.read_text()[-3000:]
         published = []
@@ -98,7 +106,7 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
                 published.append(got.checkpoint.step)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         node.request_stop()
         check.request_stop()

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from swarm_testing import NETWORK
+from swarm_testing import NETWORK, free_port
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
 from rollnet.reference.validator import Validator, ValidatorConfig
@@ -75,15 +75,39 @@ def validator(address: str, data_dir: Path, identity: Identity) -> Validator:
 
 
 def spawn_trainer(
-    address: str, key: Path, model: Path, data_dir: Path, config: Path, log: Path
+    address: str,
+    key: Path,
+    model: Path,
+    data_dir: Path,
+    config: Path,
+    log: Path,
+    *,
+    processes: int = 1,
 ) -> subprocess.Popen[bytes]:
-    """``rollnet trainer`` as a process (one torch thread), output appended to ``log``."""
+    """``rollnet trainer`` as a process (one torch thread), output appended to ``log``; with
+    ``processes > 1`` under ``torchrun`` (FSDP2 on CPU, gloo). In a session of its own, so that
+    ``os.killpg`` reaches every process."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     handle = log.open("ab")
+    launcher = (
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+        ]
+        if processes > 1
+        else ["-m"]
+    )
     args = [
         sys.executable,
-        "-m",
+        *launcher,
         "rollnet.reference.cli",
         "trainer",
         "--coordinator",
@@ -103,4 +127,4 @@ def spawn_trainer(
         "--log-level",
         "INFO",
     ]
-    return subprocess.Popen(args, stdout=handle, stderr=handle, env=env)
+    return subprocess.Popen(args, stdout=handle, stderr=handle, env=env, start_new_session=True)

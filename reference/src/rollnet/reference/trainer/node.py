@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import statistics
 import time
 import uuid
@@ -29,8 +30,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from rollnet.reference.trainer.config import TrainerConfig
 from rollnet.reference.trainer.intake import Group, RolloutIntake
@@ -120,6 +119,11 @@ class Trainer:
     async def run(self) -> None:
         """Train until ``max_steps`` or stopped. Raises :class:`TrainerFatalError` when refused
         for good or when the coordinator's checkpoints are ahead of this trainer's state."""
+        if int(os.environ.get("RANK", "0")) != 0:
+            # A torchrun follower: no node of its own, it takes part in rank 0's steps.
+            await asyncio.to_thread(self._load)
+            await asyncio.to_thread(self.learner.follow)
+            return
         session = self.session
         try:
             if await session.start():
@@ -139,48 +143,19 @@ class Trainer:
 
     def _load(self) -> TrainerState:
         """Model, optimizer, environment and committed state (in a worker thread)."""
-        from transformers import AutoModelForCausalLM
-
         from rollnet.reference.envs import RewardSandbox, load_environment
         from rollnet.reference.inference.tokenization import CheckpointTokenizer
-        from rollnet.reference.trainer.policy import PolicyForward, warmup_lambda
+        from rollnet.reference.trainer.learner import Learner
 
         config = self.config
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         state = load_state(settings.data_dir) or TrainerState()
-        torch.manual_seed(config.seed)
-        loader: Any = AutoModelForCausalLM
-        self.model = loader.from_pretrained(
-            settings.model_dir, dtype=torch.float32, local_files_only=True
-        ).to(config.device)
-        self.model.train()
-        self.policy = PolicyForward(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            weight_decay=config.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_lambda(config.warmup_steps)
-        )
-        self.reference = None
-        if config.loss.kl_coef > 0:
-            import copy
-
-            self.reference = PolicyForward(copy.deepcopy(self.model).eval())
-        if state.step > 0:
-            master = load_master(settings.data_dir, state.step)
-            self.model.load_state_dict(master["model"])
-            self.optimizer.load_state_dict(master["optimizer"])
-            for _ in range(state.step):
-                self.scheduler.step()
-        self.pad_id = int(
-            self.model.config.pad_token_id
-            if self.model.config.pad_token_id is not None
-            else self.model.config.eos_token_id
-        )
+        master = load_master(settings.data_dir, state.step) if state.step > 0 else None
+        self.learner = Learner(config, settings.model_dir, master, state.step)
+        self.model = self.learner.model
+        if not self.learner.leads:
+            return state
         self.tokenizer = CheckpointTokenizer.load(settings.model_dir)
         self.environment = load_environment(config.environment, config.environment_config)
         self._sandbox = RewardSandbox(
@@ -210,9 +185,9 @@ class Trainer:
             return
         directory = checkpoint_dir(self.settings.data_dir, step)
         if not (directory / "config.json").exists():
-            state = dict(self.model.state_dict().items())
+            weights, _ = await asyncio.to_thread(self.learner.full_state)
             await asyncio.to_thread(
-                export_checkpoint, self.model, state, self.settings.model_dir, directory
+                export_checkpoint, self.model, weights, self.settings.model_dir, directory
             )
         published = await self.session.call(
             "publish_checkpoint",
@@ -380,9 +355,10 @@ class Trainer:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await follower
+            await asyncio.to_thread(self.learner.stop)
 
     def _optimize(self, batch: list[Group]) -> tuple[Any, float]:
-        from rollnet.reference.trainer.policy import TrainingSequence, pack, train_step
+        from rollnet.reference.trainer.policy import TrainingSequence
 
         started = time.monotonic()
         config = self.config
@@ -402,25 +378,10 @@ class Trainer:
                         temperature=config.temperature,
                     )
                 )
-        device = torch.device(config.device)
-        size = config.micro_batch_size
-        micro = [
-            pack(sequences[i : i + size], self.pad_id, device)
-            for i in range(0, len(sequences), size)
-        ]
-        total = sum(m.loss_tokens for m in micro)
-        stats = train_step(
-            self.policy,
-            self.optimizer,
-            self.scheduler,
-            micro,
-            config.loss,
-            total_loss_tokens=total,
-            grad_clip=config.grad_clip,
-            reference=self.reference,
-        )
-        stats_validated = sum(int(m.validated_mask.sum()) for m in micro)
-        self._validated_fraction = stats_validated / total if total else 0.0
+        stats = self.learner.step(sequences)
+        total = sum(len(s.completion_ids) for s in sequences)
+        checked = sum(len(s.completion_ids) for s in sequences if s.validated_logprobs is not None)
+        self._validated_fraction = checked / total if total else 0.0
         return stats, time.monotonic() - started
 
     def _metrics_line(
@@ -472,11 +433,11 @@ class Trainer:
 
     def _commit(self, intake: RolloutIntake, line: dict[str, Any]) -> None:
         data_dir = self.settings.data_dir
-        state = dict(self.model.state_dict().items())
+        weights, optimizer = self.learner.full_state()
         export_checkpoint(
-            self.model, state, self.settings.model_dir, checkpoint_dir(data_dir, self.step)
+            self.model, weights, self.settings.model_dir, checkpoint_dir(data_dir, self.step)
         )
-        save_master(data_dir, self.step, state, self.optimizer.state_dict())
+        save_master(data_dir, self.step, weights, optimizer)
         commit(data_dir, TrainerState(step=self.step, intake=intake.state(), last_metrics=line))
         append_jsonl(data_dir / "metrics.jsonl", line)
         self.metrics.record(line)
