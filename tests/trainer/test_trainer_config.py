@@ -92,4 +92,12 @@ def test_the_command_refuses_bad_input_in_one_line(
     err = capsys.readouterr().err.strip()
     assert "--model" in err
     assert "is not a directory" in err
+    bad.write_text('environment = "chess"\n')
+    code = main(["trainer", *common, "--model", str(tmp_path), *data, "--config", str(bad)])
+    assert code == 2
+    assert "unknown environment 'chess'" in capsys.readouterr().err
+    bad.write_text("[environment_config]\nmax_length = 99\n")
+    code = main(["trainer", *common, "--model", str(tmp_path), *data, "--config", str(bad)])
+    assert code == 2
+    assert "max_length" in capsys.readouterr().err
     assert not (tmp_path / "k.key").exists(), "nothing is created before the input is checked"

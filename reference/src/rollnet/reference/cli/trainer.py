@@ -84,6 +84,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the trainer from the flags and train until done or signalled."""
     from rollnet.reference.checkpoints import CheckpointDirError, model_files
+    from rollnet.reference.envs import (
+        EnvironmentConfigError,
+        EnvironmentRegistryError,
+        UnknownEnvironmentError,
+        load_environment,
+    )
     from rollnet.reference.logs import configure_logging
     from rollnet.reference.trainer.config import (
         TrainerConfig,
@@ -102,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, max_steps=args.max_steps)
     except TrainerConfigError as error:
         raise CliError(f"--config {error}") from None
+    try:
+        load_environment(config.environment, config.environment_config)
+    except (UnknownEnvironmentError, EnvironmentConfigError, EnvironmentRegistryError) as error:
+        raise CliError(f"--config environment: {error}") from None
     try:
         model_files(args.model)
     except CheckpointDirError as error:

@@ -131,6 +131,13 @@ class Trainer:
                 await session.deregister("trainer stopped")
         except (NodeFatalError, StopRequested):
             pass
+        except RollnetError as error:
+            # A refusal no retry fixes (an environment the coordinator does not serve, a
+            # demand out of its bounds): say what was refused, as one line.
+            raise TrainerFatalError(
+                f"the coordinator refused: {error.reason or error.code.name}: {error.message}",
+                error.reason,
+            ) from error
         finally:
             await session.close()
             reward = getattr(self, "_sandbox", None)
@@ -251,6 +258,11 @@ class Trainer:
             failures += 1
             if await self.session.sleep(self.session.backoff(failures)):
                 return
+
+    def _stream_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._stream_error is None:
+            self._stream_error = task.exception()
+            self._wake.arrived.set()
 
     # ------------------------------------------------------------------ the loop
 
