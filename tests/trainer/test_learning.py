@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollnet.reference.trainer.config import TrainerConfig
 from rollnet.reference.trainer.local import train_locally
@@ -34,6 +35,17 @@ LEARNING = TrainerConfig(
 def test_grpo_raises_the_reward_of_the_warm_started_tiny_model(
     tmp_path: Path, tiny_model: Path
 ) -> None:
+    # One thread: the model is tiny, and a second thread only adds waiting (a lot of it on a
+    # loaded machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _learn(tmp_path, tiny_model)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _learn(tmp_path: Path, tiny_model: Path) -> None:
     started = warm_start(
         tiny_model, tmp_path / "warm", "reverse", fmt="copy", answer_share=0.1, steps=400, seed=0
     )
