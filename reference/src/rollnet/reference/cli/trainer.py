@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--model {error}") from None
     node_options.check_device(config.device)
     metrics = TrainerMetrics()
-    if args.metrics_listen:
+    # Under torchrun only rank 0 is the node; the others would find the port taken.
+    if args.metrics_listen and int(os.environ.get("RANK", "0")) == 0:
         try:
             metrics.serve(args.metrics_listen)
         except OSError as error:
