@@ -1,7 +1,9 @@
 """`rollnet demo` (what `make demo` runs) works end to end on this machine.
 
-One round with one honest worker, one validator and one cheating worker, all real processes:
-honest work is accepted and credited, the cheat is rejected and slashed, the ledger verifies.
+Two trainer steps with the trainer, one honest worker, one validator and one cheating worker,
+all real processes: the trainer trains on validated groups and publishes, honest work is
+accepted and credited, the cheat is rejected and slashed, the ledger verifies, the per-step
+metrics and the reward curve are written.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) ->
             str(tmp_path / "demo"),
             "--workers",
             "1",
-            "--rounds",
-            "1",
+            "--steps",
+            "2",
             "--prompts",
             "4",
             "--samples",
-            "2",
+            "4",
+            "--prompts-per-task",
+            "1",
+            "--warm-start-steps",
+            "50",
             "--cheat",
             "token_altered",
         ],
@@ -42,7 +48,11 @@ def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) ->
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "round 1: 8 accepted rollouts" in output, output
+    assert "step   1: task reward" in output, output
+    assert "step   2: task reward" in output, output
+    assert "reward: " in output, output
+    assert (tmp_path / "demo" / "reward.png").read_bytes().startswith(b"\x89PNG")
+    assert len((tmp_path / "demo" / "trainer" / "metrics.jsonl").read_text().splitlines()) == 2
     assert "KIND_CREDIT" in output, output
     assert "rejected:" in output, output
     assert "KIND_SLASH" in output, output
@@ -67,6 +77,7 @@ def test_a_new_run_starts_from_a_fresh_ledger_and_keeps_the_model_and_keys(
         tmp_path / "worker-0" / "cache" / "x",
         tmp_path / "validator-0" / "x",
         tmp_path / "cheat-token_altered" / "x",
+        tmp_path / "trainer" / "state.json",
     ]
     for path in kept + gone:
         path.parent.mkdir(parents=True, exist_ok=True)

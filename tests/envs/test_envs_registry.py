@@ -19,6 +19,7 @@ from rollnet.reference.envs import (
     EnvironmentConfigError,
     EnvironmentRegistryError,
     MathEnvironment,
+    ReverseEnvironment,
     SeededEnvironment,
     UnknownEnvironmentError,
     VerifiersEnvironment,
@@ -115,10 +116,12 @@ def test_builtins_are_declared_in_the_entry_point_group() -> None:
     assert declared["math"].load() is MathEnvironment
     assert declared["code"].load() is CodeEnvironment
     assert declared["verifiers"].load() is VerifiersEnvironment
+    assert declared["reverse"].load() is ReverseEnvironment
     assert available_environments() == {
         "arithmetic": "rollnet.reference.envs.arithmetic:ArithmeticEnvironment",
         "code": "rollnet.reference.envs.code:CodeEnvironment",
         "math": "rollnet.reference.envs.math_jsonl:MathEnvironment",
+        "reverse": "rollnet.reference.envs.reverse:ReverseEnvironment",
         "verifiers": "rollnet.reference.envs.verifiers_env:VerifiersEnvironment",
     }
 
@@ -133,9 +136,9 @@ def test_builtins_load_by_name() -> None:
 def test_unknown_name_lists_the_available_ones() -> None:
     with pytest.raises(UnknownEnvironmentError) as caught:
         load_environment("chess", {})
-    assert caught.value.available == ["arithmetic", "code", "math", "verifiers"]
+    assert caught.value.available == ["arithmetic", "code", "math", "reverse", "verifiers"]
     assert str(caught.value) == (
-        "unknown environment 'chess' (available: arithmetic, code, math, verifiers)"
+        "unknown environment 'chess' (available: arithmetic, code, math, reverse, verifiers)"
     )
 
 
@@ -194,18 +197,17 @@ def test_documented_example_environment_works() -> None:
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, Any] = {}
     exec(compile(code, str(guide), "exec"), namespace)
-    environment = namespace["ReverseEnvironment"]({"word_length": 4, "target_lengths": [6]})
+    environment = namespace["SortWordEnvironment"]({"word_length": 4, "target_lengths": [6]})
     assert isinstance(environment, SeededEnvironment)
     problem = environment.prompt(3)
     assert (
-        problem.prompt
-        == f"reverse {problem.source_id}: Think for 6 tokens before giving a response."
+        problem.prompt == f"sort {problem.source_id}: Think for 6 tokens before giving a response."
     )
-    assert problem.answer == problem.source_id[::-1]
+    assert problem.answer == "".join(sorted(problem.source_id))
     assert environment.reward(problem, problem.answer + "\n", 6).total == 1.0
     assert environment.reward(problem, "zzzz", 6).total == 0.0
     with pytest.raises(EnvironmentConfigError, match="'word_length'"):
-        namespace["ReverseEnvironment"]({"word_length": 13})
+        namespace["SortWordEnvironment"]({"word_length": 13})
 
 
 def test_public_exports_are_snapshotted() -> None:
@@ -217,10 +219,11 @@ def test_public_exports_are_snapshotted() -> None:
         "DEFAULT_SANDBOX_LIMITS", "DEFAULT_TIME_LIMIT_S", "DatasetError", "DrawStream",
         "ENTRY_POINT_GROUP", "Environment", "EnvironmentConfigError", "EnvironmentRegistryError",
         "IsolationMode", "IsolationUnavailable", "LEVELS", "LengthControl", "Limits",
-        "MAX_PROMPT_ID", "MathEnvironment", "Problem", "Question", "RewardBreakdown",
-        "RewardItem", "RewardResult", "RewardSandbox", "SandboxError", "SeededEnvironment",
+        "MAX_PROMPT_ID", "MathEnvironment", "Problem", "Question", "ReverseEnvironment",
+        "RewardBreakdown", "RewardItem", "RewardResult", "RewardSandbox", "SandboxError",
+        "SeededEnvironment",
         "UnknownEnvironmentError", "VerifierTimeout", "VerifiersEnvironment",
         "available_environments", "canonical_json", "config_digest", "extract_program",
-        "load_environment", "protect_paths", "score_integer_answer",
+        "load_environment", "protect_paths", "reverse_similarity", "score_integer_answer",
     ]  # fmt: skip
     assert all(hasattr(envs, name) for name in envs.__all__)

@@ -1,14 +1,13 @@
-"""The local demo swarm: one machine, every role, real processes on loopback.
+"""The local demo swarm: one machine, every role, real processes on loopback, learning.
 
-``rollnet demo`` starts a coordinator, publishes the tiny model as checkpoint 0 (trainer key),
-starts honest workers, validators and optionally cheating workers as separate processes, then
-plays the trainer's part: each round it asks for rollouts of the ``arithmetic`` environment and
-follows the stream of accepted ones, printing what the swarm did (accepted rollouts, validated
-reward, rejects, ejections, balances). At the end it stops every process gracefully and checks
-the ledger's hash chain with ``rollnet ledger verify``.
-
-The trainer itself (GRPO updates, new checkpoints) is a later component; until it lands the
-demo keeps serving checkpoint 0.
+``rollnet demo`` makes the tiny model and warm-starts it on the ``reverse`` environment's format
+(seconds), starts a coordinator, then the trainer, honest workers, validators and a cheating
+worker, each as its own process. The trainer publishes checkpoint 0, asks for GRPO groups, trains
+on the validated ones and publishes a new checkpoint every step; the workers pick each one up.
+The demo follows the trainer's per-step metrics and prints the reward as it rises, then the
+reward at the start against the end, the ledger (credits, the cheater's slashes) and the check of
+its hash chain with ``rollnet ledger verify``. The per-step metrics (``trainer/metrics.jsonl``)
+and a reward curve (``reward.png``) are left in the data directory.
 """
 
 from __future__ import annotations
@@ -18,12 +17,14 @@ import contextlib
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rollnet.sdk import PROTOCOL_VERSION, ConnectionConfig, Identity, RollnetClient
 from rollnet.v1 import (
@@ -32,7 +33,6 @@ from rollnet.v1 import (
     ledger_service_pb2,
     node_pb2,
     node_service_pb2,
-    rollout_service_pb2,
 )
 
 NETWORK_ID = "rollnet-demo"
@@ -46,11 +46,17 @@ class DemoConfig:
     workers: int = 2
     validators: int = 1
     cheats: tuple[str, ...] = ("token_altered",)
-    rounds: int = 3
-    prompts_per_round: int = 8
-    samples_per_prompt: int = 4
-    max_new_tokens: int = 16
-    round_timeout: float = 300.0
+    steps: int = 50
+    """Trainer steps (each publishes a checkpoint)."""
+    prompts_per_step: int = 32
+    """GRPO groups per step."""
+    samples_per_prompt: int = 8
+    prompts_per_task: int = 4
+    max_new_tokens: int = 12
+    max_off_policy_steps: int = 1
+    learning_rate: float = 3e-3
+    warm_start_steps: int = 400
+    step_timeout: float = 300.0
     port: int = 0
     eject_after_rejects: int = 2
 
@@ -98,16 +104,16 @@ def _rollnet() -> list[str]:
     return [sys.executable, "-m", "rollnet.reference.cli"]
 
 
-#: What a demo run leaves that the next one must not start from (keys and the model stay).
-_RUN_STATE = ("coordinator", "logs", "worker-*", "validator-*", "cheat-*")
+#: What a demo run leaves that the next one must not start from (keys and the models stay).
+_RUN_STATE = ("coordinator", "logs", "worker-*", "validator-*", "cheat-*", "trainer")
 
 
 def clear_previous_run(root: Path) -> bool:
     """Remove an earlier run's coordinator database, blobs, node state and logs under ``root``.
 
-    The trainer streams accepted rollouts from the ledger's start, so a run on top of an earlier
-    one would count the earlier rollouts as its own (rounds "done" in no time). The tiny model
-    and the keys are kept: they are the same every run. Returns whether anything was removed.
+    A trainer resumes from its state, and the coordinator's checkpoints and ledger would be ahead
+    of a fresh one: every run starts a new network. The tiny model, its warm start and the keys
+    are kept: they are the same every run. Returns whether anything was removed.
     """
     removed = False
     for pattern in _RUN_STATE:
@@ -115,6 +121,9 @@ def clear_previous_run(root: Path) -> bool:
             if path.is_dir():
                 shutil.rmtree(path)
                 removed = True
+    for stale in ("reward.png",):
+        if (root / stale).exists():
+            (root / stale).unlink()
     return removed
 
 
@@ -144,20 +153,59 @@ async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes]) 
     raise RuntimeError("the coordinator did not become ready within 120 s")
 
 
+def _trainer_toml(config: DemoConfig) -> str:
+    return (
+        'environment = "reverse"\n'
+        f"group_size = {config.samples_per_prompt}\n"
+        f"batch_groups = {config.prompts_per_step}\n"
+        f"prompts_per_task = {config.prompts_per_task}\n"
+        f"max_new_tokens = {config.max_new_tokens}\n"
+        f"max_off_policy_steps = {config.max_off_policy_steps}\n"
+        f"max_steps = {config.steps}\n"
+        f"learning_rate = {config.learning_rate}\n"
+        "grad_clip = 1.0\n"
+        "demand_timeout = 120.0\n"
+        "\n[loss]\n"
+        'kind = "clip"\n'
+    )
+
+
+def _models(root: Path, config: DemoConfig) -> Path:
+    """The tiny model and its warm start on ``reverse`` (made once, kept between runs)."""
+    from rollnet.reference.model.tiny import init_tiny_model
+    from rollnet.reference.trainer.warm_start import warm_start
+
+    base = root / "model"
+    if not (base / "config.json").exists():
+        print("creating the tiny model ...", flush=True)
+        init_tiny_model(base)
+    warm = root / f"model-warm-{config.warm_start_steps}"
+    if not (warm / "config.json").exists():
+        import torch
+
+        # One thread, as every process of the demo: threads beyond the free cores only wait.
+        torch.set_num_threads(1)
+        started = time.monotonic()
+        print("warm-starting it on the reverse environment's format ...", flush=True)
+        result = warm_start(
+            base, warm, "reverse", fmt="copy", answer_share=0.1, steps=config.warm_start_steps
+        )
+        print(
+            f"warm start: loss {result.first_loss:.2f} -> {result.final_loss:.2f} in "
+            f"{time.monotonic() - started:.0f} s",
+            flush=True,
+        )
+    return warm
+
+
 async def run_demo(config: DemoConfig) -> int:
     """Run the demo swarm; returns a process exit code."""
-    from rollnet.reference.checkpoints import publish_model_dir
-    from rollnet.reference.model.tiny import init_tiny_model
-
     root = config.data_dir.resolve()
     if clear_previous_run(root):
-        print(f"starting afresh: the previous run's ledger and node state under {root} removed")
-    for sub in ("keys", "logs", "model"):
+        print(f"starting afresh: the previous run's network under {root} removed")
+    for sub in ("keys", "logs"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    model_dir = root / "model"
-    if not (model_dir / "config.json").exists():
-        print("creating the tiny model ...", flush=True)
-        init_tiny_model(model_dir)
+    model_dir = await asyncio.to_thread(_models, root, config)
     trainer = _key(root / "keys" / "trainer.key")
     validators = [_key(root / "keys" / f"validator-{i}.key") for i in range(config.validators)]
     port = config.port or _free_port()
@@ -171,9 +219,11 @@ async def run_demo(config: DemoConfig) -> int:
         "heartbeat_interval = 2\n"
         "lease_duration = 120\n"
     )
+    (root / "trainer.toml").write_text(_trainer_toml(config))
     swarm = _Swarm()
     logs = root / "logs"
     common = ["--coordinator", address, "--network-id", NETWORK_ID]
+    ok = False
     try:
         swarm.start(
             "coordinator",
@@ -191,6 +241,88 @@ async def run_demo(config: DemoConfig) -> int:
         )
         await _wait_for_coordinator(address, swarm.processes["coordinator"])
         print(f"coordinator on {address} (network {NETWORK_ID}); logs in {logs}", flush=True)
+        swarm.start(
+            "trainer",
+            [
+                *_rollnet(),
+                "trainer",
+                *common,
+                "--key",
+                str(root / "keys" / "trainer.key"),
+                "--model",
+                str(model_dir),
+                "--data-dir",
+                str(root / "trainer"),
+                "--config",
+                str(root / "trainer.toml"),
+                *ONE_THREAD,
+            ],
+            logs,
+        )
+        for i in range(config.workers):
+            swarm.start(
+                f"worker-{i}",
+                [
+                    *_rollnet(),
+                    "worker",
+                    *common,
+                    "--key",
+                    str(root / "keys" / f"worker-{i}.key"),
+                    *ONE_THREAD,
+                    "--data-dir",
+                    str(root / f"worker-{i}"),
+                ],
+                logs,
+            )
+        for i in range(config.validators):
+            swarm.start(
+                f"validator-{i}",
+                [
+                    *_rollnet(),
+                    "validator",
+                    *common,
+                    "--key",
+                    str(root / "keys" / f"validator-{i}.key"),
+                    *ONE_THREAD,
+                    "--data-dir",
+                    str(root / f"validator-{i}"),
+                ],
+                logs,
+            )
+        for cheat in config.cheats:
+            swarm.start(
+                f"cheat-{cheat}",
+                [
+                    sys.executable,
+                    "-m",
+                    "rollnet.reference.adversary",
+                    "--cheat",
+                    cheat,
+                    *common,
+                    "--key",
+                    str(root / "keys" / f"cheat-{cheat}.key"),
+                    *ONE_THREAD,
+                    "--data-dir",
+                    str(root / f"cheat-{cheat}"),
+                ],
+                logs,
+            )
+        print(
+            f"started the trainer, {config.workers} worker(s), {config.validators} "
+            f"validator(s), cheats: {', '.join(config.cheats) or 'none'}",
+            flush=True,
+        )
+        print(
+            f"training on reverse: {config.steps} steps of {config.prompts_per_step} groups x "
+            f"{config.samples_per_prompt} completions, up to {config.max_off_policy_steps} "
+            "step(s) off-policy",
+            flush=True,
+        )
+        lines = await _follow_trainer(root / "trainer", swarm.processes["trainer"], config)
+        ok = len(lines) == config.steps
+        if lines:
+            _summarize(lines, root)
+        names = {Identity.load(path).node_id: path.stem for path in (root / "keys").glob("*.key")}
         client = RollnetClient.connect(ConnectionConfig(address, NETWORK_ID), trainer)
         async with client:
             await client.nodes.register_node(
@@ -202,69 +334,6 @@ async def run_demo(config: DemoConfig) -> int:
                     capabilities=node_pb2.Capabilities(),
                 )
             )
-            published = await publish_model_dir(client, trainer, model_dir, 0, NETWORK_ID)
-            print(
-                f"published checkpoint 0: {published.shards_uploaded} shards, "
-                f"{published.bytes_uploaded:,} bytes",
-                flush=True,
-            )
-            for i in range(config.workers):
-                swarm.start(
-                    f"worker-{i}",
-                    [
-                        *_rollnet(),
-                        "worker",
-                        *common,
-                        "--key",
-                        str(root / "keys" / f"worker-{i}.key"),
-                        *ONE_THREAD,
-                        "--data-dir",
-                        str(root / f"worker-{i}"),
-                    ],
-                    logs,
-                )
-            for i in range(config.validators):
-                swarm.start(
-                    f"validator-{i}",
-                    [
-                        *_rollnet(),
-                        "validator",
-                        *common,
-                        "--key",
-                        str(root / "keys" / f"validator-{i}.key"),
-                        *ONE_THREAD,
-                        "--data-dir",
-                        str(root / f"validator-{i}"),
-                    ],
-                    logs,
-                )
-            for cheat in config.cheats:
-                swarm.start(
-                    f"cheat-{cheat}",
-                    [
-                        sys.executable,
-                        "-m",
-                        "rollnet.reference.adversary",
-                        "--cheat",
-                        cheat,
-                        *common,
-                        "--key",
-                        str(root / "keys" / f"cheat-{cheat}.key"),
-                        *ONE_THREAD,
-                        "--data-dir",
-                        str(root / f"cheat-{cheat}"),
-                    ],
-                    logs,
-                )
-            print(
-                f"started {config.workers} worker(s), {config.validators} validator(s), "
-                f"cheats: {', '.join(config.cheats) or 'none'}",
-                flush=True,
-            )
-            ok = await _play_trainer(client, config)
-            names = {
-                Identity.load(path).node_id: path.stem for path in (root / "keys").glob("*.key")
-            }
             await _report_ledger(client, names)
     finally:
         print("stopping the swarm ...", flush=True)
@@ -275,49 +344,85 @@ async def run_demo(config: DemoConfig) -> int:
     return 0 if ok and verified == 0 else 1
 
 
-async def _play_trainer(client: RollnetClient, config: DemoConfig) -> bool:
-    stream = client.rollouts.stream(0)
-    for step in range(1, config.rounds + 1):
-        started = time.monotonic()
-        response = await client.rollouts.request_rollouts(
-            rollout_service_pb2.RequestRolloutsRequest(
-                rollout_step=step,
-                environment="arithmetic",
-                prompt_count=config.prompts_per_round,
-                samples_per_prompt=config.samples_per_prompt,
-                sampling=common_pb2.SamplingParams(
-                    temperature=1.0, max_new_tokens=config.max_new_tokens
-                ),
-                prompts_per_task=1,
+async def _follow_trainer(
+    data_dir: Path, process: subprocess.Popen[bytes], config: DemoConfig
+) -> list[dict[str, Any]]:
+    """Print each step's line of the trainer's metrics as it appears; return them all."""
+    from rollnet.reference.trainer.metrics import read_jsonl
+
+    path = data_dir / "metrics.jsonl"
+    shown = 0
+    lines: list[dict[str, Any]] = []
+    last_progress = time.monotonic()
+    while shown < config.steps:
+        lines = read_jsonl(path)
+        for line in lines[shown:]:
+            lag = ", ".join(f"{k}:{v}" for k, v in sorted(line["staleness"].items()))
+            print(
+                f"step {line['step']:>3}: task reward {line['task_reward']:.3f}  "
+                f"({line['samples']} rollouts, lag {{{lag}}}, trainer idle "
+                f"{100 * line['idle_fraction']:.0f}%, {line['tokens_per_s']:.0f} tokens/s)",
+                flush=True,
             )
-        )
-        wanted = config.prompts_per_round * config.samples_per_prompt
-        tasks = set(response.task_ids)
-        received = 0
-        rewards: list[float] = []
-        tokens = 0
-        try:
-            async with asyncio.timeout(config.round_timeout):
-                while received < wanted:
-                    rollout = await anext(stream)
-                    if rollout.rollout_step != step:
-                        continue
-                    received += 1
-                    tokens += len(rollout.rollout.completion_token_ids)
-                    if rollout.HasField("validated_reward"):
-                        rewards.append(rollout.validated_reward.total)
-                    tasks.discard(rollout.task_id)
-        except TimeoutError:
-            print(f"round {step}: timed out with {received}/{wanted} rollouts", flush=True)
-            return False
-        elapsed = time.monotonic() - started
-        mean = sum(rewards) / len(rewards) if rewards else float("nan")
-        print(
-            f"round {step}: {received} accepted rollouts in {elapsed:.1f} s "
-            f"({tokens / elapsed:.0f} completion tokens/s), mean validated reward {mean:.3f}",
-            flush=True,
-        )
-    return True
+            last_progress = time.monotonic()
+        shown = max(shown, len(lines))
+        if process.poll() is not None and shown < config.steps:
+            lines = read_jsonl(path)
+            if len(lines) > shown:
+                continue
+            print(f"the trainer exited ({process.returncode}); see logs/trainer.log", flush=True)
+            break
+        if time.monotonic() - last_progress > config.step_timeout:
+            print(f"no step for {config.step_timeout:.0f} s; see logs/", flush=True)
+            break
+        await asyncio.sleep(0.5)
+    return read_jsonl(path)
+
+
+def _summarize(lines: list[dict[str, Any]], root: Path) -> None:
+    rewards = [line["task_reward"] for line in lines]
+    head = statistics.fmean(rewards[:3])
+    tail = statistics.fmean(rewards[-5:])
+    print(
+        f"reward: {head:.3f} at the start (mean of the first 3 steps) -> {tail:.3f} at the end "
+        f"(last 5 steps), {len(lines)} steps",
+        flush=True,
+    )
+    idle = statistics.fmean(line["idle_fraction"] for line in lines)
+    dropped = lines[-1]["dropped_stale"], lines[-1]["dropped_no_signal"]
+    print(
+        f"trainer: idle {100 * idle:.0f}% of the time waiting for rollouts; groups dropped: "
+        f"{dropped[0]} stale, {dropped[1]} without signal",
+        flush=True,
+    )
+    print(f"per-step metrics: {root / 'trainer' / 'metrics.jsonl'}", flush=True)
+    try:
+        picture = plot_rewards(lines, root / "reward.png")
+    except ImportError as error:  # matplotlib is a dependency; say so plainly if it is gone
+        print(f"no reward curve: {error}", flush=True)
+    else:
+        print(f"reward curve: {picture}", flush=True)
+
+
+def plot_rewards(lines: list[dict[str, Any]], out: Path) -> Path:
+    """Draw the task reward per step (and the share of the batch validated) into ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [line["step"] for line in lines]
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=120)
+    axes.plot(steps, [line["task_reward"] for line in lines], marker="o", markersize=3)
+    axes.set_xlabel("trainer step")
+    axes.set_ylabel("mean task reward of the batch")
+    axes.set_ylim(0, 1)
+    axes.set_title("rollnet demo: GRPO on reverse, tiny model, local swarm")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out)
+    plt.close(figure)
+    return out
 
 
 async def _report_ledger(client: RollnetClient, names: dict[str, str]) -> None:

@@ -15,12 +15,13 @@ from collections.abc import Sequence
 
 from rollnet.reference.cli.errors import OneLineParser, run_handler
 
-# Modules under rollnet.reference.cli, each defining register(subparsers). The trainer and the
-# relay add theirs here.
+# Modules under rollnet.reference.cli, each defining register(subparsers). The relay adds its
+# own here.
 _COMMAND_MODULES: tuple[str, ...] = (
     "coordinator",
     "worker",
     "validator",
+    "trainer",
     "demo",
     "keys",
     "model",

@@ -1,7 +1,8 @@
 """``rollnet checkpoint publish``: publish a model directory as a checkpoint (trainer key).
 
-Until the trainer publishes by itself, this is how a network gets its first checkpoint: the
-files of a Hugging Face model directory are cut into shards, uploaded to the coordinator as blobs
+``rollnet trainer`` publishes its checkpoints by itself; this command publishes a model directory
+by hand (a network's first checkpoint without a trainer, tests, scripts): the files of a Hugging
+Face model directory are cut into shards, uploaded to the coordinator as blobs
 and described by a signed manifest (see :mod:`rollnet.reference.checkpoints`). Exit codes: 0
 published, 1 the coordinator refused (the reason is printed), 2 bad local input.
 """

@@ -12,11 +12,13 @@ def register(subparsers: Any) -> None:
     """Add the ``demo`` command."""
     parser = subparsers.add_parser(
         "demo",
-        help="run a local swarm: coordinator, workers, validators and a cheating worker",
+        help="run a local swarm that learns: coordinator, trainer, workers, validators, a cheater",
         description=(
-            "Start a coordinator, publish the tiny model, start workers, validators and "
-            "cheating workers as separate processes, ask for rollouts round by round and show "
-            "what the swarm accepted, rejected and credited; then verify the ledger."
+            "Warm-start the tiny model on the reverse environment's format, start a "
+            "coordinator, the trainer, workers, validators and cheating workers as separate "
+            "processes, and follow the reward step by step as GRPO raises it; then show the "
+            "ledger (credits, slashes) and verify it. Leaves trainer/metrics.jsonl and "
+            "reward.png in the data directory."
         ),
     )
     parser.add_argument("--data-dir", type=Path, default=Path(".data/demo"))
@@ -29,10 +31,22 @@ def register(subparsers: Any) -> None:
         help="start a cheating worker with this cheat (repeatable; default token_altered; "
         "'none' for no cheater)",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="rollout rounds (default 3)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per round (default 8)")
-    parser.add_argument("--samples", type=int, default=4, help="samples per prompt (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument(
+        "--steps", "--rounds", type=int, default=50, help="trainer steps (default 50)"
+    )
+    parser.add_argument("--prompts", type=int, default=32, help="GRPO groups per step (32)")
+    parser.add_argument("--samples", type=int, default=8, help="completions per group (8)")
+    parser.add_argument("--prompts-per-task", type=int, default=4, help="groups per task (4)")
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument(
+        "--max-off-policy-steps",
+        type=int,
+        default=1,
+        help="staleness bound: steps a rollout's checkpoint may lag (default 1)",
+    )
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=400, help="warm-start steps (default 400)"
+    )
     parser.add_argument("--port", type=int, default=0, help="coordinator port (default: free)")
     parser.set_defaults(handler=run)
 
@@ -47,10 +61,13 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         validators=args.validators,
         cheats=cheats,
-        rounds=args.rounds,
-        prompts_per_round=args.prompts,
+        steps=args.steps,
+        prompts_per_step=args.prompts,
         samples_per_prompt=args.samples,
+        prompts_per_task=args.prompts_per_task,
         max_new_tokens=args.max_new_tokens,
+        max_off_policy_steps=args.max_off_policy_steps,
+        warm_start_steps=args.warm_start_steps,
         port=args.port,
     )
     return asyncio.run(run_demo(config))

@@ -35,6 +35,7 @@ from rollnet.reference.envs.registry import (
     available_environments,
     load_environment,
 )
+from rollnet.reference.envs.reverse import ReverseEnvironment, reverse_similarity
 from rollnet.reference.envs.sandbox import (
     DEFAULT_SANDBOX_LIMITS,
     DEFAULT_TIME_LIMIT_S,
@@ -68,6 +69,7 @@ __all__ = [
     "MathEnvironment",
     "Problem",
     "Question",
+    "ReverseEnvironment",
     "RewardBreakdown",
     "RewardItem",
     "RewardResult",
@@ -83,5 +85,6 @@ __all__ = [
     "extract_program",
     "load_environment",
     "protect_paths",
+    "reverse_similarity",
     "score_integer_answer",
 ]

@@ -22,6 +22,7 @@ from rollnet.reference.envs.arithmetic import ArithmeticEnvironment
 from rollnet.reference.envs.base import Environment
 from rollnet.reference.envs.code import CodeEnvironment
 from rollnet.reference.envs.math_jsonl import MathEnvironment
+from rollnet.reference.envs.reverse import ReverseEnvironment
 from rollnet.reference.envs.verifiers_env import VerifiersEnvironment
 
 __all__ = [
@@ -45,6 +46,7 @@ _BUILTINS: dict[str, EnvironmentFactory] = {
     "arithmetic": ArithmeticEnvironment,
     "code": CodeEnvironment,
     "math": MathEnvironment,
+    "reverse": ReverseEnvironment,
     "verifiers": VerifiersEnvironment,
 }
 
