@@ -11,8 +11,10 @@ TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # The browser the dashboard's tests drive (Debian's package; playwright's own download is not used).
 CHROMIUM ?= /usr/bin/chromium
+# The plain HTTP cache put in front of a relay origin in the broadcast tests (Debian's nginx).
+NGINX ?= /usr/sbin/nginx
 
-.PHONY: help dev dev-cpu browser sandbox-tools demo test lint codegen check-codegen screenshot clean
+.PHONY: help dev dev-cpu browser sandbox-tools http-cache demo test lint codegen check-codegen screenshot clean
 
 help: ## list the targets
 	@echo "rollnet: make TARGET"
@@ -29,7 +31,7 @@ $(STAMP): requirements/dev.txt sdk/pyproject.toml sdk/hatch_build.py sdk/src/rol
 	$(BIN)/python -m pip install --quiet --no-deps -e sdk -e ledger -e reference
 	touch $(STAMP)
 
-dev: $(STAMP) browser sandbox-tools ## install everything into .venv (torch from PyPI)
+dev: $(STAMP) browser sandbox-tools http-cache ## install everything into .venv (torch from PyPI)
 
 # The sandbox for untrusted environment code (rollnet.reference.envs.isolation) needs
 # bubblewrap. Installed here when missing and this is root on Debian (as CI is); otherwise a
@@ -58,10 +60,21 @@ browser: ## install Debian's chromium for the dashboard's browser tests, when mi
 		     "(install Debian's chromium package)"; \
 	fi
 
+http-cache: ## install Debian's nginx for the broadcast tests' HTTP cache, when missing
+	@if [ -x "$(NGINX)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing nginx-light (the broadcast tests put it in front of a relay origin)"; \
+		(apt-get install -y -q nginx-light >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q nginx-light >/dev/null)); \
+	else \
+		echo "warning: no $(NGINX); the broadcast tests through an HTTP cache will be skipped" \
+		     "(install Debian's nginx-light package)"; \
+	fi
+
 demo: $(STAMP) ## the main job: a local swarm on this machine
 	$(BIN)/rollnet demo --data-dir .data/demo
 
-test: $(STAMP) browser sandbox-tools ## the test suite (what CI runs)
+test: $(STAMP) browser sandbox-tools http-cache ## the test suite (what CI runs)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ from rollnet.reference.envs import load_environment
 from rollnet.reference.inference.tokenization import ChatTemplate, CheckpointTokenizer
 from rollnet.reference.model.tokenizer import build_char_tokenizer
 from rollnet.sdk import FieldViolation, Identity, RequestSigner, build_status, signed_bytes
+from rollnet.sdk.broadcast.delta import encode_delta
 from rollnet.sdk.checkpoints import (
     CHECKPOINT_DOMAIN,
     checkpoint_path_violations,
@@ -440,6 +442,56 @@ def checkpoint_manifest() -> dict[str, Any]:
     }
 
 
+def checkpoint_delta() -> dict[str, Any]:
+    """Step 8 of the manifest above as a rollnet-delta-v1 delta against step 7's weights."""
+    trainer = Identity.from_seed(TRAINER_SEED)
+    base = bytes(range(256)) * 3
+    changed = bytearray(base)
+    for position in (0, 1, 300, 767):
+        changed[position] ^= 0x40
+    target = bytes(changed)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "base").write_bytes(base)
+        (folder / "target").write_bytes(target)
+        encode_delta(folder / "base", folder / "target", folder / "delta")
+        delta = (folder / "delta").read_bytes()
+
+    def ref(data: bytes) -> common_pb2.BlobRef:
+        return common_pb2.BlobRef(blake3=blake3.blake3(data).digest(), size=len(data))
+
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=8,
+        network_id=NETWORK,
+        files=[
+            checkpoint_pb2.CheckpointFile(
+                path="model.safetensors",
+                content=ref(target),
+                shards=[ref(target)],
+                delta=checkpoint_pb2.CheckpointDelta(
+                    base_step=7,
+                    base=ref(base),
+                    content=ref(delta),
+                    shards=[ref(delta)],
+                    encoding=checkpoint_pb2.DELTA_ENCODING_SPARSE_ZSTD_V1,
+                ),
+            )
+        ],
+        flops_per_token=2_000_000,
+        created_at=timestamp_pb2.Timestamp(seconds=1767225660),
+    )
+    data = manifest.SerializeToString(deterministic=True)
+    return {
+        "spec": "docs/broadcast.md, Delta format; docs/protocol.md, Other signed bytes",
+        "base": base.hex(),
+        "target": target.hex(),
+        "delta": delta.hex(),
+        "manifest": message_json(manifest),
+        "manifest_bytes": data.hex(),
+        "signature": trainer.sign(CHECKPOINT_DOMAIN + data).hex(),
+    }
+
+
 # The path rule's cases: each list is one manifest's file paths.
 PATH_CASES: list[list[str]] = [
     ["model.safetensors"],
@@ -664,6 +716,7 @@ def build() -> dict[str, Any]:
         "rollout_batch": rollout_batch(),
         "receipt": receipt(),
         "checkpoint_manifest": checkpoint_manifest(),
+        "checkpoint_delta": checkpoint_delta(),
         "checkpoint_paths": checkpoint_paths(),
         "end_of_sequence": eos(),
         "error_details": error_details(),

@@ -4,17 +4,24 @@ pull-upload-commit, and waiting on conditions with a deadline (never fixed sleep
 from __future__ import annotations
 
 import asyncio
+import functools
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
+from rollnet.reference.envs.registry import load_environment
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.reference.model.tokenizer import save_char_tokenizer
+from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk import (
     ConnectionConfig,
     Identity,
@@ -99,18 +106,51 @@ async def register(
     return await client.nodes.register_node(register_request(identity, role, **fields))
 
 
+@functools.cache
+def char_tokenizer_dir() -> Path:
+    """A directory with the tiny model's character tokenizer files (made once per run)."""
+    directory = Path(tempfile.mkdtemp(prefix="rollnet-test-tokenizer-"))
+    save_char_tokenizer(directory, 512)
+    return directory
+
+
+@functools.cache
+def char_tokenizer() -> CheckpointTokenizer:
+    """The tokenizer of :func:`char_tokenizer_dir`."""
+    return CheckpointTokenizer.load(char_tokenizer_dir())
+
+
+def honest_prompt_ids(task: task_pb2.Task) -> list[list[int]]:
+    """Each of ``task``'s prompts encoded as a worker encodes it, with :func:`char_tokenizer`."""
+    environment = load_environment(
+        task.environment, json_format.MessageToDict(task.environment_config)
+    )
+    return [encode_problem(char_tokenizer(), environment.prompt(int(p))) for p in task.prompt_ids]
+
+
 async def publish_checkpoint(
-    client: RollnetClient, trainer: Identity, step: int, flops_per_token: int = 2_000_000
+    client: RollnetClient,
+    trainer: Identity,
+    step: int,
+    flops_per_token: int = 2_000_000,
+    *,
+    tokenizer: bool = False,
 ) -> None:
-    """Publish a one-shard checkpoint (enough for tasks to be created against it)."""
-    weights = f"weights of step {step}".encode()
-    uploaded = await client.blobs.upload(weights, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-    ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
+    """Publish a one-shard checkpoint (enough for tasks to be created against it); with
+    ``tokenizer``, it carries :func:`char_tokenizer_dir`'s files, so the coordinator records
+    each assigned prompt's length (and work with other lengths is refused: see
+    :func:`make_work`'s ``tokenizer``)."""
+    contents = {"model.safetensors": f"weights of step {step}".encode()}
+    if tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            contents[name] = (char_tokenizer_dir() / name).read_bytes()
+    files = []
+    for path, data in contents.items():
+        uploaded = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
+        files.append(checkpoint_pb2.CheckpointFile(path=path, content=ref, shards=[ref]))
     manifest = checkpoint_pb2.CheckpointManifest(
-        step=step,
-        network_id=NETWORK,
-        files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
-        flops_per_token=flops_per_token,
+        step=step, network_id=NETWORK, files=files, flops_per_token=flops_per_token
     ).SerializeToString()
     await client.checkpoints.publish_checkpoint(
         checkpoint_service_pb2.PublishCheckpointRequest(
@@ -160,14 +200,19 @@ class Work:
 COMPLETION_TOKENS = 3
 
 
-def make_work(worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease) -> Work:
-    """An honest-looking rollout batch for ``task`` under ``lease``."""
+def make_work(
+    worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease, *, tokenizer: bool = False
+) -> Work:
+    """An honest-looking rollout batch for ``task`` under ``lease``: three made-up prompt
+    tokens per rollout, or with ``tokenizer`` the prompts encoded as a worker would
+    (:func:`honest_prompt_ids`; for a checkpoint published with ``tokenizer``)."""
+    prompts = honest_prompt_ids(task) if tokenizer else [[1, 2, 3]] * len(task.prompt_ids)
     rollouts = [
         rollout_pb2.Rollout(
             prompt_index=prompt_index,
             prompt_id=prompt_id,
             sample_index=sample,
-            prompt_token_ids=[1, 2, 3],
+            prompt_token_ids=prompts[prompt_index],
             completion_token_ids=[4, 5, 0],
             behaviour_logprobs=[-0.1, -0.2, -0.3],
             sampling_seed=7 + sample,
@@ -206,7 +251,8 @@ def commitment_request(
             for r in work.rollouts
         ],
         claimed_work=commitment_pb2.WorkClaim(
-            prefill_tokens=3 * len(work.rollouts), decode_tokens=3 * len(work.rollouts)
+            prefill_tokens=sum(len(r.prompt_token_ids) for r in work.rollouts),
+            decode_tokens=sum(len(r.completion_token_ids) for r in work.rollouts),
         ),
         binding_digest=batch_binding_digest(
             NETWORK,
@@ -230,12 +276,14 @@ async def upload_and_commit(
 
 
 async def pull_and_commit(
-    client: RollnetClient, worker: Identity
+    client: RollnetClient, worker: Identity, *, tokenizer: bool = False
 ) -> commitment_service_pb2.SubmitCommitmentResponse:
-    """Lease a task (it must be there) and commit honest-looking work for it."""
+    """Lease a task (it must be there) and commit honest-looking work for it (``tokenizer``:
+    see :func:`make_work`)."""
     pulled = await pull(client)
     assert pulled.HasField("task"), "a task was queued, the pull must lease it"
-    return await upload_and_commit(client, worker, make_work(worker, pulled.task, pulled.lease))
+    work = make_work(worker, pulled.task, pulled.lease, tokenizer=tokenizer)
+    return await upload_and_commit(client, worker, work)
 
 
 async def judge_next_job(

@@ -186,7 +186,7 @@ async def test_spot_checks_thin_out_and_rejects_eject(
         await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
         await register(good, honest, common_pb2.ROLE_WORKER)
         await register(bad, cheat, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
         await request_tasks(trainer, 14)
 
         # The honest node: everything is validated until its streak reaches trusted_streak, then
@@ -194,7 +194,7 @@ async def test_spot_checks_thin_out_and_rejects_eject(
         # coordinator seed and the commitment id (so an auditor can redo every draw).
         streak, skipped = 0, 0
         for _ in range(12):
-            submitted = await pull_and_commit(good, honest)
+            submitted = await pull_and_commit(good, honest, tokenizer=True)
             commitment = submitted.commitment
             queued = commitment.state == commitment_pb2.Commitment.STATE_PENDING
             probability = spot_check_probability(streak, 2, 0.0)
@@ -219,7 +219,7 @@ async def test_spot_checks_thin_out_and_rejects_eject(
 
         # The cheat: rejects slash it, reset its streak, and the second one ejects it.
         for attempt in range(2):
-            await pull_and_commit(bad, cheat)
+            await pull_and_commit(bad, cheat, tokenizer=True)
             verdict = await judge_next_job(validator, accept=False)
             assert verdict.verdict.work_units < 0
             state = (await bad.nodes.get_node(node_service_pb2.GetNodeRequest())).node
@@ -247,7 +247,7 @@ async def test_spot_checks_thin_out_and_rejects_eject(
         assert balance.slashed > 0
         assert balance.credited == 0
         # The rejected prompts were queued again; honest work on them is accepted.
-        last = (await pull_and_commit(good, honest)).commitment
+        last = (await pull_and_commit(good, honest, tokenizer=True)).commitment
         if last.state == commitment_pb2.Commitment.STATE_PENDING:
             await judge_next_job(validator, accept=True)
         # The trainer's stream carries accepted work only: everything up to the last accepted
@@ -460,7 +460,7 @@ async def test_only_the_coordinators_token_counts_are_shown(
             prefill_tokens=sum(len(r.prompt_token_ids) for r in work.rollouts),
             decode_tokens=sum(len(r.completion_token_ids) for r in work.rollouts),
         )
-        assert counted.prefill_tokens == 6
+        assert counted.prefill_tokens == 6  # make_work's three made-up prompt tokens, twice
         assert submitted.commitment.claimed_work == counted
         read = await client.commitments.get_commitment(
             commitment_service_pb2.GetCommitmentRequest(

@@ -4,7 +4,6 @@ FAILED, stale fencing tokens refused, FailTask requeues, long polls wake when wo
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -31,7 +30,6 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Node, Task
-from rollnet.ledger.nonces import claim_nonces
 from rollnet.reference.coordinator import context as context_module
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import GroupCommitWriter
@@ -165,7 +163,7 @@ async def test_expiry_requeues_then_fails_and_stale_submits_are_refused(
         with pytest.raises(RollnetError) as refused:
             await upload_and_commit(other, rescuer, make_work(rescuer, second.task, second.lease))
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        # The lease ran out (the task FAILED since): its deadline passed, as docs/protocol.md says.
+        # The task is FAILED because its lease ran out: expired, as before the sweep.
         assert refused.value.reason == ErrorReason.LEASE_EXPIRED
     finally:
         for c in (trainer, slow, other):
@@ -231,10 +229,7 @@ async def test_a_repeated_pull_request_id_returns_the_same_lease(
         monkeypatch.undo()
         assert first.HasField("lease")
         # The lease and the record of its answer are one transaction (no second one to store).
-        # (The call's nonce is recorded in a transaction of its own, shared by concurrent calls.)
-        assert [n for n in transactions if "sweep" not in n and n != "claim_nonces"] == [
-            "PullBatcher._work"
-        ]
+        assert [name for name in transactions if "sweep" not in name] == ["PullBatcher._work"]
         # The answer was lost, say: the retry gets the same lease, and leases nothing more.
         repeat = await client.tasks.pull_task(request)
         assert repeat == first
@@ -259,7 +254,7 @@ async def test_a_repeated_pull_request_id_returns_the_same_lease(
 
 
 async def test_pulls_that_queue_together_lease_in_one_transaction(
-    coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
+    coordinator: Coordinator, trainer_identity: Identity
 ) -> None:
     """Pulls waiting on the writer go together; each still gets its own answer."""
     trainer = await _trainer(coordinator, trainer_identity)
@@ -284,7 +279,6 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
         before = (leases.batches, leases.pulls)
         if writer is not None:
             # Hold the writer so that the pulls below queue up behind it.
-            _nonces_past_the_writer(coordinator, monkeypatch)
             blocker = await _hold(writer, released)
         same = task_service_pb2.PullTaskRequest(request_id="same-id", wait=Duration(seconds=0))
         calls = [
@@ -357,7 +351,7 @@ async def test_pulls_that_queue_together_lease_in_one_transaction(
 # PostgreSQL leases each pull in a transaction of its own: no batches to test there.
 @sqlite_only
 async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
-    coordinator: Coordinator, trainer_identity: Identity, monkeypatch: pytest.MonkeyPatch
+    coordinator: Coordinator, trainer_identity: Identity
 ) -> None:
     writer = coordinator.ctx.group_commit
     assert writer is not None
@@ -370,7 +364,6 @@ async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
         await register(leaves, leaving, common_pb2.ROLE_WORKER)
         await request_tasks(trainer, 2)
         leases = coordinator.dispatcher.leases
-        _nonces_past_the_writer(coordinator, monkeypatch)
         blocker = await _hold(writer, released)
         kept = asyncio.ensure_future(pull(stays, wait=0))
         # The first pull's batch waits behind the blocker in the writer's queue.
@@ -484,7 +477,6 @@ async def test_a_batch_that_fails_is_retried_pull_by_pull(
         await request_tasks(trainer, 5)
         monkeypatch.setattr(context_module.idempotency, "store", failing_store)
         monkeypatch.setattr(leases, "_lease_batch", recording)
-        _nonces_past_the_writer(coordinator, monkeypatch)
         blocker = await _hold(writer, released)
         first = asyncio.ensure_future(pull(clients[0], wait=0))
         await wait_until(lambda: _true(writer._queue.qsize() == 1), what="a pull with the writer")
@@ -578,23 +570,6 @@ async def test_a_pull_with_an_absurd_environment_filter_is_refused(
         assert not fine.HasField("lease")
     finally:
         await client.close()
-
-
-def _nonces_past_the_writer(coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Record calls' nonces without the writer, for tests that hold it to queue pulls.
-
-    Every verified call records its nonce in a write of its own before its handler runs
-    (tests/coordinator/test_coordinator_replays.py); with the writer held, the pulls these tests
-    queue would wait there instead of in the pull batcher they are about.
-    """
-    run_in_transaction = coordinator.ctx.run_in_transaction
-
-    async def nonces_first(work: Callable[[Session], Any], **options: Any) -> Any:
-        if isinstance(work, functools.partial) and work.func is claim_nonces:
-            return set(work.keywords["nonces"])
-        return await run_in_transaction(work, **options)
-
-    monkeypatch.setattr(coordinator.ctx, "run_in_transaction", nonces_first)
 
 
 async def _hold(writer: GroupCommitWriter, released: threading.Event) -> asyncio.Future[Any]:

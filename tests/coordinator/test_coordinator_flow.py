@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import blake3
+import coordinator_testing
 import grpc
 import pytest
 from google.protobuf import duration_pb2, unknown_fields
@@ -98,15 +99,22 @@ HOSTILE_EXTRA = b"hostile worker's extra field"
 
 
 async def do_task(
-    client: RollnetClient, worker: Identity, unknown: bytes = b""
+    client: RollnetClient, worker: Identity, unknown: bytes = b"", *, tokenizer: bool = False
 ) -> tuple[commitment_service_pb2.SubmitCommitmentResponse, int]:
     """Lease a task and commit honest-looking work; ``unknown`` is appended, as fields the schema
-    does not define, to every rollout and to its claimed reward (a sub-message)."""
+    does not define, to every rollout and to its claimed reward (a sub-message). Prompts are
+    three made-up tokens, or with ``tokenizer`` encoded as a worker would
+    (coordinator_testing.honest_prompt_ids, for a checkpoint published with its tokenizer)."""
     pulled = await client.tasks.pull_task(
         task_service_pb2.PullTaskRequest(wait=duration_pb2.Duration(seconds=5))
     )
     assert pulled.HasField("task"), "a task was queued, the pull must lease it"
     task, lease = pulled.task, pulled.lease
+    prompts = (
+        coordinator_testing.honest_prompt_ids(task)
+        if tokenizer
+        else [[1, 2, 3]] * len(task.prompt_ids)
+    )
     rollouts = []
     for prompt_index, prompt_id in enumerate(task.prompt_ids):
         for sample in range(task.samples_per_prompt):
@@ -114,7 +122,7 @@ async def do_task(
                 prompt_index=prompt_index,
                 prompt_id=prompt_id,
                 sample_index=sample,
-                prompt_token_ids=[1, 2, 3],
+                prompt_token_ids=prompts[prompt_index],
                 completion_token_ids=[4, 5, 0],
                 behaviour_logprobs=[-0.1, -0.2, -0.3],
                 sampling_seed=7 + sample,
@@ -150,7 +158,8 @@ async def do_task(
             for r in rollouts
         ],
         claimed_work=commitment_pb2.WorkClaim(
-            prefill_tokens=3 * len(rollouts), decode_tokens=3 * len(rollouts)
+            prefill_tokens=sum(len(r.prompt_token_ids) for r in rollouts),
+            decode_tokens=3 * len(rollouts),
         ),
         binding_digest=batch_binding_digest(
             NETWORK,
@@ -425,7 +434,9 @@ async def test_a_reject_is_slashed_the_work_over_its_check_probability(
     trainer, validator, client = (connect(coordinator, i) for i in identities)
     try:
         await register_roles((trainer, validator, client), identities)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await coordinator_testing.publish_checkpoint(
+            trainer, trainer_identity, step=1, tokenizer=True
+        )
         await trainer.rollouts.request_rollouts(
             rollout_service_pb2.RequestRolloutsRequest(
                 rollout_step=1,
@@ -436,10 +447,12 @@ async def test_a_reject_is_slashed_the_work_over_its_check_probability(
                 prompts_per_task=2,
             )
         )
-        _, count = await do_task(client, worker)
+        submitted, count = await do_task(client, worker, tokenizer=True)
         await reject_next_job(validator, "TOKEN_NOT_SAMPLED")
         balance = await client.ledger.get_balance(ledger_service_pb2.GetBalanceRequest())
-        work = 6 * count * 2  # (3 prompt + 3 completion tokens) x 2 MFLOPs per rollout
+        claimed = submitted.commitment.claimed_work  # the coordinator's count of the batch
+        assert claimed.decode_tokens == 3 * count
+        work = (claimed.prefill_tokens + claimed.decode_tokens) * 2  # x 2 MFLOPs per token
         assert balance.slashed == 4 * work
     finally:
         for c in (trainer, validator, client):

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from coordinator_testing import NETWORK, connect, register
+from google.protobuf import duration_pb2
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -18,13 +19,18 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_once
 from rollnet.sdk import ErrorReason, Identity, RequestSigner, RollnetError, from_rpc_error
 from rollnet.sdk.methods import method_path
-from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
+from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, task_service_pb2
 
 #: Calls whose replay matters: a heartbeat (deferred to the heartbeat batch), a read, and a
 #: DeregisterNode without request_id (a replay deregistered its victim again).
 CAPTURED = (
     (method_path("NodeService", "Heartbeat"), node_service_pb2.HeartbeatRequest()),
     (method_path("NodeService", "GetNode"), node_service_pb2.GetNodeRequest()),
+    # Deferred to the pull's batch transaction: a replay leases nothing.
+    (
+        method_path("TaskService", "PullTask"),
+        task_service_pb2.PullTaskRequest(wait=duration_pb2.Duration(nanos=1_000_000)),
+    ),
     (method_path("NodeService", "DeregisterNode"), node_service_pb2.DeregisterNodeRequest()),
 )
 

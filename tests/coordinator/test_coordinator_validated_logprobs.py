@@ -142,7 +142,7 @@ async def swarm(
         await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
         await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
         await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
         yield Swarm(trainer, validator, client, worker, engine)
     finally:
         engine.dispose()
@@ -157,11 +157,11 @@ async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Swarm) -> Non
     # Job 1 with the validator's log-probabilities; values a float32 holds exactly, so the
     # stream must give back these very numbers.
     sent = [[-0.5, -0.25, -0.0], [-1.5, -2.0, -3.125]]
-    await pull_and_commit(client, worker)
+    await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
     await validator.validation.submit_verdict(verdict_on(job, logprobs(*sent)))
     # Job 2 accepted without them (a validator predating the field): recorded all the same.
-    await pull_and_commit(client, worker)
+    await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
     await validator.validation.submit_verdict(verdict_on(job, []))
     rollouts = await streamed(trainer, 4)
@@ -181,7 +181,7 @@ async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
 ) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1, samples_per_prompt=2)
-    await pull_and_commit(client, worker)
+    await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
     good = [-0.5] * TOKENS
     cases: list[tuple[list[validation_pb2.ValidatedLogprobs], str, str]] = [
@@ -246,7 +246,7 @@ async def test_a_commitment_stored_without_its_record_is_measured_from_its_batch
     # Commitments stored before migration 0003 have no record to read the lengths from.
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1, samples_per_prompt=2)
-    await pull_and_commit(client, worker)
+    await pull_and_commit(client, worker, tokenizer=True)
     with engine.begin() as conn:
         conn.execute(update(Commitment).values(record=None))
     job = await pull_job(validator)
@@ -268,7 +268,7 @@ async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Swarm) -
     validated: set[str] = set()
     unchecked: set[str] = set()
     for _ in range(12):
-        commitment = (await pull_and_commit(client, worker)).commitment
+        commitment = (await pull_and_commit(client, worker, tokenizer=True)).commitment
         if commitment.state == commitment_pb2.Commitment.STATE_PENDING:
             job = await pull_job(validator)
             await validator.validation.submit_verdict(verdict_on(job, logprobs([-0.75] * TOKENS)))
@@ -292,7 +292,7 @@ async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Swarm) -
 async def test_a_retried_verdict_gets_the_stored_answer(swarm: Swarm) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1)
-    await pull_and_commit(client, worker)
+    await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
     request = verdict_on(job, logprobs([-0.5, -0.5, -0.5]))
     request.request_id = "verdict-1"
@@ -315,7 +315,7 @@ async def test_a_task_whose_verdict_could_not_be_delivered_is_refused(
     trainer = connect(coordinator.address, trainer_identity)
     try:
         await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
 
         def demand(samples: int) -> rollout_service_pb2.RequestRolloutsRequest:
             return rollout_service_pb2.RequestRolloutsRequest(

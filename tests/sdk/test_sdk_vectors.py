@@ -31,6 +31,7 @@ from rollnet.sdk import (
     signed_bytes,
     verify_signature,
 )
+from rollnet.sdk.broadcast.delta import apply_delta
 from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN, verify_checkpoint
 from rollnet.sdk.commitments import batch_binding_digest, receipt_message, verify_receipt
 from rollnet.sdk.identity import b64url_decode
@@ -334,3 +335,30 @@ def test_error_details_decode(vectors: dict[str, Any]) -> None:
         assert status.details[0].Unpack(info)
         assert info.domain == "rollnet"
         assert info.reason == case["status"]["details"][0]["reason"]
+
+
+def test_checkpoint_delta(vectors: dict[str, Any], tmp_path: Path) -> None:
+    """The delta vector rebuilds step 8's file from step 7's, and its manifest signs it."""
+    case = vectors["checkpoint_delta"]
+    manifest = json_format.ParseDict(case["manifest"], checkpoint_pb2.CheckpointManifest())
+    data = manifest.SerializeToString(deterministic=True)
+    assert data.hex() == case["manifest_bytes"]
+    trainer = Identity.from_seed(
+        bytes.fromhex(vectors["checkpoint_manifest"]["trainer_private_key_seed"])
+    )
+    checkpoint = checkpoint_pb2.Checkpoint(
+        manifest=data,
+        signature=bytes.fromhex(case["signature"]),
+        trainer_public_key=trainer.public_key,
+        step=manifest.step,
+    )
+    entry = verify_checkpoint(checkpoint, network_id=manifest.network_id).files[0]
+    base, delta = tmp_path / "base", tmp_path / "delta"
+    base.write_bytes(bytes.fromhex(case["base"]))
+    delta.write_bytes(bytes.fromhex(case["delta"]))
+    assert blake3.blake3(base.read_bytes()).digest() == entry.delta.base.blake3
+    assert blake3.blake3(delta.read_bytes()).digest() == entry.delta.content.blake3
+    apply_delta(base, delta, tmp_path / "out", size=entry.content.size)
+    rebuilt = (tmp_path / "out").read_bytes()
+    assert rebuilt.hex() == case["target"]
+    assert blake3.blake3(rebuilt).digest() == entry.content.blake3

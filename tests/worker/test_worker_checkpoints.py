@@ -196,3 +196,10 @@ async def test_the_store_applies_the_path_rule_before_writing_anything(
         assert f"{violation['field']}: {violation['description']}" in str(refused.value)
     assert not root.exists(), "nothing was written"
     assert source.fetched == [], "nothing was downloaded"
+
+
+async def test_an_empty_file_is_written_empty(tmp_path: Path) -> None:
+    source, trainer = MemoryShards(), Identity.generate()
+    checkpoint = make_checkpoint(source, trainer, 1, {"empty.txt": b"", **FILES})
+    directory = await CheckpointStore(tmp_path, network_id=NETWORK).ensure(checkpoint, source)
+    assert (directory / "empty.txt").read_bytes() == b""

@@ -4,11 +4,13 @@ lease the coordinator declares invalid cancels its generation."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 from worker_testing import (
     Ledger,
     connect,
@@ -23,14 +25,33 @@ from worker_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.envs.registry import load_environment
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.reference.model.tokenizer import build_char_tokenizer
+from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
 from rollnet.v1 import rollout_pb2, task_pb2, task_service_pb2
 
 
+@functools.cache
+def _tiny_tokenizer() -> CheckpointTokenizer:
+    # The tiny model's tokenizer.json is the character tokenizer (model/tokenizer.py).
+    return CheckpointTokenizer(build_char_tokenizer())
+
+
+def prompt_ids_of(task: task_pb2.Task) -> list[list[int]]:
+    """The task's prompts as a worker encodes them with the tiny model's tokenizer: what the
+    coordinator recorded as their lengths when it made the task."""
+    environment = load_environment(
+        task.environment, json_format.MessageToDict(task.environment_config)
+    )
+    return [encode_problem(_tiny_tokenizer(), environment.prompt(int(p))) for p in task.prompt_ids]
+
+
 class EchoGenerator(RolloutGenerator):
-    """Rollouts without a model (the coordinator checks bindings, not proofs). With
-    ``hold_first``, the first lease is held until the runtime cancels it."""
+    """Rollouts without a model (the coordinator checks bindings and prompt lengths, not
+    proofs). With ``hold_first``, the first lease is held until the runtime cancels it."""
 
     def __init__(self, *, hold_first: bool = False) -> None:
         self.hold_first = hold_first
@@ -44,12 +65,13 @@ class EchoGenerator(RolloutGenerator):
             while not lease.cancelled:  # noqa: ASYNC110 - the flag is set from another thread
                 await asyncio.sleep(0.02)
             raise LeaseLost(lease.cancel_reason)
+        prompts = prompt_ids_of(task)
         return [
             rollout_pb2.Rollout(
                 prompt_index=index // task.samples_per_prompt,
                 prompt_id=task.prompt_ids[index // task.samples_per_prompt],
                 sample_index=index % task.samples_per_prompt,
-                prompt_token_ids=[5, 6, 7],
+                prompt_token_ids=prompts[index // task.samples_per_prompt],
                 completion_token_ids=[8, 0],
                 behaviour_logprobs=[-0.5, -0.1],
                 sampling_seed=lease.sampling_seed(index),

@@ -13,10 +13,13 @@ pass), counted from the safetensors headers alone, so publishing never loads tor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import struct
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +28,7 @@ import blake3
 from google.protobuf import timestamp_pb2
 
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.broadcast.delta import encode_delta
 from rollnet.sdk.checkpoints import checkpoint_path_violations
 from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
@@ -167,23 +171,62 @@ def sign_manifest(identity: Identity, manifest: bytes) -> bytes:
     return identity.sign(CHECKPOINT_DOMAIN + manifest)
 
 
-async def publish_model_dir(
-    client: RollnetClient,
-    identity: Identity,
+@dataclass(frozen=True, slots=True)
+class DeltaBase:
+    """The previous published step's model directory: files are also shipped as deltas
+    against it (:mod:`rollnet.sdk.broadcast.delta`)."""
+
+    step: int
+    model_dir: Path
+
+
+def origin_blob_path(origin_dir: Path, digest: bytes) -> Path:
+    """Where an origin directory keeps a blob (``rollnet relay --origin DIR`` serves it)."""
+    return origin_dir / "blobs" / digest.hex()
+
+
+def write_origin_blob(origin_dir: Path, data: bytes, digest: bytes | None = None) -> bytes:
+    """Store ``data`` in an origin directory under its BLAKE3 digest (``digest`` when the
+    caller has it already); returns the digest."""
+    if digest is None:
+        digest = blob_digest(data)
+    path = origin_blob_path(origin_dir, digest)
+    if path.is_file() and path.stat().st_size == len(data):
+        return digest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{digest.hex()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return digest
+
+
+BlobSink = Callable[[bytes, bytes], Awaitable[bool]]
+"""Stores one blob (a shard), given with its BLAKE3 digest; returns whether it was already
+stored."""
+
+
+def blob_digest(data: bytes) -> bytes:
+    """BLAKE3 of a blob (several threads for a large one)."""
+    threads = blake3.blake3.AUTO if len(data) >= 1 << 20 else 1
+    return bytes(blake3.blake3(data, max_threads=threads).digest())
+
+
+async def build_manifest(
     model_dir: Path,
     step: int,
     network_id: str,
+    sink: BlobSink,
     *,
     shard_size: int = DEFAULT_SHARD_SIZE,
     created_at: datetime | None = None,
-) -> PublishedCheckpoint:
-    """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
-
-    ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
-    in memory at a time. ``created_at`` defaults to the newest modification time of the files,
-    so republishing an unchanged directory at the same step builds the identical manifest, which
-    the coordinator accepts again (its shards are already stored).
-    """
+    delta_base: DeltaBase | None = None,
+) -> tuple[checkpoint_pb2.CheckpointManifest, PublishCounts]:
+    """Cut ``model_dir`` into shards, hand each to ``sink``, and describe them in a manifest
+    (unsigned). ``delta_base``: the previous step's directory; each file it has too is also
+    described as a delta against it (``CheckpointFile.delta``) when the delta is less than half
+    the file. ``created_at`` defaults to the newest modification time of the files."""
+    if delta_base is not None and delta_base.step >= step:
+        raise CheckpointDirError(f"delta base step {delta_base.step} is not before step {step}")
     files = model_files(model_dir)
     manifest = checkpoint_pb2.CheckpointManifest(
         step=step, network_id=network_id, flops_per_token=flops_per_token(files)
@@ -194,21 +237,102 @@ async def publish_model_dir(
         created_at = datetime.fromtimestamp(newest // 1000 / 1e6, tz=UTC)
     stamp.FromDatetime(created_at)
     manifest.created_at.CopyFrom(stamp)
-    uploaded = already = sent_bytes = 0
-    for path in files:
-        whole = blake3.blake3()
-        entry = checkpoint_pb2.CheckpointFile(path=path.relative_to(model_dir).as_posix())
+    counts = PublishCounts()
+
+    async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
+        whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        refs = []
         total = 0
         for shard, data in _file_shards(path, shard_size):
-            whole.update(data)
             total += shard.size
-            stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-            uploaded += 1
-            already += int(stored.already_present)
-            sent_bytes += shard.size
-            entry.shards.append(common_pb2.BlobRef(blake3=stored.blob.blake3, size=shard.size))
-        entry.content.CopyFrom(common_pb2.BlobRef(blake3=whole.digest(), size=total))
+            digest = await asyncio.to_thread(_hash_shard, whole, data)
+            already = await sink(data, digest)
+            counts.shards += 1
+            counts.already_present += int(already)
+            counts.bytes += shard.size
+            refs.append(common_pb2.BlobRef(blake3=digest, size=shard.size))
+        return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
+
+    for path in files:
+        relative = path.relative_to(model_dir).as_posix()
+        shards, content = await store(path)
+        entry = checkpoint_pb2.CheckpointFile(path=relative, content=content, shards=shards)
+        if delta_base is not None:
+            delta = await _delta_entry(delta_base, relative, path, store)
+            if delta is not None:
+                entry.delta.CopyFrom(delta)
+                counts.delta_bytes += delta.content.size
         manifest.files.append(entry)
+    return manifest, counts
+
+
+@dataclass(slots=True)
+class PublishCounts:
+    """What :func:`build_manifest` handed to its sink."""
+
+    shards: int = 0
+    already_present: int = 0
+    bytes: int = 0
+    delta_bytes: int = 0
+    """Bytes of the deltas among them."""
+
+
+def _hash_shard(whole: blake3.blake3, data: bytes) -> bytes:
+    """Add a shard to its file's digest and return the shard's own (off the event loop)."""
+    whole.update(data)
+    return blob_digest(data)
+
+
+def signed_checkpoint(
+    identity: Identity, manifest: checkpoint_pb2.CheckpointManifest
+) -> checkpoint_pb2.Checkpoint:
+    """``manifest`` serialized and signed by the trainer ``identity`` (not yet published)."""
+    data = manifest.SerializeToString(deterministic=True)
+    return checkpoint_pb2.Checkpoint(
+        manifest=data,
+        signature=sign_manifest(identity, data),
+        trainer_public_key=identity.public_key,
+        step=manifest.step,
+    )
+
+
+async def publish_model_dir(
+    client: RollnetClient,
+    identity: Identity,
+    model_dir: Path,
+    step: int,
+    network_id: str,
+    *,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    created_at: datetime | None = None,
+    delta_base: DeltaBase | None = None,
+    origin_dir: Path | None = None,
+) -> PublishedCheckpoint:
+    """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
+
+    ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
+    in memory at a time. ``created_at`` defaults to the newest modification time of the files,
+    so republishing an unchanged directory at the same step builds the identical manifest, which
+    the coordinator accepts again (its shards are already stored). ``delta_base``: see
+    :func:`build_manifest`. ``origin_dir``: also write every blob there, for
+    ``rollnet relay --origin DIR``.
+    """
+
+    async def sink(data: bytes, digest: bytes) -> bool:
+        stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        if origin_dir is not None:
+            await asyncio.to_thread(write_origin_blob, origin_dir, data, digest)
+        return bool(stored.already_present)
+
+    manifest, counts = await build_manifest(
+        model_dir,
+        step,
+        network_id,
+        sink,
+        shard_size=shard_size,
+        created_at=created_at,
+        delta_base=delta_base,
+    )
     manifest_bytes = manifest.SerializeToString(deterministic=True)
     published = await client.checkpoints.publish_checkpoint(
         checkpoint_service_pb2.PublishCheckpointRequest(
@@ -218,7 +342,35 @@ async def publish_model_dir(
     return PublishedCheckpoint(
         checkpoint=published.checkpoint,
         manifest=manifest,
-        shards_uploaded=uploaded,
-        shards_already_present=already,
-        bytes_uploaded=sent_bytes,
+        shards_uploaded=counts.shards,
+        shards_already_present=counts.already_present,
+        bytes_uploaded=counts.bytes,
+    )
+
+
+async def _delta_entry(
+    base: DeltaBase,
+    relative: str,
+    path: Path,
+    store: Callable[[Path], Awaitable[tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]]],
+) -> checkpoint_pb2.CheckpointDelta | None:
+    """The delta of one file against its namesake in ``base``, if it is worth shipping."""
+    base_file = base.model_dir / relative
+    if not base_file.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="rollnet-delta-") as scratch:
+        delta_file = Path(scratch) / "delta"
+        stats = await asyncio.to_thread(encode_delta, base_file, path, delta_file)
+        if stats.delta_bytes * 2 > stats.size:
+            return None
+        shards, content = await store(delta_file)
+    base_digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if base_file.stat().st_size:
+        base_digest.update_mmap(base_file)
+    return checkpoint_pb2.CheckpointDelta(
+        base_step=base.step,
+        base=common_pb2.BlobRef(blake3=base_digest.digest(), size=base_file.stat().st_size),
+        content=content,
+        shards=shards,
+        encoding=checkpoint_pb2.DELTA_ENCODING_SPARSE_ZSTD_V1,
     )

@@ -11,28 +11,33 @@ verbatim in ``Checkpoint.manifest``. Nothing is trusted before it is checked:
 * :class:`CheckpointStore` downloads each shard, checks its BLAKE3 digest and size, checks each
   whole file's digest, and only then renames the directory into place, so a directory it returns
   is always complete and verified. It keeps the newest ``keep`` versions (``async_level + 1``).
+  A file whose manifest entry carries a delta against a step the store holds is rebuilt from
+  that step's file and the (much smaller) delta (:mod:`rollnet.sdk.broadcast.delta`); the result
+  must match the signed digest, else the full shards are fetched.
 
 The publishing side is ``rollnet.reference.checkpoints.publish_model_dir``.
-Shards come from the coordinator's ``BlobService`` today; a relay client can be passed instead
-through the :class:`ShardSource` protocol.
+Shards come from the coordinator's ``BlobService`` (:class:`BlobServiceShards`) or from a tree
+of relays (:class:`rollnet.sdk.broadcast.RelayShards`), both of them a :class:`ShardSource`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import blake3
 from google.protobuf.message import DecodeError
 
+from rollnet.sdk.broadcast.delta import DeltaError, apply_delta
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, common_pb2
 
@@ -43,6 +48,9 @@ CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
 """Prefix of the bytes a trainer signs: ``CHECKPOINT_DOMAIN + manifest``."""
 
 _STEP_PREFIX = "step-"
+_MANIFEST_NAME = ".manifest.pb"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointVerificationError(Exception):
@@ -56,6 +64,15 @@ class ShardSource(Protocol):
         """The shard's bytes (the store verifies them)."""
 
 
+@runtime_checkable
+class StepHinted(Protocol):
+    """A :class:`ShardSource` that likes to know which checkpoint step the next shards belong
+    to (relays keep versions together by it). A hint only: nothing depends on it."""
+
+    def hint_step(self, step: int) -> None:
+        """The shards asked for next are the checkpoint of ``step``."""
+
+
 @dataclass(frozen=True)
 class BlobServiceShards:
     """A :class:`ShardSource` reading shards from the coordinator's ``BlobService``."""
@@ -65,6 +82,32 @@ class BlobServiceShards:
     async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """Download one shard through ``GetBlob``."""
         return await self.client.blobs.download(shard.blake3)
+
+
+@dataclass(frozen=True)
+class FallbackShards:
+    """A :class:`ShardSource` asking ``primary`` (relays) first and ``fallback`` (the
+    coordinator's blob service) for a shard ``primary`` could not deliver. Both are checked
+    by the store alike."""
+
+    primary: ShardSource
+    fallback: ShardSource
+
+    def hint_step(self, step: int) -> None:
+        """Pass the hint on to whichever source takes it."""
+        for source in (self.primary, self.fallback):
+            if isinstance(source, StepHinted):
+                source.hint_step(step)
+
+    async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard from ``primary``, else from ``fallback``."""
+        try:
+            return await self.primary.fetch_shard(shard)
+        except Exception as error:  # whatever failed among the relays, the fallback may serve
+            log.warning(
+                "relay_shard_fallback", extra={"blake3": shard.blake3.hex(), "error": str(error)}
+            )
+            return await self.fallback.fetch_shard(shard)
 
 
 def verify_checkpoint(
@@ -105,7 +148,26 @@ def verify_checkpoint(
     for item in manifest.files:
         if sum(s.size for s in item.shards) != item.content.size:
             raise CheckpointVerificationError(f"{item.path}: shard sizes do not add up")
+        if item.HasField("delta") and (
+            sum(s.size for s in item.delta.shards) != item.delta.content.size
+            or item.delta.base_step >= manifest.step
+        ):
+            raise CheckpointVerificationError(f"{item.path}: delta is inconsistent")
     return manifest
+
+
+def manifest_blobs(
+    manifest: checkpoint_pb2.CheckpointManifest,
+) -> list[tuple[str, common_pb2.BlobRef]]:
+    """Every blob a manifest refers to, as ``(where, BlobRef)``: each file's shards, then its
+    delta's shards (``where`` is the file path, with `` (delta)`` for the latter). What a
+    coordinator must hold before recording the manifest and must keep while it is published."""
+    found: list[tuple[str, common_pb2.BlobRef]] = []
+    for item in manifest.files:
+        found.extend((item.path, shard) for shard in item.shards)
+        if item.HasField("delta"):
+            found.extend((f"{item.path} (delta)", shard) for shard in item.delta.shards)
+    return found
 
 
 MAX_CHECKPOINT_FILES = 4096
@@ -264,6 +326,8 @@ class CheckpointStore:
         keep: int = 3,
         trusted_trainer_keys: Collection[bytes] | None = None,
         concurrency: int = 4,
+        progress: Callable[[int, int], None] | None = None,
+        relays: ShardSource | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -272,6 +336,15 @@ class CheckpointStore:
         self.keep = keep
         self.trusted_trainer_keys = trusted_trainer_keys
         self.concurrency = concurrency
+        self.progress = progress
+        """Called with (bytes done, bytes in all) as a download advances."""
+        self.relays = relays
+        """Asked first for every shard, the source given to :meth:`ensure` after it fails
+        (:class:`FallbackShards`)."""
+        self.delta_files = 0
+        """Files this store built by applying a delta."""
+        self.full_files = 0
+        """Files this store fetched whole."""
         self._locks: dict[int, asyncio.Lock] = {}
 
     def path(self, step: int) -> Path | None:
@@ -291,7 +364,10 @@ class CheckpointStore:
         return sorted(found)
 
     async def ensure(self, checkpoint: checkpoint_pb2.Checkpoint, source: ShardSource) -> Path:
-        """Verify ``checkpoint``, download what is missing, and return its directory."""
+        """Verify ``checkpoint``, download what is missing, and return its directory.
+
+        With ``relays`` set, shards come from them and ``source`` only for what they cannot
+        deliver."""
         manifest = verify_checkpoint(
             checkpoint,
             network_id=self.network_id,
@@ -302,6 +378,10 @@ class CheckpointStore:
             existing = self.path(manifest.step)
             if existing is not None:
                 return existing
+            if self.relays is not None:
+                source = FallbackShards(self.relays, source)
+            if isinstance(source, StepHinted):
+                source.hint_step(manifest.step)
             final = await self._download(manifest, source)
         self.prune(protect=manifest.step)
         return final
@@ -313,30 +393,138 @@ class CheckpointStore:
         partial = self.root / f".partial-{_STEP_PREFIX}{manifest.step}"
         partial.mkdir(exist_ok=True)
         limit = asyncio.Semaphore(self.concurrency)
+        total = sum(item.content.size for item in manifest.files)
+        self._report(0, total)
+        done = 0
+
+        def advance(size: int) -> None:
+            nonlocal done
+            done += size
+            self._report(done, total)
 
         async def fetch(shard: common_pb2.BlobRef) -> bytes:
             async with limit:
                 data = await source.fetch_shard(shard)
-            if len(data) != shard.size or blake3.blake3(data).digest() != shard.blake3:
+            if len(data) != shard.size or (
+                await asyncio.to_thread(_digest_of_bytes, data) != shard.blake3
+            ):
                 raise CheckpointVerificationError(
                     f"shard {shard.blake3.hex()} does not match its digest and size"
                 )
             return data
 
-        for item in manifest.files:
+        async def assemble(
+            shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
+        ) -> None:
+            # Shards are written at their offsets as they arrive, so a file never sits in memory
+            # whole; the caller checks the whole file's digest afterwards.
+            offsets = []
+            position = 0
+            for shard in shards:
+                offsets.append(position)
+                position += shard.size
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+
+                async def place(shard: common_pb2.BlobRef, offset: int) -> None:
+                    data = await fetch(shard)
+                    await asyncio.to_thread(os.pwrite, descriptor, data, offset)
+                    if count:
+                        advance(len(data))
+
+                await asyncio.gather(*(place(s, o) for s, o in zip(shards, offsets, strict=True)))
+                os.ftruncate(descriptor, sum(s.size for s in shards))
+            finally:
+                os.close(descriptor)
+
+        async def full(item: checkpoint_pb2.CheckpointFile, target: Path) -> None:
+            tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
+            try:
+                await assemble(item.shards, tmp, count=True)
+                if await asyncio.to_thread(_digest_of, tmp) != item.content.blake3:
+                    raise CheckpointVerificationError(f"{item.path}: file digest does not match")
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+        async def one(item: checkpoint_pb2.CheckpointFile) -> None:
             target = partial / item.path
-            if target.is_file() and _file_matches(target, item.content):
-                continue
-            shards = await asyncio.gather(*(fetch(shard) for shard in item.shards))
-            content = b"".join(shards)
-            if blake3.blake3(content).digest() != item.content.blake3:
-                raise CheckpointVerificationError(f"{item.path}: file digest does not match")
+            if target.is_file() and await asyncio.to_thread(_file_matches, target, item.content):
+                advance(item.content.size)
+                return
             target.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(target, content)
+            base = self._delta_base(item)
+            if base is not None:
+                try:
+                    await self._apply_delta(item, base, target, assemble)
+                    self.delta_files += 1
+                    advance(item.content.size)
+                    return
+                except (CheckpointVerificationError, DeltaError, OSError) as error:
+                    # A delta that does not reproduce the signed file costs its bytes, never a
+                    # wrong file: the full shards are fetched instead.
+                    log.warning(
+                        "checkpoint_delta_failed", extra={"path": item.path, "error": str(error)}
+                    )
+            await full(item, target)
+            self.full_files += 1
+
+        await asyncio.gather(*(one(item) for item in manifest.files))
         final = self.root / f"{_STEP_PREFIX}{manifest.step}"
-        (partial / ".manifest.pb").write_bytes(manifest.SerializeToString())
+        (partial / _MANIFEST_NAME).write_bytes(manifest.SerializeToString())
         os.replace(partial, final)
         return final
+
+    def _report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
+
+    def _delta_base(self, item: checkpoint_pb2.CheckpointFile) -> Path | None:
+        """The stored base file of ``item``'s delta, when there is a usable delta and base."""
+        if (
+            not item.HasField("delta")
+            or item.delta.encoding != checkpoint_pb2.DELTA_ENCODING_SPARSE_ZSTD_V1
+        ):
+            return None
+        directory = self.path(item.delta.base_step)
+        if directory is None:
+            return None
+        # The stored manifest copy was written after every file of that step was verified, so
+        # it says what each file's digest is without reading the file again.
+        try:
+            stored = checkpoint_pb2.CheckpointManifest.FromString(
+                (directory / _MANIFEST_NAME).read_bytes()
+            )
+        except (OSError, DecodeError):
+            return None
+        for entry in stored.files:
+            if entry.path == item.path and entry.content == item.delta.base:
+                candidate = directory / item.path
+                return candidate if candidate.is_file() else None
+        return None
+
+    async def _apply_delta(
+        self,
+        item: checkpoint_pb2.CheckpointFile,
+        base: Path,
+        target: Path,
+        assemble: _Assemble,
+    ) -> None:
+        delta_file = target.with_name(f".{secrets.token_hex(8)}.delta")
+        tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
+        try:
+            await assemble(item.delta.shards, delta_file, count=False)
+            if await asyncio.to_thread(_digest_of, delta_file) != item.delta.content.blake3:
+                raise CheckpointVerificationError(f"{item.path}: delta digest does not match")
+            await asyncio.to_thread(apply_delta, base, delta_file, tmp, size=item.content.size)
+            if await asyncio.to_thread(_digest_of, tmp) != item.content.blake3:
+                raise CheckpointVerificationError(
+                    f"{item.path}: the delta does not reproduce the signed file"
+                )
+            os.replace(tmp, target)
+        finally:
+            delta_file.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
 
     def prune(self, *, protect: int | None = None) -> list[int]:
         """Delete all but the newest ``keep`` steps (never ``protect``); returns deleted steps."""
@@ -347,17 +535,27 @@ class CheckpointStore:
         return doomed
 
 
+class _Assemble(Protocol):
+    async def __call__(
+        self, shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
+    ) -> None: ...
+
+
+def _digest_of_bytes(data: bytes) -> bytes:
+    # BLAKE3 hashes large inputs on several threads.
+    threads = blake3.blake3.AUTO if len(data) >= 1 << 20 else 1
+    return bytes(blake3.blake3(data, max_threads=threads).digest())
+
+
+def _digest_of(path: Path) -> bytes:
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if path.stat().st_size:
+        hasher.update_mmap(path)
+    return hasher.digest()
+
+
 def _file_matches(path: Path, ref: common_pb2.BlobRef) -> bool:
-    data = path.read_bytes()
-    return len(data) == ref.size and blake3.blake3(data).digest() == ref.blake3
-
-
-def _write_atomically(path: Path, content: bytes) -> None:
-    # A short name of its own: the file's name may already be as long as names may be, and one
-    # starting with "." can be no manifest path's.
-    tmp = path.with_name(f".{secrets.token_hex(8)}.tmp")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)
+    return path.stat().st_size == ref.size and _digest_of(path) == ref.blake3
 
 
 __all__ = [
@@ -369,11 +567,14 @@ __all__ = [
     "BlobServiceShards",
     "CheckpointStore",
     "CheckpointVerificationError",
+    "FallbackShards",
     "PathViolation",
     "ShardSource",
+    "StepHinted",
     "checkpoint_file_count_error",
     "checkpoint_path_conflicts",
     "checkpoint_path_error",
     "checkpoint_path_violations",
+    "manifest_blobs",
     "verify_checkpoint",
 ]

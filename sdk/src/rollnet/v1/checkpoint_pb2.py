@@ -26,17 +26,21 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rollnet.v1 import common_pb2 as rollnet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/checkpoint.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\xdc\x01\n\x12\x43heckpointManifest\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\x12\x1d\n\nnetwork_id\x18\x02 \x01(\tR\tnetworkId\x12\x30\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x1a.rollnet.v1.CheckpointFileR\x05\x66iles\x12&\n\x0f\x66lops_per_token\x18\x04 \x01(\x04R\rflopsPerToken\x12\x39\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\"\x80\x01\n\x0e\x43heckpointFile\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\x12-\n\x07\x63ontent\x18\x02 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x07\x63ontent\x12+\n\x06shards\x18\x03 \x03(\x0b\x32\x13.rollnet.v1.BlobRefR\x06shards\"\xc7\x01\n\nCheckpoint\x12\x1a\n\x08manifest\x18\x01 \x01(\x0cR\x08manifest\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12,\n\x12trainer_public_key\x18\x03 \x01(\x0cR\x10trainerPublicKey\x12\x12\n\x04step\x18\x04 \x01(\x04R\x04step\x12=\n\x0cpublished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0bpublishedAtb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/checkpoint.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\"\xdc\x01\n\x12\x43heckpointManifest\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\x12\x1d\n\nnetwork_id\x18\x02 \x01(\tR\tnetworkId\x12\x30\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x1a.rollnet.v1.CheckpointFileR\x05\x66iles\x12&\n\x0f\x66lops_per_token\x18\x04 \x01(\x04R\rflopsPerToken\x12\x39\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\"\xb3\x01\n\x0e\x43heckpointFile\x12\x12\n\x04path\x18\x01 \x01(\tR\x04path\x12-\n\x07\x63ontent\x18\x02 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x07\x63ontent\x12+\n\x06shards\x18\x03 \x03(\x0b\x32\x13.rollnet.v1.BlobRefR\x06shards\x12\x31\n\x05\x64\x65lta\x18\x14 \x01(\x0b\x32\x1b.rollnet.v1.CheckpointDeltaR\x05\x64\x65lta\"\xea\x01\n\x0f\x43heckpointDelta\x12\x1b\n\tbase_step\x18\x01 \x01(\x04R\x08\x62\x61seStep\x12\'\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x04\x62\x61se\x12-\n\x07\x63ontent\x18\x03 \x01(\x0b\x32\x13.rollnet.v1.BlobRefR\x07\x63ontent\x12+\n\x06shards\x18\x04 \x03(\x0b\x32\x13.rollnet.v1.BlobRefR\x06shards\x12\x35\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x19.rollnet.v1.DeltaEncodingR\x08\x65ncoding\"\xc7\x01\n\nCheckpoint\x12\x1a\n\x08manifest\x18\x01 \x01(\x0cR\x08manifest\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12,\n\x12trainer_public_key\x18\x03 \x01(\x0cR\x10trainerPublicKey\x12\x12\n\x04step\x18\x04 \x01(\x04R\x04step\x12=\n\x0cpublished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0bpublishedAt*R\n\rDeltaEncoding\x12\x1e\n\x1a\x44\x45LTA_ENCODING_UNSPECIFIED\x10\x00\x12!\n\x1d\x44\x45LTA_ENCODING_SPARSE_ZSTD_V1\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollnet.v1.checkpoint_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DELTAENCODING']._serialized_start=945
+  _globals['_DELTAENCODING']._serialized_end=1027
   _globals['_CHECKPOINTMANIFEST']._serialized_start=102
   _globals['_CHECKPOINTMANIFEST']._serialized_end=322
   _globals['_CHECKPOINTFILE']._serialized_start=325
-  _globals['_CHECKPOINTFILE']._serialized_end=453
-  _globals['_CHECKPOINT']._serialized_start=456
-  _globals['_CHECKPOINT']._serialized_end=655
+  _globals['_CHECKPOINTFILE']._serialized_end=504
+  _globals['_CHECKPOINTDELTA']._serialized_start=507
+  _globals['_CHECKPOINTDELTA']._serialized_end=741
+  _globals['_CHECKPOINT']._serialized_start=744
+  _globals['_CHECKPOINT']._serialized_end=943
 # @@protoc_insertion_point(module_scope)

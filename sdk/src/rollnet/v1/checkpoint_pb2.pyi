@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from rollnet.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +20,30 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DeltaEncoding:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeltaEncodingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeltaEncoding.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELTA_ENCODING_UNSPECIFIED: _DeltaEncoding.ValueType  # 0
+    """Not given (a node ignores the delta)."""
+    DELTA_ENCODING_SPARSE_ZSTD_V1: _DeltaEncoding.ValueType  # 1
+    """rollnet-delta-v1: changed elements' positions (gaps) and new values per tensor, byte-shuffled,
+    zstd-compressed.
+    """
+
+class DeltaEncoding(_DeltaEncoding, metaclass=_DeltaEncodingEnumTypeWrapper):
+    """Encodings of CheckpointDelta."""
+
+DELTA_ENCODING_UNSPECIFIED: DeltaEncoding.ValueType  # 0
+"""Not given (a node ignores the delta)."""
+DELTA_ENCODING_SPARSE_ZSTD_V1: DeltaEncoding.ValueType  # 1
+"""rollnet-delta-v1: changed elements' positions (gaps) and new values per tensor, byte-shuffled,
+zstd-compressed.
+"""
+Global___DeltaEncoding: _TypeAlias = DeltaEncoding  # noqa: Y015
 
 @_typing.final
 class CheckpointManifest(_message.Message):
@@ -76,6 +101,7 @@ class CheckpointFile(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Relative path inside the checkpoint directory under the canonical path rule (docs/protocol.md,
     "Checkpoint file paths"): "/"-separated names of A-Z a-z 0-9 . _ -, none starting or ending
@@ -89,20 +115,74 @@ class CheckpointFile(_message.Message):
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.BlobRef]:
         """The file's shards in order; their concatenation is the file."""
 
+    @_builtins.property
+    def delta(self) -> Global___CheckpointDelta:
+        """Optional: the same file as a lossless delta against the previous step's version of it. A
+        node holding that version may fetch the delta instead of the shards; applying it must
+        reproduce `content` exactly (nodes check the digest, and fetch the shards when it fails).
+        """
+
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         content: _common_pb2.BlobRef | None = ...,
         shards: _abc.Iterable[_common_pb2.BlobRef] | None = ...,
+        delta: Global___CheckpointDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "delta", b"delta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "path", b"path", "shards", b"shards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "delta", b"delta", "path", b"path", "shards", b"shards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointFile: _TypeAlias = CheckpointFile  # noqa: Y015
+
+@_typing.final
+class CheckpointDelta(_message.Message):
+    """A file's content as a delta against an earlier checkpoint's file (docs/broadcast.md, "Delta
+    format"). Covered by the manifest signature like every other field.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_STEP_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    ENCODING_FIELD_NUMBER: _builtins.int
+    base_step: _builtins.int
+    """The step whose file of the same path is the base."""
+    encoding: Global___DeltaEncoding.ValueType
+    """How the delta is encoded."""
+    @_builtins.property
+    def base(self) -> _common_pb2.BlobRef:
+        """Digest and size of that base file (a node applies the delta only to a file matching it)."""
+
+    @_builtins.property
+    def content(self) -> _common_pb2.BlobRef:
+        """Digest and size of the whole delta."""
+
+    @_builtins.property
+    def shards(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.BlobRef]:
+        """The delta's shards in order; their concatenation is the delta."""
+
+    def __init__(
+        self,
+        *,
+        base_step: _builtins.int = ...,
+        base: _common_pb2.BlobRef | None = ...,
+        content: _common_pb2.BlobRef | None = ...,
+        shards: _abc.Iterable[_common_pb2.BlobRef] | None = ...,
+        encoding: Global___DeltaEncoding.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "content", b"content"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "base_step", b"base_step", "content", b"content", "encoding", b"encoding", "shards", b"shards"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointDelta: _TypeAlias = CheckpointDelta  # noqa: Y015
 
 @_typing.final
 class Checkpoint(_message.Message):

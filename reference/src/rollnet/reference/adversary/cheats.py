@@ -71,7 +71,11 @@ CHEATS: dict[Cheat, CheatSpec] = {
         CheatSpec(Cheat.FP16_WEIGHTS, "toploc", "weights rounded to float16"),
         CheatSpec(Cheat.INT8_WEIGHTS, "toploc", "weights fake-quantized to int8"),
         CheatSpec(Cheat.PROMPT_ALTERED, "toploc", "generated from another prompt, claimed as"),
-        CheatSpec(Cheat.EASIER_PROMPTS, "assigned_data", "answers a prompt of its choosing"),
+        CheatSpec(
+            Cheat.EASIER_PROMPTS,
+            "assigned_data",
+            "answers a prompt of its choosing, as long as the assigned one",
+        ),
         CheatSpec(Cheat.TOKEN_ALTERED, "sampling", "one completion token edited"),
         CheatSpec(Cheat.WRONG_SEED, "sampling", "sampled with seeds of its choosing"),
         CheatSpec(Cheat.CHEAP_THEN_PREFILL, "sampling", "1-layer model generates, prefill proves"),
@@ -158,9 +162,15 @@ class CheatingBackend(TorchBackend):
                 for g, p in zip(generations, prompts, strict=True)
             ]
         if cheat is Cheat.EASIER_PROMPTS:
-            easy = [
-                self._easy_prompt if list(p) != self._easy_prompt else [*p, p[-1]] for p in prompts
-            ]
+            # As long as the assigned prompt: the coordinator records each assigned prompt's
+            # length and refuses a batch whose prompts differ from it at submission, so only
+            # the validator's assigned-data check can catch a prompt of the same length.
+            easy = []
+            for p in prompts:
+                chosen = (self._easy_prompt * (len(p) // len(self._easy_prompt) + 1))[: len(p)]
+                if chosen == list(p):
+                    chosen = [*chosen[1:], chosen[0]] if len(set(chosen)) > 1 else chosen[::-1]
+                easy.append(chosen)
             return super().generate(easy, sampling)
         if cheat is Cheat.WRONG_SEED:
             assert sampling.seeds is not None

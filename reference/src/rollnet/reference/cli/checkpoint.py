@@ -23,12 +23,26 @@ _MIB = 1024 * 1024
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from rollnet.reference.checkpoints import CheckpointDirError, model_files, publish_model_dir
+    from rollnet.reference.checkpoints import (
+        CheckpointDirError,
+        DeltaBase,
+        model_files,
+        publish_model_dir,
+    )
 
     try:
         model_files(args.model)
     except CheckpointDirError as error:
         raise CliError(str(error)) from None
+    delta_base = None
+    if args.delta_from is not None:
+        if args.delta_step is None or args.delta_step >= args.step:
+            raise CliError(
+                "--delta-from needs --delta-step N, the step of that directory (< --step)"
+            )
+        if not args.delta_from.is_dir():
+            raise CliError(f"--delta-from {args.delta_from}: not a directory")
+        delta_base = DeltaBase(args.delta_step, args.delta_from)
 
     async def action(client: RollnetClient, identity: Identity) -> int:
         published = await publish_model_dir(
@@ -38,6 +52,8 @@ def _publish(args: argparse.Namespace) -> int:
             args.step,
             args.network_id,
             shard_size=int(args.shard_mib * _MIB),
+            delta_base=delta_base,
+            origin_dir=args.origin_dir,
         )
         manifest = published.manifest
         summary = {
@@ -105,6 +121,27 @@ def register(subparsers: Any) -> None:
         default=64.0,
         metavar="MIB",
         help="shard size in MiB (default 64)",
+    )
+    publish.add_argument(
+        "--delta-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the previous step's model dir: also ship each file as a lossless delta against it",
+    )
+    publish.add_argument(
+        "--delta-step",
+        type=whole("step", minimum=0, maximum=2**63 - 1),
+        default=None,
+        metavar="N",
+        help="the step of --delta-from",
+    )
+    publish.add_argument(
+        "--origin-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write every blob to DIR/blobs/ (serve it with rollnet relay --origin DIR)",
     )
     publish.add_argument("--json", action="store_true", help="print a JSON summary")
     publish.set_defaults(handler=_publish)

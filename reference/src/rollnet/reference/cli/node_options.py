@@ -156,9 +156,39 @@ def add_node_arguments(parser: Any) -> None:
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default INFO)",
     )
+    parser.add_argument(
+        "--relay",
+        type=relay_urls,
+        default=(),
+        metavar="URL[,URL...]",
+        help=(
+            "fetch checkpoint shards from these relays (rollnet relay; docs/broadcast.md), "
+            "verified like any shard; the coordinator serves what they cannot (default: none)"
+        ),
+    )
     add_reward_time_limit(parser)
     add_reward_isolation(parser)
     add_argument(parser)
+
+
+def relay_urls(text: str) -> tuple[str, ...]:
+    """``URL[,URL...]`` of relays."""
+    from rollnet.sdk.broadcast import relay_list
+
+    try:
+        return tuple(relay_list(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def relay_source(relays: tuple[str, ...], data_dir: Path) -> Any:
+    """A :class:`~rollnet.sdk.broadcast.RelayShards` for ``--relay`` (``None`` without it);
+    shards in transit are kept under the checkpoint directory across restarts."""
+    if not relays:
+        return None
+    from rollnet.sdk.broadcast import RelayShards
+
+    return RelayShards(relays, partial_dir=data_dir / "checkpoints" / ".relay-partial")
 
 
 def check_backend(backend: str, device: str) -> None:

@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         dtypes=tuple(dict.fromkeys(args.dtype)) if args.dtype else (FLOAT32, BFLOAT16),
         keep_checkpoints=args.keep_checkpoints,
+        relays=args.relay,
         pull_wait=args.pull_wait,
         reward_time_limit_s=args.reward_time_limit,
         reward_isolation=args.reward_isolation,

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the worker from the flags and serve until signalled."""
     from rollnet.reference.logs import configure_logging
     from rollnet.reference.worker import InferenceGenerator, make_backend
+    from rollnet.sdk.broadcast import TerminalProgress
     from rollnet.sdk.checkpoints import CheckpointStore
     from rollnet.sdk.client import TlsConfig
     from rollnet.sdk.worker import Worker, WorkerConfig, WorkerFatalError, run_until_signalled
@@ -127,7 +128,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     node_options.protect_node_files("worker", args.data_dir, args.key, args.reward_isolation)
     checkpoints = CheckpointStore(
-        args.data_dir / "checkpoints", network_id=args.network_id, keep=args.keep_checkpoints
+        args.data_dir / "checkpoints",
+        network_id=args.network_id,
+        keep=args.keep_checkpoints,
+        relays=node_options.relay_source(args.relay, args.data_dir),
+        progress=TerminalProgress("checkpoint"),
     )
     generator = InferenceGenerator(
         lambda: make_backend(args.backend),

@@ -18,6 +18,7 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
@@ -53,6 +54,23 @@ def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str
             v.require(
                 len(shard.blake3) == 32, f"manifest.files[{i}].shards[{j}].blake3", "32 bytes"
             )
+        if item.HasField("delta"):
+            delta = item.delta
+            where = f"manifest.files[{i}].delta"
+            v.require(
+                delta.base_step < manifest.step,
+                f"{where}.base_step",
+                "must be an earlier step than the manifest's",
+            )
+            v.require(len(delta.base.blake3) == 32, f"{where}.base.blake3", "32 bytes")
+            v.require(len(delta.content.blake3) == 32, f"{where}.content.blake3", "32 bytes")
+            v.require(
+                sum(s.size for s in delta.shards) == delta.content.size,
+                f"{where}.shards",
+                "shard sizes must add up to the delta's size",
+            )
+            for j, shard in enumerate(delta.shards):
+                v.require(len(shard.blake3) == 32, f"{where}.shards[{j}].blake3", "32 bytes")
     v.raise_if_any()
 
 
@@ -111,7 +129,7 @@ class CheckpointDesk:
                 checkpoint=checkpoint_to_proto(row)
             )
 
-        shards = [shard.blake3 for item in manifest.files for shard in item.shards]
+        shards = [shard.blake3 for _, shard in manifest_blobs(manifest)]
         uploads = self.ctx.uploads
 
         async def record() -> checkpoint_service_pb2.PublishCheckpointResponse:
@@ -128,13 +146,12 @@ class CheckpointDesk:
         return await run_to_completion(record())
 
     def _check_shards_stored(self, manifest: checkpoint_pb2.CheckpointManifest) -> None:
-        for item in manifest.files:
-            for shard in item.shards:
-                if not self.ctx.blobs.exists(shard.blake3):
-                    raise Refusal(
-                        ErrorReason.CHECKPOINT_SHARD_MISSING,
-                        f"shard {shard.blake3.hex()} of {item.path} is not uploaded",
-                    )
+        for path, shard in manifest_blobs(manifest):
+            if not self.ctx.blobs.exists(shard.blake3):
+                raise Refusal(
+                    ErrorReason.CHECKPOINT_SHARD_MISSING,
+                    f"shard {shard.blake3.hex()} of {path} is not uploaded",
+                )
 
     async def latest(self) -> checkpoint_pb2.Checkpoint | None:
         """The newest checkpoint, if any."""

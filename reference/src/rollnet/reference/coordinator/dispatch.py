@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import artifacts, idempotency, nodes, tasks
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Task
+from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.ledger.tasks import LeasedTask, NewTask
 from rollnet.reference.coordinator.bounds import MAX_ROLLOUTS_PER_TASK
 from rollnet.reference.coordinator.context import (
@@ -38,6 +39,7 @@ from rollnet.reference.coordinator.nodes import (
     refuse_unusable,
     timestamp,
 )
+from rollnet.reference.coordinator.prompt_lengths import PromptLengths
 from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.envs.config import EnvironmentConfigError
 from rollnet.reference.envs.registry import (
@@ -47,6 +49,7 @@ from rollnet.reference.envs.registry import (
 )
 from rollnet.sdk.dtypes import FLOAT32, compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
+from rollnet.sdk.verifier import current_nonce
 from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
 
 log = logging.getLogger("rollnet.coordinator")
@@ -144,6 +147,8 @@ class _PendingPull:
     environments: tuple[str, ...] | None
     scope: IdempotencyScope | None
     future: asyncio.Future[task_service_pb2.PullTaskResponse | NoTask] | None = None
+    #: The call's nonce, recorded in the batch's transaction (first try of a long poll only).
+    nonce: NonceKey | None = None
 
 
 #: Outcome of a pull whose request id another pull of the same batch carries: it is retried in
@@ -185,13 +190,15 @@ class PullBatcher:
         caller: Caller,
         environments: tuple[str, ...] | None,
         scope: IdempotencyScope | None,
+        nonce: NonceKey | None = None,
     ) -> task_service_pb2.PullTaskResponse | NoTask:
         """Lease a task for one pull: its response (with a lease), or :class:`NoTask`.
 
-        Raises the pull's :class:`Refusal`, or :class:`StoredResponse` when its request id was
-        answered before.
+        Raises the pull's :class:`Refusal` (``NONCE_REPLAYED`` when ``nonce``, recorded in the
+        batch's transaction, was recorded before), or :class:`StoredResponse` when its request
+        id was answered before.
         """
-        pending = _PendingPull(caller, environments, scope)
+        pending = _PendingPull(caller, environments, scope, nonce=nonce)
         if self.ctx.group_commit is None:
             self._count([pending])
             (outcome,) = await self._write([pending])
@@ -248,6 +255,7 @@ class PullBatcher:
                 if future.done() or outcome is _GONE:
                     continue  # the caller went away (a lease it took expires unused)
                 if outcome is _AGAIN:
+                    pending.nonce = None  # recorded with the batch that committed
                     self._queue.put_nowait(pending)
                 elif isinstance(outcome, BaseException):
                     future.set_exception(outcome)
@@ -294,7 +302,18 @@ class PullBatcher:
                 pending.scope.stored = False
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
+        # The pulls' nonces first: a replayed pull leases nothing and hears no stored answer.
+        fresh = claim_nonces(session, [p.nonce for p in batch if p.nonce is not None])
+        replays = []
+        for index, pending in enumerate(batch):
+            if pending.nonce is not None:
+                if pending.nonce in fresh:
+                    fresh.discard(pending.nonce)  # a second one in this batch is its replay
+                else:
+                    replays.append(index)
         repeats = _answer_repeats(session, batch, outcomes)
+        for index in replays:
+            outcomes[index] = Refusal(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
         asking = [index for index, outcome in enumerate(outcomes) if outcome is None]
         standings = nodes.get_standings(session, {batch[i].caller.node_id for i in asking})
         latest = artifacts.latest_checkpoint_step(session)
@@ -398,12 +417,17 @@ def _settled(outcome: Any) -> task_service_pb2.PullTaskResponse | NoTask:
     return outcome  # type: ignore[no-any-return]
 
 
+#: The task spec's key for its prompts' token counts (absent: unknown, see prompt_lengths.py).
+PROMPT_TOKENS = "prompt_tokens"
+
+
 class Dispatcher:
     """Creates tasks from demand and leases them to pulling workers."""
 
     def __init__(self, ctx: CoordinatorContext) -> None:
         self.ctx = ctx
         self.leases = PullBatcher(ctx)
+        self.prompt_lengths = PromptLengths(ctx.blobs, ctx.config.data_dir / "tokenizers")
 
     async def request_rollouts(
         self, caller: Caller, request: rollout_service_pb2.RequestRolloutsRequest
@@ -459,6 +483,20 @@ class Dispatcher:
         else:
             prompt_ids = rng.integers(0, limit, size=request.prompt_count, dtype=np.int64)
         data_seed = int(rng.integers(0, 2**62))
+        # What each assigned prompt's rollouts may claim as prefill: its token count with the
+        # checkpoint the tasks are made against (prompt_lengths.py). Off the event loop.
+        newest = await self.ctx.run_read(artifacts.latest_checkpoint)
+        counted: tuple[int, list[int] | None] | None = None
+        if newest is not None:
+            lengths = self.prompt_lengths
+
+            def count() -> list[int] | None:
+                tokenizer = lengths.tokenizer(newest.manifest)
+                if tokenizer is None:
+                    return None
+                return lengths.count(environment, tokenizer, [int(p) for p in prompt_ids])
+
+            counted = (newest.step, await asyncio.to_thread(count))
         now = self.ctx.clock()
 
         def work(session: Session) -> rollout_service_pb2.RequestRolloutsResponse:
@@ -468,6 +506,10 @@ class Dispatcher:
                     ErrorReason.CHECKPOINT_NOT_FOUND,
                     "no checkpoint is published yet: publish one before requesting rollouts",
                 )
+            # Counted against another checkpoint (one was published meanwhile): unknown.
+            prompt_tokens = (
+                counted[1] if counted is not None and counted[0] == latest.step else None
+            )
             ids = [
                 _task_id(caller.node_id, request.request_id, index)
                 for index in range(-(-request.prompt_count // per_task))
@@ -482,6 +524,16 @@ class Dispatcher:
             new_tasks = []
             for index, start in enumerate(range(0, request.prompt_count, per_task)):
                 chunk = prompt_ids[start : start + per_task]
+                sampling: dict[str, Any] = {
+                    "temperature": request.sampling.temperature,
+                    "max_new_tokens": request.sampling.max_new_tokens,
+                    "samples_per_prompt": request.samples_per_prompt,
+                    "rollout_step": request.rollout_step,
+                    "environment_config": normalized_config,
+                    "compute_dtype": config.compute_dtype,
+                }
+                if prompt_tokens is not None:
+                    sampling[PROMPT_TOKENS] = prompt_tokens[start : start + per_task]
                 new_tasks.append(
                     NewTask(
                         task_id=ids[index],
@@ -489,14 +541,7 @@ class Dispatcher:
                         checkpoint_step=latest.step,
                         prompt_ids=[str(int(p)) for p in chunk],
                         seed=data_seed,
-                        sampling={
-                            "temperature": request.sampling.temperature,
-                            "max_new_tokens": request.sampling.max_new_tokens,
-                            "samples_per_prompt": request.samples_per_prompt,
-                            "rollout_step": request.rollout_step,
-                            "environment_config": normalized_config,
-                            "compute_dtype": config.compute_dtype,
-                        },
+                        sampling=sampling,
                     )
                 )
             tasks.enqueue_tasks(session, new_tasks, now=now)
@@ -519,7 +564,9 @@ class Dispatcher:
         loop_deadline = self.ctx.clock() + wait
         asked = tuple(sorted(set(request.environments))) or None
         scope = IDEMPOTENCY_SCOPE.get()
-        outcome = await self.leases.lease(caller, asked, scope)
+        signed = current_nonce()
+        nonce = (caller.node_id, signed.nonce, signed.timestamp_ms)
+        outcome = await self.leases.lease(caller, asked, scope, nonce)
         while True:
             if not isinstance(outcome, NoTask):
                 return outcome

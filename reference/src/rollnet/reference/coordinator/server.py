@@ -489,9 +489,11 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
             # Replays are refused across restarts and replicas: nonces live in the database
-            # (heartbeats record theirs in their own batch's transaction).
+            # (heartbeats and pulls record theirs in their own batch's transaction).
             nonce_recorder=nonces.record,
-            deferred_nonce_methods=frozenset({method_path("NodeService", "Heartbeat")}),
+            deferred_nonce_methods=frozenset(
+                {method_path("NodeService", "Heartbeat"), method_path("TaskService", "PullTask")}
+            ),
         )
     )
     limiter = CallerLimiter(

@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger.models import Blob, Checkpoint
 from rollnet.reference.coordinator.blobstore import BlobStore
+from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.v1 import checkpoint_pb2
 
 log = logging.getLogger(__name__)
@@ -345,8 +346,9 @@ class PendingUploads:
 
 
 class ShardIndex:
-    """Every shard digest named by a published checkpoint manifest, read incrementally:
-    manifests never change and steps only grow, so a refresh parses only the new ones."""
+    """Every shard digest named by a published checkpoint manifest (deltas' shards too), read
+    incrementally: manifests never change and steps only grow, so a refresh parses only the new
+    ones."""
 
     def __init__(self) -> None:
         self.shards: set[bytes] = set()
@@ -365,7 +367,7 @@ class ShardIndex:
             except DecodeError:  # recorded only after parsing; never expected
                 log.error("a recorded checkpoint manifest does not parse; its shards are kept")
                 raise
-            self.shards.update(shard.blake3 for item in parsed.files for shard in item.shards)
+            self.shards.update(shard.blake3 for _, shard in manifest_blobs(parsed))
             self._step = step
         return self.shards
 

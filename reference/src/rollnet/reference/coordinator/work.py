@@ -38,6 +38,7 @@ from rollnet.reference.coordinator.context import (
     wait_for,
 )
 from rollnet.reference.coordinator.dispatch import (
+    PROMPT_TOKENS,
     TASK_STATE_TO_PROTO,
     lease_outcome_refusal,
     task_to_proto,
@@ -450,11 +451,26 @@ class WorkDesk:
         if len(request.rollouts) != len(batch.rollouts):
             problems.append("commitment lists a different number of rollouts than the batch")
         max_new_tokens = int(spec["max_new_tokens"])
+        samples = int(spec["samples_per_prompt"])
+        prompt_tokens: list[int] | None = spec.get(PROMPT_TOKENS)
         for index, (rollout, digest) in enumerate(
             zip(batch.rollouts, request.rollouts, strict=False)
         ):
             # Checked here, not only by a validator: a commitment that is not spot-checked is
-            # credited for its completion tokens.
+            # credited for its prompt and completion tokens, so both are bounded by what the
+            # coordinator knows: each prompt's recorded length, and max_new_tokens.
+            prompt = index // samples
+            if prompt_tokens is not None and prompt < len(prompt_tokens):
+                if rollout.prompt_index != prompt:
+                    problems.append(
+                        f"rollouts[{index}].prompt_index is {rollout.prompt_index}; the "
+                        f"rollout order puts prompt {prompt} there"
+                    )
+                elif len(rollout.prompt_token_ids) != prompt_tokens[prompt]:
+                    problems.append(
+                        f"rollouts[{index}] has {len(rollout.prompt_token_ids)} prompt tokens; "
+                        f"prompt {prompt} has {prompt_tokens[prompt]} with the task's checkpoint"
+                    )
             if len(rollout.completion_token_ids) > max_new_tokens:
                 problems.append(
                     f"rollouts[{index}] has {len(rollout.completion_token_ids)} completion "
@@ -619,8 +635,14 @@ class WorkDesk:
             node = nodes.get_standing(session, caller.node_id)
             assert node is not None
             refuse_unusable(node)  # rolls the submission back
-            probability = spot_check_probability(
-                node.accepted_streak, config.trusted_streak, config.min_validation_rate
+            # Work whose prompt lengths the coordinator does not know (prompt_lengths.py) is
+            # never credited unvalidated: its count could not be bounded.
+            probability = (
+                spot_check_probability(
+                    node.accepted_streak, config.trusted_streak, config.min_validation_rate
+                )
+                if PROMPT_TOKENS in task.sampling
+                else 1.0
             )
             check = spot_check_draw(config.seed, commitment_id) < probability
             if check:

@@ -50,6 +50,7 @@ from rollnet.reference.validator.pipeline import (
     refuse_oversized,
     validate_job,
 )
+from rollnet.sdk.broadcast import RelayShards, TerminalProgress
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import BlobIntegrityError, RollnetClient, TlsConfig
 from rollnet.sdk.dtypes import BFLOAT16, FLOAT32, compute_dtype_name
@@ -108,6 +109,9 @@ class ValidatorConfig:
     calibrated thresholds; a job in a dtype not listed here is left for another validator."""
     keep_checkpoints: int = 3
     """Checkpoint versions kept on disk (``async_level + 1``); two stay loaded in memory."""
+    relays: tuple[str, ...] = ()
+    """Relays to fetch checkpoint shards from (docs/broadcast.md); the coordinator serves
+    what they cannot."""
     pull_wait: float = 20.0
     """Seconds a PullValidationJob long-poll may wait (the coordinator caps it)."""
     call_timeout: float = 30.0
@@ -163,6 +167,15 @@ class Validator:
                 config.data_dir / "checkpoints",
                 network_id=config.network_id,
                 keep=config.keep_checkpoints,
+                progress=TerminalProgress("checkpoint"),
+                relays=(
+                    RelayShards(
+                        config.relays,
+                        partial_dir=config.data_dir / "checkpoints" / ".relay-partial",
+                    )
+                    if config.relays
+                    else None
+                ),
             ),
             device=config.device,
         )

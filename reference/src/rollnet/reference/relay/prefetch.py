@@ -1,0 +1,81 @@
+"""Prefetching announced checkpoints: a relay that watches the coordinator
+(``WatchCheckpoints``) pulls each new checkpoint's blobs before its clients ask, and ties them to
+the step so older versions are dropped.
+
+Coordinators answer reads from registered keys only, so :func:`watch_coordinator` registers the
+relay's key first, as a worker that serves no environment (it never leases a task; it shows in
+the node list with software version ``rollnet-relay/...``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from rollnet.reference.relay.cache import BlobCache, BlobUnavailable
+from rollnet.sdk import RollnetClient
+from rollnet.sdk.checkpoints import (
+    CheckpointVerificationError,
+    manifest_blobs,
+    verify_checkpoint,
+)
+from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
+
+RELAY_SOFTWARE_VERSION = "rollnet-relay/0.1"
+
+log = logging.getLogger(__name__)
+
+
+async def prefetch_checkpoints(
+    cache: BlobCache,
+    checkpoints: AsyncIterator[checkpoint_pb2.Checkpoint],
+    *,
+    network_id: str,
+    concurrency: int = 4,
+) -> None:
+    """For each checkpoint announced, fetch every blob its (signature-checked) manifest names."""
+    async for checkpoint in checkpoints:
+        try:
+            manifest = verify_checkpoint(checkpoint, network_id=network_id)
+        except CheckpointVerificationError as error:
+            log.warning("relay_prefetch_refused", extra={"error": str(error)})
+            continue
+        digests = list(dict.fromkeys(ref.blake3.hex() for _, ref in manifest_blobs(manifest)))
+        cache.note_step(manifest.step, digests)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(digest: str, limit: asyncio.Semaphore = limit) -> None:
+            async with limit:
+                if cache.path(digest) is not None:
+                    return
+                fetch = cache.fetch(digest)
+                try:
+                    await fetch.wait_for_size()
+                    async with fetch.changed:
+                        await fetch.changed.wait_for(lambda: fetch.done or fetch.error is not None)
+                except BlobUnavailable as error:
+                    log.warning(
+                        "relay_prefetch_failed", extra={"blake3": digest, "error": str(error)}
+                    )
+                    return
+                if fetch.done:
+                    cache.metrics.prefetched.inc()
+
+        await asyncio.gather(*(one(d) for d in digests))
+        log.info("relay_prefetched", extra={"step": manifest.step, "blobs": len(digests)})
+
+
+async def watch_coordinator(cache: BlobCache, client: RollnetClient, *, network_id: str) -> None:
+    """Register the relay's key (signing ``client``'s calls) and prefetch every checkpoint the
+    coordinator announces, from the newest on, until cancelled. From then on the versions kept
+    follow the signed manifests, not clients' hints."""
+    cache.hints_trusted = False
+    await client.nodes.register_node(
+        node_service_pb2.RegisterNodeRequest(
+            public_key=client.signer.identity.public_key,
+            role=common_pb2.ROLE_WORKER,
+            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            software_version=RELAY_SOFTWARE_VERSION,
+        )
+    )
+    await prefetch_checkpoints(cache, client.checkpoints.watch(0), network_id=network_id)

@@ -1,0 +1,343 @@
+"""Shards from a tree of untrusted relays: a :class:`~rollnet.sdk.checkpoints.ShardSource`.
+
+:class:`RelayShards` fetches each shard over HTTP (``GET /v1/blobs/<blake3 hex>``) from one of
+several relays, picked at random in proportion to *success rate x measured bandwidth*, so fast
+and reliable relays carry most of the load while every relay keeps a small share (a relay that
+failed is tried again as its failures age: healing). Every shard's BLAKE3 digest and size are
+checked here before its bytes are handed on; a relay that served a wrong shard is reported
+(:attr:`RelayShards.reports`, a warning log line, ``on_bad_shard``) and the shard is fetched again
+from another relay. A transfer cut short is resumed with an HTTP ``Range`` request, from the same
+relay or another, and when ``partial_dir`` is given the bytes received so far survive a restart
+of the process.
+
+Nothing a relay serves is trusted: the worst a relay can do is waste a client's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+import blake3
+
+from rollnet.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+BLOB_PATH = "/v1/blobs/"
+"""Where relays (and origins) serve blobs: ``BLOB_PATH + <blake3 hex>``."""
+
+_CHUNK = 1 << 20
+_HALF_LIFE_S = 30.0
+_FLOOR_SHARE = 0.02
+
+
+class RelayError(Exception):
+    """No relay could deliver a shard that matches its digest."""
+
+
+@dataclass
+class RelayHealth:
+    """What a client has seen of one relay."""
+
+    url: str
+    successes: float = 0.0
+    failures: float = 0.0
+    bad_shards: int = 0
+    """Shards it served whose digest did not match (each one reported)."""
+    bandwidth: float = 0.0
+    """Bytes per second, an exponentially weighted mean of its transfers (0: not measured)."""
+    bytes_received: int = 0
+    _seen: float = field(default_factory=time.monotonic)
+
+    def decay(self, now: float) -> None:
+        """Age successes and failures (half-life 30 s), so a relay that recovered is trusted
+        again and one that went bad loses its record of past success."""
+        factor = 0.5 ** ((now - self._seen) / _HALF_LIFE_S)
+        self.successes *= factor
+        self.failures *= factor
+        self._seen = now
+
+    @property
+    def success_rate(self) -> float:
+        """Laplace-smoothed share of successful transfers."""
+        return (self.successes + 1.0) / (self.successes + self.failures + 2.0)
+
+
+@dataclass(frozen=True)
+class BadShardReport:
+    """A relay served bytes that do not match a shard's digest."""
+
+    relay: str
+    blake3: bytes
+    detail: str
+
+
+class RelayShards:
+    """A :class:`~rollnet.sdk.checkpoints.ShardSource` reading from relays (or origins, or a
+    plain HTTP cache in front of one: anything serving ``GET /v1/blobs/<hex>`` with ``Range``).
+
+    ``step`` is passed to relays as a hint (``?step=N``) so they keep versions together.
+    ``partial_dir``: where shards in transit are kept across restarts (none: in memory).
+    Use as an async context manager, or call :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        relays: Sequence[str],
+        *,
+        step: int | None = None,
+        partial_dir: Path | None = None,
+        attempts_per_relay: int = 3,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        on_bad_shard: Callable[[BadShardReport], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        urls = [url.rstrip("/") for url in relays if url.strip()]
+        if not urls:
+            raise ValueError("at least one relay URL is needed")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"relay URL {url!r} must start with http:// or https://")
+        self.health = {url: RelayHealth(url) for url in urls}
+        self.step = step
+        self.partial_dir = partial_dir
+        self.attempts = attempts_per_relay * len(urls)
+        self.reports: list[BadShardReport] = []
+        self.on_bad_shard = on_bad_shard
+        self.first_byte_at: float | None = None
+        """``time.time()`` when the first shard byte arrived (progress lines, benchmarks)."""
+        self._rng = rng or random.Random()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout, sock_read=read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> RelayShards:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
+                auto_decompress=False,
+            )
+        return self._session
+
+    def hint_step(self, step: int) -> None:
+        """Send ``?step=N`` with the next requests (relays keep versions together by it);
+        :class:`~rollnet.sdk.checkpoints.CheckpointStore` calls it before each download."""
+        self.step = step
+
+    def pick(self, exclude: set[str]) -> RelayHealth:
+        """A relay sampled in proportion to success rate x bandwidth; ``exclude``d ones only
+        when nothing else is left. Unmeasured relays count as the best measured one, so each
+        is tried; every relay keeps at least a small share of the picks."""
+        now = time.monotonic()
+        candidates = [h for h in self.health.values() if h.url not in exclude] or list(
+            self.health.values()
+        )
+        for health in candidates:
+            health.decay(now)
+        best = max((h.bandwidth for h in candidates), default=0.0) or 1.0
+        weights = [h.success_rate * (h.bandwidth or best) for h in candidates]
+        floor = _FLOOR_SHARE * max(weights)
+        weights = [max(w, floor) for w in weights]
+        return self._rng.choices(candidates, weights=weights)[0]
+
+    async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard's bytes, checked against its digest and size."""
+        digest = shard.blake3.hex()
+        buffer = _Partial(self.partial_dir, digest, shard.size)
+        tried: set[str] = set()
+        last_error = "no attempt"
+        try:
+            for _ in range(self.attempts):
+                relay = self.pick(tried)
+                tried.add(relay.url)
+                try:
+                    await self._transfer(relay, shard, buffer)
+                except (aiohttp.ClientError, TimeoutError, _RelayRefused) as error:
+                    relay.failures += 1
+                    last_error = f"{relay.url}: {error or type(error).__name__}"
+                    log.info(
+                        "relay_transfer_failed", extra={"relay": relay.url, "error": last_error}
+                    )
+                    continue
+                if buffer.digest() == shard.blake3:
+                    relay.successes += 1
+                    data = buffer.contents()
+                    buffer.discard()
+                    return data
+                if buffer.sources == {relay.url}:
+                    self._report(relay, shard, "served bytes that do not match the shard digest")
+                last_error = f"{relay.url}: digest mismatch"
+                buffer.reset()
+        finally:
+            buffer.close()
+        raise RelayError(f"shard {digest}: no relay delivered it ({last_error})")
+
+    def _report(self, relay: RelayHealth, shard: common_pb2.BlobRef, detail: str) -> None:
+        relay.bad_shards += 1
+        relay.failures += 5  # bad bytes weigh more than a dropped connection
+        report = BadShardReport(relay.url, shard.blake3, detail)
+        self.reports.append(report)
+        log.warning(
+            "relay_bad_shard",
+            extra={"relay": relay.url, "blake3": shard.blake3.hex(), "detail": detail},
+        )
+        if self.on_bad_shard is not None:
+            self.on_bad_shard(report)
+
+    async def _transfer(
+        self, relay: RelayHealth, shard: common_pb2.BlobRef, buffer: _Partial
+    ) -> None:
+        start = buffer.size
+        if start >= shard.size:
+            return
+        headers = {"Range": f"bytes={start}-"} if start else {}
+        params = {"size": str(shard.size)}
+        if self.step is not None:
+            params["step"] = str(self.step)
+        url = f"{relay.url}{BLOB_PATH}{shard.blake3.hex()}"
+        began = time.monotonic()
+        received = 0
+        async with self._http().get(url, headers=headers, params=params) as response:
+            if response.status == 200 and start:
+                buffer.reset()  # the relay ignored the range: take it from the start
+            elif response.status == 206:
+                content_range = response.headers.get("Content-Range", "")
+                if not content_range.startswith(f"bytes {start}-"):
+                    raise _RelayRefused(f"answered range {content_range!r} to bytes={start}-")
+            elif response.status != 200:
+                raise _RelayRefused(f"HTTP {response.status}")
+            buffer.sources.add(relay.url)
+            async for chunk in response.content.iter_chunked(_CHUNK):
+                if buffer.size + len(chunk) > shard.size:
+                    raise _RelayRefused("sent more bytes than the shard has")
+                if self.first_byte_at is None:
+                    self.first_byte_at = time.time()
+                buffer.append(chunk)
+                received += len(chunk)
+        relay.bytes_received += received
+        elapsed = max(time.monotonic() - began, 1e-6)
+        if received >= 64 * 1024:
+            rate = received / elapsed
+            relay.bandwidth = rate if not relay.bandwidth else 0.7 * relay.bandwidth + 0.3 * rate
+        if buffer.size != shard.size:
+            raise _RelayRefused(f"ended after {buffer.size} of {shard.size} bytes")
+
+
+class _RelayRefused(Exception):
+    """The relay answered, but not with the shard."""
+
+
+class _Partial:
+    """A shard's bytes so far, hashed as they come: appended to a file under ``directory``
+    (so an interrupted process resumes where it stopped), or without one held in memory."""
+
+    def __init__(self, directory: Path | None, digest: str, size: int) -> None:
+        self.sources: set[str] = set()
+        self._hasher = blake3.blake3()
+        self._path: Path | None = None
+        self._handle: BinaryIO | None = None
+        self._memory = bytearray(size if directory is None else 0)
+        self.size = 0
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._path = directory / f"{digest}.part"
+            # Unbuffered: what was received is on disk if the process stops.
+            self._handle = open(self._path, "ab", buffering=0)  # noqa: SIM115 - see close()
+            earlier = self._handle.tell()
+            if earlier > size:
+                self.reset()
+            elif earlier:
+                self._hasher.update(self._path.read_bytes())
+                self.size = earlier
+                self.sources.add("(an earlier run)")
+
+    def append(self, chunk: bytes) -> None:
+        end = self.size + len(chunk)
+        if self._handle is not None:
+            self._handle.write(chunk)
+        else:
+            self._memory[self.size : end] = chunk
+        self._hasher.update(chunk)
+        self.size = end
+
+    def digest(self) -> bytes:
+        """BLAKE3 of the bytes so far."""
+        return bytes(self._hasher.digest())
+
+    def contents(self) -> bytes:
+        if self._path is not None:
+            return self._path.read_bytes()
+        return bytes(memoryview(self._memory)[: self.size])
+
+    def reset(self) -> None:
+        self.sources.clear()
+        self._hasher = blake3.blake3()
+        if self._handle is not None:
+            self._handle.seek(0)
+            self._handle.truncate()
+        self.size = 0
+
+    def discard(self) -> None:
+        self.close()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def sample_weights(health: Sequence[RelayHealth]) -> list[float]:
+    """The share of picks each relay gets now (for progress lines and tests)."""
+    best = max((h.bandwidth for h in health), default=0.0) or 1.0
+    weights = [h.success_rate * (h.bandwidth or best) for h in health]
+    floor = _FLOOR_SHARE * max(weights, default=1.0)
+    weights = [max(w, floor) for w in weights]
+    total = math.fsum(weights) or 1.0
+    return [w / total for w in weights]
+
+
+def relay_list(value: str) -> list[str]:
+    """Parse ``URL[,URL...]`` (a command-line option); raises ``ValueError``."""
+    urls = [part.strip() for part in value.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("give at least one relay URL")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return urls
+
+
+__all__ = [
+    "BLOB_PATH",
+    "BadShardReport",
+    "RelayError",
+    "RelayHealth",
+    "RelayShards",
+    "relay_list",
+    "sample_weights",
+]

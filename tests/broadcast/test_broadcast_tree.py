@@ -1,0 +1,388 @@
+"""A relay tree on loopback: origin -> 2 relays -> 1 second-level relay -> clients.
+
+Covers fan-out (one upstream fetch per blob per relay however many clients), pipelining (bytes
+reach a leaf while the origin is still sending), a relay killed mid-transfer, a relay serving a
+corrupted shard, a manifest with a bad signature, an interrupted client that resumes, a chain
+of real optimizer steps shipped as deltas, and a late joiner that gets the full checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from broadcast_testing import NETWORK, GatedUpstream, model_dir, publish_to_origin, wait_until
+
+from rollnet.reference.checkpoints import DeltaBase
+from rollnet.reference.model.optimizer_steps import write_optimizer_steps
+from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
+from rollnet.sdk.broadcast import RelayShards
+from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
+from rollnet.sdk.identity import Identity
+from rollnet.v1 import common_pb2
+
+SHARD = 64 * 1024
+
+
+@pytest.fixture
+async def relays() -> AsyncIterator[list[RelayServer]]:
+    started: list[RelayServer] = []
+    yield started
+    for relay in started:
+        await relay.close()
+
+
+async def relay(started: list[RelayServer], root: Path, *upstreams: str) -> RelayServer:
+    server = await start_relay(RelayConfig(data_dir=root, upstreams=upstreams))
+    started.append(server)
+    return server
+
+
+def counter(server: RelayServer, name: str) -> float:
+    value = server.metrics.registry.get_sample_value(name)
+    return 0.0 if value is None else value
+
+
+async def test_tree_fans_out_and_every_client_verifies(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    trainer = Identity.generate()
+    weights = os.urandom(20 * SHARD + 123)
+    source = model_dir(tmp_path / "model", weights)
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    origin = await relay(relays, tmp_path / "origin")
+    first = [await relay(relays, tmp_path / f"r{i}", origin.url) for i in range(2)]
+    second = await relay(relays, tmp_path / "r2", first[0].url, first[1].url)
+    clients = [[first[0].url, first[1].url], [second.url], [second.url], [second.url]]
+    for index, urls in enumerate(clients):
+        store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK)
+        async with RelayShards(urls) as shards:  # the store hints the step
+            directory = await store.ensure(checkpoint, shards)
+        assert (directory / "model.safetensors").read_bytes() == (
+            source / "model.safetensors"
+        ).read_bytes()
+    total = sum(f.content.size for f in checkpoint_files(checkpoint))
+    # Three clients under the second-level relay: it fetched each blob from upstream once.
+    assert counter(second, "rollnet_relay_upstream_bytes_total") == total
+    assert counter(second, "rollnet_relay_served_bytes_total") == 3 * total
+    # The origin served each blob at most once per first-level relay.
+    assert counter(origin, "rollnet_relay_served_bytes_total") <= 2 * total
+    # The relays learned which step the blobs belong to from the store's hint.
+    digests = {s.blake3.hex() for f in checkpoint_files(checkpoint) for s in f.shards}
+    assert second.cache.steps == {1: digests}
+    page = (await _get(second.url + "/metrics")).decode()
+    assert "rollnet_relay_cache_hits_total" in page
+
+
+def checkpoint_files(checkpoint: object) -> list:  # type: ignore[type-arg]
+    from rollnet.v1 import checkpoint_pb2
+
+    assert isinstance(checkpoint, checkpoint_pb2.Checkpoint)
+    return list(checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest).files)
+
+
+async def _get(url: str) -> bytes:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        return await response.read()
+
+
+def _ref(data: bytes) -> common_pb2.BlobRef:
+    import blake3
+
+    return common_pb2.BlobRef(blake3=blake3.blake3(data).digest(), size=len(data))
+
+
+async def test_a_leaf_gets_bytes_before_the_origin_has_sent_the_last(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    upstream = await GatedUpstream().start()
+    try:
+        data = os.urandom(4 * 1024 * 1024)
+        upstream.add(data, gated=True)
+        first = await relay(relays, tmp_path / "r0", upstream.url)
+        second = await relay(relays, tmp_path / "r1", first.url)
+        partial = tmp_path / "leaf"
+        async with RelayShards([second.url], partial_dir=partial) as shards:
+            import asyncio
+
+            task = asyncio.create_task(shards.fetch_shard(_ref(data)))
+            part = partial / f"{_ref(data).blake3.hex()}.part"
+            await wait_until(lambda: part.is_file() and part.stat().st_size > 0)
+            # The leaf holds bytes while the origin has not sent the blob's last byte.
+            assert upstream.finished == set()
+            upstream.gate.set()
+            assert await task == data
+    finally:
+        await upstream.close()
+
+
+async def test_a_relay_killed_mid_transfer_and_the_client_finishes_elsewhere(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    upstream = await GatedUpstream().start()
+    try:
+        data = os.urandom(2 * 1024 * 1024)
+        upstream.add(data, gated=True)
+        doomed = await relay(relays, tmp_path / "a", upstream.url)
+        spare = await relay(relays, tmp_path / "b", upstream.url)
+        partial = tmp_path / "client"
+        async with RelayShards([doomed.url, spare.url], partial_dir=partial) as shards:
+            import asyncio
+
+            shards.health[spare.url].failures = 1e6  # the doomed relay is picked first
+            task = asyncio.create_task(shards.fetch_shard(_ref(data)))
+            part = partial / f"{_ref(data).blake3.hex()}.part"
+            await wait_until(lambda: part.is_file() and part.stat().st_size > 0)
+            relays.remove(doomed)
+            await doomed.close()
+            upstream.gate.set()
+            assert await task == data
+            assert shards.health[doomed.url].failures >= 1
+        # The spare resumed the transfer where the doomed relay stopped.
+        assert counter(spare, "rollnet_relay_served_bytes_total") < len(data)
+    finally:
+        await upstream.close()
+
+
+async def test_a_corrupted_shard_is_refetched_and_its_relay_reported(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(4 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    origin = await relay(relays, tmp_path / "origin")
+    bad = await relay(relays, tmp_path / "bad", origin.url)
+    good = await relay(relays, tmp_path / "good", origin.url)
+    weights = next(f for f in checkpoint_files(checkpoint) if f.path == "model.safetensors")
+    victim = weights.shards[1]
+    stored = tmp_path / "bad" / "blobs" / victim.blake3.hex()
+    stored.write_bytes(b"\x00" * victim.size)  # same size, wrong bytes
+    reports = []
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    async with RelayShards(
+        [bad.url, good.url], on_bad_shard=reports.append, rng=random.Random(0)
+    ) as shards:
+        shards.health[good.url].failures = 1e6  # the bad relay is asked first
+        directory = await store.ensure(checkpoint, shards)
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    assert [(r.relay, r.blake3) for r in reports] == [(bad.url, victim.blake3)]
+    assert shards.health[bad.url].bad_shards == 1
+
+
+async def test_a_manifest_with_a_bad_signature_is_refused_before_any_fetch(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer)
+    checkpoint.signature = bytes([checkpoint.signature[0] ^ 1]) + checkpoint.signature[1:]
+    origin = await relay(relays, tmp_path / "origin")
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    async with RelayShards([origin.url]) as shards:
+        with pytest.raises(CheckpointVerificationError, match="signature"):
+            await store.ensure(checkpoint, shards)
+    assert counter(origin, "rollnet_relay_served_bytes_total") == 0
+    assert store.steps() == []
+
+
+async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    import blake3
+
+    from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
+    from rollnet.v1 import checkpoint_pb2
+
+    upstream = await GatedUpstream().start()
+    try:
+        small, large = os.urandom(1000), os.urandom(1024 * 1024)
+        upstream.add(small)
+        upstream.add(large, gated=True)
+        trainer = Identity.generate()
+        files = [
+            checkpoint_pb2.CheckpointFile(path=name, content=_ref(data), shards=[_ref(data)])
+            for name, data in (("config.json", small), ("model.safetensors", large))
+        ]
+        data = checkpoint_pb2.CheckpointManifest(
+            step=3, network_id=NETWORK, files=files
+        ).SerializeToString()
+        checkpoint = checkpoint_pb2.Checkpoint(
+            manifest=data,
+            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
+            trainer_public_key=trainer.public_key,
+            step=3,
+        )
+        root, partial = tmp_path / "ckpt", tmp_path / "ckpt" / ".relay-partial"
+        store = CheckpointStore(root, network_id=NETWORK)
+        shards = RelayShards([upstream.url], partial_dir=partial)
+        task = asyncio.create_task(store.ensure(checkpoint, shards))
+        part = partial / f"{blake3.blake3(large).hexdigest()}.part"
+        await wait_until(lambda: part.is_file() and part.stat().st_size >= len(large) // 2)
+        await wait_until(lambda: (root / ".partial-step-3" / "config.json").is_file())
+        task.cancel()  # the process is interrupted
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await shards.aclose()
+        upstream.requests.clear()
+        upstream.gate.set()
+        # A new process, the same directories.
+        store = CheckpointStore(root, network_id=NETWORK)
+        async with RelayShards([upstream.url], partial_dir=partial) as shards:
+            directory = await store.ensure(checkpoint, shards)
+        assert (directory / "model.safetensors").read_bytes() == large
+        # Only the missing half of the large file was asked for; the small file not at all.
+        assert upstream.requests == [
+            (blake3.blake3(large).hexdigest(), f"bytes={len(large) // 2}-")
+        ]
+    finally:
+        await upstream.close()
+
+
+async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    trainer = Identity.generate()
+    steps = write_optimizer_steps(tmp_path / "trainer", 3)
+    origin_dir = tmp_path / "origin"
+    checkpoints = []
+    for number, directory in enumerate(steps):
+        base = DeltaBase(number - 1, steps[number - 1]) if number else None
+        checkpoints.append(
+            await publish_to_origin(origin_dir, directory, number, trainer, delta_base=base)
+        )
+    origin = await relay(relays, origin_dir)
+    first = await relay(relays, tmp_path / "r0", origin.url)
+    second = await relay(relays, tmp_path / "r1", first.url)
+    follower = CheckpointStore(tmp_path / "follower", network_id=NETWORK, keep=2)
+    for number, checkpoint in enumerate(checkpoints):
+        async with RelayShards([second.url], step=number) as shards:
+            directory = await follower.ensure(checkpoint, shards)
+        for name in ("model.safetensors", "config.json", "tokenizer.json"):
+            assert (directory / name).read_bytes() == (steps[number] / name).read_bytes()
+    # Step 0 came whole; every file of steps 1-3 that has a delta (the weights always; a tiny
+    # file only when its delta is less than half of it) was rebuilt from it, the rest came whole.
+    files = len(checkpoint_files(checkpoints[0]))
+    with_delta = [sum(f.HasField("delta") for f in checkpoint_files(c)) for c in checkpoints[1:]]
+    assert all(
+        f.HasField("delta")
+        for c in checkpoints[1:]
+        for f in checkpoint_files(c)
+        if f.path == "model.safetensors"
+    )
+    assert follower.delta_files == sum(with_delta)
+    assert follower.full_files == files + 3 * files - sum(with_delta)
+    weights = next(f for f in checkpoint_files(checkpoints[3]) if f.path == "model.safetensors")
+    assert weights.delta.content.size * 10 < weights.content.size
+    # A node that joins at step 3 has no base: it gets the full files.
+    late = CheckpointStore(tmp_path / "late", network_id=NETWORK)
+    async with RelayShards([second.url]) as shards:
+        directory = await late.ensure(checkpoints[3], shards)
+    assert (directory / "model.safetensors").read_bytes() == (
+        steps[3] / "model.safetensors"
+    ).read_bytes()
+    assert (late.full_files, late.delta_files) == (files, 0)
+
+
+async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path) -> None:
+    """A store with relays falls back to the source ensure() is given (the coordinator's blob
+    service in workers and validators) for what the relays cannot deliver."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(SHARD))
+    origin = tmp_path / "origin"
+    checkpoint = await publish_to_origin(origin, source, 1, trainer)
+
+    class OriginFiles:
+        async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+            return (origin / "blobs" / shard.blake3.hex()).read_bytes()
+
+    async with RelayShards(["http://127.0.0.1:9"], attempts_per_relay=1) as dead:
+        store = CheckpointStore(tmp_path / "client", network_id=NETWORK, relays=dead)
+        directory = await store.ensure(checkpoint, OriginFiles())
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    assert dead.health["http://127.0.0.1:9"].failures > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["relay", "--upstream", "ftp://x"], "is not an http:// or https:// URL"),
+        (["relay", "--upstream", "http://127.0.0.1:1"], "--upstream needs --data-dir"),
+        (["relay", "--origin", "/nonexistent"], "no blobs/ directory"),
+        (
+            [
+                *("relay", "--upstream", "http://127.0.0.1:1", "--data-dir", "d"),
+                *("--coordinator", "127.0.0.1:1"),
+            ],
+            "--coordinator needs --key FILE",
+        ),
+        (
+            [
+                "worker",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--key",
+                "k",
+                "--data-dir",
+                "d",
+                "--relay",
+                "127.0.0.1:7090",
+            ],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            [
+                "validator",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--key",
+                "k",
+                "--data-dir",
+                "d",
+                "--relay",
+                ",",
+            ],
+            "give at least one relay URL",
+        ),
+    ],
+)
+def test_relay_command_line_mistakes(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollnet.reference.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_terminal_progress_draws_one_line_on_a_terminal_only() -> None:
+    import io
+
+    from rollnet.sdk.broadcast import TerminalProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen, log = Terminal(), io.StringIO()
+    TerminalProgress("step 7", stream=log)(5, 10)
+    assert log.getvalue() == ""
+    progress = TerminalProgress("step 7", stream=screen, hz=1e9)
+    progress(0, 2 * 1024 * 1024)
+    progress(2 * 1024 * 1024, 2 * 1024 * 1024)
+    lines = screen.getvalue().split("\r")[1:]
+    assert lines[0].startswith("step 7 [")
+    assert "0.0%" in lines[0]
+    assert "100.0% 2.0/2.0 MiB" in lines[1]
+    assert lines[1].endswith("\n")
