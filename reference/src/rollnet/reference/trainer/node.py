@@ -114,6 +114,7 @@ class Trainer:
         self._stream_error: BaseException | None = None
         self._behaviour_models: dict[int, Any] = {}
         self._validated_fraction = self._recomputed_fraction = 0.0
+        self._scored_before = (0, 0.0)
         self.intake: RolloutIntake | None = None
 
     def request_stop(self) -> None:
@@ -465,8 +466,16 @@ class Trainer:
         tokens = max(stats.loss_tokens, 1)
         samples = len(rewards)
         wall = max(idle + busy, 1e-9)
+        scored = intake.counters.scored_rollouts - self._scored_before[0]
+        scored_sum = intake.counters.scored_task_reward - self._scored_before[1]
+        self._scored_before = (intake.counters.scored_rollouts, intake.counters.scored_task_reward)
         line: dict[str, Any] = {
             "step": self.step,
+            # Everything scored since the last step, groups without signal included: what the
+            # policy's samples are worth (the batch's own mean leaves out the groups that were
+            # all right, or all wrong).
+            "sampled_task_reward": scored_sum / scored if scored else statistics.fmean(tasks),
+            "sampled_rollouts": scored,
             "reward": statistics.fmean(rewards),
             "task_reward": statistics.fmean(tasks),
             "length_penalty": statistics.fmean(t - r for t, r in zip(tasks, rewards, strict=True)),
