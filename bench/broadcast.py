@@ -75,10 +75,16 @@ def write_model(directory: Path, size: int) -> Path:
     return directory
 
 
+def settle() -> None:
+    """Write back what earlier phases left dirty, so no phase pays for another's writes."""
+    os.sync()
+
+
 def plain_copies(source: Path, scratch: Path, copies: int) -> float:
     """Seconds for ``copies`` plain local copies of ``source`` (no fsync: neither system under
     test syncs either)."""
     scratch.mkdir(parents=True, exist_ok=True)
+    settle()
     started = time.monotonic()
     for index in range(copies):
         shutil.copyfile(source, scratch / f"copy{index}")
@@ -533,6 +539,7 @@ def main() -> int:
 
         tree = RollnetTree(root / "rollnet", args.clients)
         try:
+            settle()
             ours = tree.run(model, 1)
         finally:
             tree.close()
@@ -541,6 +548,7 @@ def main() -> int:
         if not args.no_shardcast:
             baseline = ShardcastTree(root / "shardcast", args.clients)
             try:
+                settle()
                 theirs = baseline.run(weights)
             finally:
                 baseline.close()
