@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli.errors import EXIT_INTERRUPTED
-from rollnet.reference.demo_control import DataDirLock, StopSignals, signal_groups
+from rollnet.reference.demo_control import (
+    DataDirLock,
+    StopSignals,
+    complete_when_done,
+    in_daemon_thread,
+    signal_groups,
+)
 from rollnet.reference.demo_view import SwarmWatch
 from rollnet.sdk import PROTOCOL_VERSION, ConnectionConfig, Identity, RollnetClient
 from rollnet.v1 import (
@@ -189,7 +195,8 @@ def _models(root: Path, config: DemoConfig) -> Path:
     base = root / "model"
     if not (base / "config.json").exists():
         print("creating the tiny model ...", flush=True)
-        init_tiny_model(base)
+        with complete_when_done(base) as partial:
+            init_tiny_model(partial)
     warm = root / f"model-warm-{config.warm_start_steps}"
     if not (warm / "config.json").exists():
         import torch
@@ -198,9 +205,15 @@ def _models(root: Path, config: DemoConfig) -> Path:
         torch.set_num_threads(1)
         started = time.monotonic()
         print("warm-starting it on the reverse environment's format ...", flush=True)
-        result = warm_start(
-            base, warm, "reverse", fmt="copy", answer_share=0.1, steps=config.warm_start_steps
-        )
+        with complete_when_done(warm) as partial:
+            result = warm_start(
+                base,
+                partial,
+                "reverse",
+                fmt="copy",
+                answer_share=0.1,
+                steps=config.warm_start_steps,
+            )
         print(
             f"warm start: loss {result.first_loss:.2f} -> {result.final_loss:.2f} in "
             f"{time.monotonic() - started:.0f} s",
@@ -231,7 +244,8 @@ async def _run_locked(
         print(f"starting afresh: the previous run's network under {root} removed")
     for sub in ("keys", "logs"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    model_dir = await asyncio.to_thread(_models, root, config)
+    # A thread a stop need not wait for: the models appear only once complete.
+    model_dir = await in_daemon_thread(_models, root, config)
     trainer = _key(root / "keys" / "trainer.key")
     validators = [_key(root / "keys" / f"validator-{i}.key") for i in range(config.validators)]
     port = config.port or _free_port()

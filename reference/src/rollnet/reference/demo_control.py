@@ -21,11 +21,13 @@ import dataclasses
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterable, Mapping
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -269,3 +271,49 @@ class StopSignals:
             return False
         job.result()
         return True
+
+
+@contextlib.contextmanager
+def complete_when_done(target: Path) -> Iterator[Path]:
+    """A directory to write ``target`` into, renamed to ``target`` only when the block completes.
+
+    A demo stopped halfway through making a model leaves no half-written model for the next run
+    to load (the next run starts the partial one afresh).
+    """
+    partial = target.with_name(target.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    yield partial
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+
+
+async def in_daemon_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a daemon thread: a cancelled demo exits without waiting for it.
+
+    (``asyncio.to_thread``'s executor is joined when the loop closes: a stop during the warm
+    start would wait for all of it.)
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        result, failure = None, None
+        try:
+            result = function(*args)
+        except BaseException as error:  # handed to the awaiting task
+            failure = error
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the demo was stopped
+            loop.call_soon_threadsafe(settle, result, failure)
+
+    threading.Thread(target=target, name=getattr(function, "__name__", "demo"), daemon=True).start()
+    return await future
