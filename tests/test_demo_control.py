@@ -178,6 +178,10 @@ def test_the_view_shows_what_the_dashboard_reads() -> None:
     assert fields["rollouts"] == "7 validated, 2 rejected (sampling 2)"
     assert fields["broadcast"] == "3 of 4 nodes on checkpoint 3"
     assert fields["ledger"] == "12 entries; credit +900, slash -50"
+    steps = [{"step": 1, "task_reward": 0.3}, {"step": 2, "task_reward": 0.1}]
+    from_trainer = summary_fields(SNAPSHOT, steps)
+    assert from_trainer["step"] == "2"
+    assert from_trainer["task reward"].startswith("0.100 ↘")
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
     assert trend([0.5, 0.5]) == "→"
     assert trend([0.6, 0.2]) == "↘"

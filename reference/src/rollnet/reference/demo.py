@@ -406,7 +406,7 @@ async def _watch_trainer(
     """Follow the trainer's steps with the swarm's view shown, until done or stopped."""
     from rollnet.reference.trainer.metrics import read_jsonl
 
-    watch = SwarmWatch(dashboard_url)
+    watch = SwarmWatch(dashboard_url, metrics=root / "trainer" / "metrics.jsonl")
     poller = asyncio.create_task(watch.run())
     try:
         with watch.shown():

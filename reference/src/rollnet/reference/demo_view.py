@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 #: How often the overview is read (the dashboard page polls every 2 s).
@@ -56,9 +57,20 @@ def rewards_of(snapshot: dict[str, Any]) -> list[float]:
     return [float(row["mean_task_reward"]) for row in rows]
 
 
-def summary_fields(snapshot: dict[str, Any]) -> dict[str, str]:
-    """The view's rows (label -> text) for one overview snapshot."""
-    rewards = rewards_of(snapshot)
+def summary_fields(
+    snapshot: dict[str, Any], trainer_steps: Sequence[dict[str, Any]] = ()
+) -> dict[str, str]:
+    """The view's rows (label -> text) for one overview snapshot.
+
+    ``trainer_steps`` (the trainer's ``metrics.jsonl`` lines), when given, are the step and its
+    mean task reward (the figure the step lines print); otherwise the validated rewards the
+    coordinator sums per rollout step.
+    """
+    rewards = (
+        [float(line["task_reward"]) for line in trainer_steps]
+        if trainer_steps
+        else rewards_of(snapshot)
+    )
     nodes = snapshot.get("nodes", {})
     tasks = {
         k: v for k, v in snapshot.get("tasks", {}).items() if k not in ("accepted", "rejected")
@@ -77,7 +89,9 @@ def summary_fields(snapshot: dict[str, Any]) -> dict[str, str]:
     by_reason = f" ({_counts(reasons)})" if reasons else ""
     amounts = ledger.get("amounts", {})
     return {
-        "step": "none yet" if latest is None else str(latest),
+        "step": str(trainer_steps[-1]["step"])
+        if trainer_steps
+        else ("none yet" if latest is None else str(latest)),
         "task reward": reward,
         "nodes": f"{nodes.get('total', 0)}: {_counts(nodes.get('by_state', {}))}",
         "tasks": _counts(tasks),
@@ -103,8 +117,12 @@ def plain_line(snapshot: dict[str, Any]) -> str:
 class SwarmWatch:
     """Poll the dashboard's overview while the demo runs and show it (see the module)."""
 
-    def __init__(self, dashboard_url: str, *, out: TextIO | None = None) -> None:
+    def __init__(
+        self, dashboard_url: str, *, metrics: Path | None = None, out: TextIO | None = None
+    ) -> None:
         self.url = dashboard_url.rstrip("/")
+        self.metrics = metrics
+        self.trainer_steps: list[dict[str, Any]] = []
         self.out = out or sys.stdout
         self.live = self.out.isatty()
         self.snapshot: dict[str, Any] | None = None
@@ -135,6 +153,10 @@ class SwarmWatch:
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
+                if self.metrics is not None:
+                    from rollnet.reference.trainer.metrics import read_jsonl
+
+                    self.trainer_steps = read_jsonl(self.metrics)
                 try:
                     async with session.get(f"{self.url}/api/overview") as reply:
                         reply.raise_for_status()
@@ -167,7 +189,7 @@ class SwarmWatch:
         if self.snapshot is None:
             table.add_row("swarm", self.error or "waiting for the coordinator's overview ...")
         else:
-            for label, text in summary_fields(self.snapshot).items():
+            for label, text in summary_fields(self.snapshot, self.trainer_steps).items():
                 table.add_row(label, text)
             if self.error:
                 table.add_row("", self.error)
