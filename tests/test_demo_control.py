@@ -277,3 +277,47 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+FORCED = """
+import asyncio, subprocess, sys
+from rollnet.reference.demo_control import StopSignals
+
+async def main() -> int:
+    stop = StopSignals()
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time;"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"],
+        start_new_session=True, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"up\\n"
+    stop.watch({"stubborn": child})
+    stop.following = True  # as while the demo follows the trainer: the first signal only asks
+    stop.install(asyncio.current_task())
+    print(child.pid, flush=True)
+    await stop.stopping.wait()
+    print("stopping", flush=True)
+    await asyncio.sleep(60)  # a child that does not drain; the second signal must not wait
+    return 0
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def test_a_second_signal_kills_every_child_at_once() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-c", FORCED], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert demo.stdout is not None
+    child = int(demo.stdout.readline())
+    demo.send_signal(signal.SIGINT)
+    assert demo.stdout.readline() == "stopping\n"
+    assert _alive(child)  # it ignores SIGTERM, and nothing has killed it yet
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(timeout=30) == 130
+    err = demo.stderr.read() if demo.stderr else ""
+    assert "SIGINT: stopping the demo (Ctrl-C again to force)" in err, err
+    assert "SIGINT again: killing every process of the demo" in err, err
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed; init reaps it
+    assert not _alive(child)
