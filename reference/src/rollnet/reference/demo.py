@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollnet.reference.cli.errors import EXIT_INTERRUPTED
+from rollnet.reference.cli.errors import EXIT_INTERRUPTED, CliError
 from rollnet.reference.demo_control import (
     DataDirLock,
     StopSignals,
@@ -152,7 +152,7 @@ def _key(path: Path) -> Identity:
     return identity
 
 
-async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes]) -> None:
+async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes], log: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -161,13 +161,16 @@ async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes]) 
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError("the coordinator exited; see coordinator.log")
+                raise CliError(
+                    f"the demo's coordinator exited at start ({process.returncode}); "
+                    f"its log says why: {log}"
+                )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             await asyncio.sleep(0.2)
-    raise RuntimeError("the coordinator did not become ready within 120 s")
+    raise CliError(f"the demo's coordinator did not become ready within 120 s; see {log}")
 
 
 def _trainer_toml(config: DemoConfig) -> str:
@@ -283,7 +286,9 @@ async def _run_locked(
             ],
             logs,
         )
-        await _wait_for_coordinator(address, swarm.processes["coordinator"])
+        await _wait_for_coordinator(
+            address, swarm.processes["coordinator"], logs / "coordinator.log"
+        )
         print(f"coordinator on {address} (network {NETWORK_ID}); logs in {logs}", flush=True)
         print(f"dashboard: http://{dashboard}/", flush=True)
         swarm.start(

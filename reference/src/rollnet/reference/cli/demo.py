@@ -20,8 +20,11 @@ def register(subparsers: Any) -> None:
             "Warm-start the tiny model on the reverse environment's format, start a "
             "coordinator, the trainer, workers, validators and cheating workers as separate "
             "processes, and follow the reward step by step as GRPO raises it; then show the "
-            "ledger (credits, slashes) and verify it. Leaves trainer/metrics.jsonl and "
-            "reward.png in the data directory."
+            "ledger (credits, slashes) and verify it. On a terminal a live panel shows the "
+            "swarm as the coordinator's dashboard sees it (plain lines otherwise). Leaves "
+            "trainer/metrics.jsonl, reward.png and the ledger's export ledger.jsonl in the data "
+            "directory. Ctrl-C or SIGTERM stops every process and still prints the summary "
+            "(a second Ctrl-C forces). See docs/demo.md."
         ),
     )
     parser.add_argument("--data-dir", type=Path, default=Path(".data/demo"))
