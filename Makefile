@@ -11,6 +11,9 @@ TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # The browser the dashboard's tests drive (Debian's package; playwright's own download is not used).
 CHROMIUM ?= /usr/bin/chromium
+# Test processes `make test` runs side by side (pytest-xdist). Much of the suite waits on servers
+# and deadlines, so two processes finish it in about two thirds of the time even on two cores.
+TEST_WORKERS ?= 2
 # The plain HTTP cache put in front of a relay origin in the broadcast tests (Debian's nginx).
 NGINX ?= /usr/sbin/nginx
 
@@ -75,7 +78,7 @@ demo: $(STAMP) ## the main job: a local swarm on this machine
 	$(BIN)/rollnet demo --data-dir .data/demo
 
 test: $(STAMP) browser sandbox-tools http-cache ## the test suite (what CI runs)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict
 	$(BIN)/ruff check .

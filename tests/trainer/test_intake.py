@@ -80,6 +80,9 @@ def test_groups_without_signal_are_dropped_and_replaced() -> None:
     batch = intake.take_batch(0)
     assert batch is not None
     assert all(len(set(g.rewards)) > 1 for g in batch)
+    # What the samples scored counts the flat group too (4 x 1.0, then 2 x SIGNAL).
+    assert intake.counters.scored_rollouts == 12
+    assert intake.counters.scored_task_reward == pytest.approx(4.0 + 2 * sum(SIGNAL))
 
 
 def test_asynchronous_demand_keeps_several_batches_in_flight() -> None:

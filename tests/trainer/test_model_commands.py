@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollnet.reference.cli import main
 from rollnet.reference.trainer.difficulty import ScoredProblem, write_band
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """``--torch-threads 1`` sets the process's torch threads; put them back after."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_warm_start_then_difficulty(tmp_path: Path, tiny_model: Path) -> None:
     out = tmp_path / "warm"
     assert main(["model", "warm-start", "--model", str(tiny_model), "--out", str(out),
-                 "--steps", "20", "--seed", "3"]) == 0  # fmt: skip
+                 "--steps", "20", "--seed", "3", "--torch-threads", "1"]) == 0  # fmt: skip
+    assert torch.get_num_threads() == 1
     record = json.loads((out / "rollnet_warm_start.json").read_text())
     assert record["final_loss"] < record["first_loss"]
     assert (out / "tokenizer.json").exists()
     band = tmp_path / "band.jsonl"
     assert main(["model", "difficulty", "--model", str(out), "--out", str(band),
-                 "--problems", "6", "--samples", "2", "--keep", "0:1"]) == 0  # fmt: skip
+                 "--problems", "6", "--samples", "2", "--keep", "0:1",
+                 "--torch-threads", "1"]) == 0  # fmt: skip
     lines = [json.loads(line) for line in band.read_text().splitlines()]
     assert len(lines) == 6
     assert all(0.0 <= line["mean_reward"] <= 1.0 for line in lines)

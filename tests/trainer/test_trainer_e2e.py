@@ -64,8 +64,12 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
     trainer = Identity.generate()
     trainer.save(trainer_key)
     checker = Identity.generate()
+    # Spot checks thin out after one accepted commitment: some rollouts reach the trainer
+    # without the validator's log-probabilities or reward, which it then computes itself.
     coordinator = await start_coordinator(
-        coordinator_config(tmp_path, sqlite_url, trainer, checker)
+        coordinator_config(
+            tmp_path, sqlite_url, trainer, checker, trusted_streak=1, min_validation_rate=0.0
+        )
     )
     address = coordinator.address
     config = tmp_path / "trainer.toml"
@@ -121,8 +125,10 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
         assert line["groups"] == 2
         assert line["samples"] == 8
         assert line["staleness"] == {"0": 2}
-        assert line["validated_fraction"] == 1.0
+        # Every token's μ is the validator's or the trainer's own recomputation.
+        assert line["validated_fraction"] + line["recomputed_fraction"] == pytest.approx(1.0)
         assert line["grad_norm"] > 0
+    print("validated share per step:", [round(line["validated_fraction"], 2) for line in lines])
     assert json.loads((data_dir / "state.json").read_text())["step"] == STEPS
     # bf16 checkpoints, only the newest kept (max_off_policy_steps 0)
     assert sorted(p.name for p in (data_dir / "checkpoints").iterdir()) == [f"step-{STEPS}"]

@@ -454,8 +454,9 @@ async def _follow_trainer(
         for line in lines[shown:]:
             lag = ", ".join(f"{k}:{v}" for k, v in sorted(line["staleness"].items()))
             print(
-                f"step {line['step']:>3}: task reward {line['task_reward']:.3f}  "
-                f"({line['samples']} rollouts, lag {{{lag}}}, trainer idle "
+                f"step {line['step']:>3}: task reward {line['sampled_task_reward']:.3f} "
+                f"(batch {line['task_reward']:.3f}, {line['samples']} rollouts, lag {{{lag}}}, "
+                "trainer idle "
                 f"{100 * line['idle_fraction']:.0f}%, {line['tokens_per_s']:.0f} tokens/s)",
                 flush=True,
             )
@@ -475,7 +476,7 @@ async def _follow_trainer(
 
 
 def _summarize(lines: list[dict[str, Any]], root: Path) -> None:
-    rewards = [line["task_reward"] for line in lines]
+    rewards = [line["sampled_task_reward"] for line in lines]
     head = statistics.fmean(rewards[:3])
     tail = statistics.fmean(rewards[-5:])
     print(
@@ -500,7 +501,7 @@ def _summarize(lines: list[dict[str, Any]], root: Path) -> None:
 
 
 def plot_rewards(lines: list[dict[str, Any]], out: Path) -> Path:
-    """Draw the task reward per step (and the share of the batch validated) into ``out``."""
+    """Draw the task reward per step — of all sampled groups, and of the batch — into ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -508,9 +509,13 @@ def plot_rewards(lines: list[dict[str, Any]], out: Path) -> Path:
 
     steps = [line["step"] for line in lines]
     figure, axes = plt.subplots(figsize=(7, 4), dpi=120)
-    axes.plot(steps, [line["task_reward"] for line in lines], marker="o", markersize=3)
+    sampled = [line["sampled_task_reward"] for line in lines]
+    batch = [line["task_reward"] for line in lines]
+    axes.plot(steps, sampled, marker="o", markersize=3, label="all sampled groups")
+    axes.plot(steps, batch, alpha=0.5, label="the batch (groups with signal)")
+    axes.legend(loc="lower right")
     axes.set_xlabel("trainer step")
-    axes.set_ylabel("mean task reward of the batch")
+    axes.set_ylabel("mean task reward")
     axes.set_ylim(0, 1)
     axes.set_title("rollnet demo: GRPO on reverse, tiny model, local swarm")
     axes.grid(alpha=0.3)

@@ -148,6 +148,11 @@ def _worker(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not select(WORKER_CASES, args.case, args.skip):
         raise CliError("--case and --skip select no case (see --list)")
+    from rollnet.reference.logs import configure_logging
+
+    # The harness's coordinator and validator log to stderr, warnings only: stdout is the
+    # report, one line per case.
+    configure_logging("WARNING")
     config = WorkerHarnessConfig(
         command=args.command,
         work_dir=args.work_dir,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli import node_options
 from rollnet.reference.cli.option_types import directory, whole
 
 _hidden = whole("hidden size", minimum=8, maximum=8192)
@@ -132,6 +133,7 @@ def _environment_or_error(name: str, config: dict[str, Any]) -> None:
 
 def _warm_start(args: argparse.Namespace) -> int:
     _environment_or_error(args.environment, args.environment_config)
+    node_options.apply(args)
     started = time.monotonic()
     print("warm start: loading PyTorch ...", file=sys.stderr, flush=True)
     from rollnet.reference.trainer.warm_start import warm_start
@@ -163,6 +165,7 @@ def _warm_start(args: argparse.Namespace) -> int:
 
 def _difficulty(args: argparse.Namespace) -> int:
     _environment_or_error(args.environment, args.environment_config)
+    node_options.apply(args)
     print("difficulty: loading PyTorch ...", file=sys.stderr, flush=True)
     from rollnet.reference.trainer.difficulty import score_problems, write_band
 
@@ -225,6 +228,7 @@ def _register_warm_start(commands: Any) -> None:
         "--learning-rate", type=_fraction, default=3e-3, help="AdamW learning rate (3e-3)"
     )
     parser.add_argument("--seed", type=whole("seed", minimum=0), default=0, help="default 0")
+    node_options.add_argument(parser)
     parser.set_defaults(handler=_warm_start)
 
 
@@ -254,4 +258,5 @@ def _register_difficulty(commands: Any) -> None:
         "--keep", type=_band, default=(0.05, 0.95), metavar="LOW:HIGH", help="default 0.05:0.95"
     )
     parser.add_argument("--seed", type=whole("seed", minimum=0), default=0, help="default 0")
+    node_options.add_argument(parser)
     parser.set_defaults(handler=_difficulty)

@@ -39,6 +39,7 @@ from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.methods import method_path
 from rollnet.v1 import (
+    checkpoint_pb2,
     checkpoint_service_pb2,
     commitment_service_pb2,
     common_pb2,
@@ -338,15 +339,27 @@ class Harness:
             self.stream_after = max(self.stream_after, rollout.sequence)
             self.accepted[rollout.task_id] = rollout.node_id
 
-    async def publish_next(self) -> int:
-        """Publish the tiny model again as the next step."""
-        from rollnet.reference.checkpoints import publish_model_dir
+    async def publish_next(self, *, delta_seed: int | None = None) -> int:
+        """Publish the next step: the current weights again, or (``delta_seed``) the tiny model
+        drawn from that seed, shipped with deltas against the current step's files."""
+        from rollnet.reference.checkpoints import DeltaBase, publish_model_dir
+        from rollnet.reference.model.tiny import init_tiny_model
 
         assert self.trainer is not None
         assert self.model_dir is not None
+        base = DeltaBase(self.step, self.model_dir)
         self.step += 1
+        if delta_seed is not None:
+            self.model_dir = await asyncio.to_thread(
+                init_tiny_model, self.root / f"model-{self.step}", delta_seed
+            )
         await publish_model_dir(
-            self.trainer, self.keys["trainer"], self.model_dir, self.step, NETWORK
+            self.trainer,
+            self.keys["trainer"],
+            self.model_dir,
+            self.step,
+            NETWORK,
+            delta_base=base if delta_seed is not None else None,
         )
         return self.step
 
@@ -488,6 +501,26 @@ async def new_checkpoint(harness: Harness) -> None:
         if checkpoint_service_pb2.GetCheckpointRequest.FromString(c.body).step == step
     ]
     expect(bool(fetched), f"the worker never asked for checkpoint {step}")
+
+
+@case(
+    "worker.delta_checkpoint",
+    "new weights shipped with deltas: the worker generates with them (delta or shards)",
+)
+async def delta_checkpoint(harness: Harness) -> None:
+    worker = await harness.main_worker()
+    step = await harness.publish_next(delta_seed=1)
+    assert harness.trainer is not None
+    published = await harness.trainer.checkpoints.get_checkpoint(
+        checkpoint_service_pb2.GetCheckpointRequest(step=step)
+    )
+    manifest = checkpoint_pb2.CheckpointManifest.FromString(published.checkpoint.manifest)
+    expect(
+        any(file.HasField("delta") for file in manifest.files),
+        "the harness published no delta (the trainer's build_manifest changed?)",
+    )
+    tasks = await harness.request(1)
+    await harness.wait_accepted(tasks, worker.identity.node_id)
 
 
 def _interval(seconds: float) -> Callable[[bytes, bytes], bytes]:

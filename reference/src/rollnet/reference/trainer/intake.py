@@ -64,6 +64,10 @@ class IntakeCounters:
     rollouts_ignored_settled: int = 0
     demand_written_off: int = 0
     rollouts_dropped_partial: int = 0
+    scored_rollouts: int = 0
+    """Rollouts of every fresh complete group that was scored (kept or dropped for no signal)."""
+    scored_task_reward: float = 0.0
+    """Their task rewards, summed: what the workers' samples score, before filtering."""
     staleness: dict[int, int] = field(default_factory=dict)
     """Lag (steps) -> groups trained on with it."""
 
@@ -174,6 +178,8 @@ class RolloutIntake:
             return
         rewards = [self._reward_of(m) for m in members]
         totals = [total for total, _ in rewards]
+        self.counters.scored_rollouts += len(rewards)
+        self.counters.scored_task_reward += sum(task for _, task in rewards)
         if not has_signal(totals):
             self.counters.dropped_no_signal += 1
             self._settle(m.sequence for m in members)

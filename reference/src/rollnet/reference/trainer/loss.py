@@ -8,10 +8,11 @@ batch divide by the same global count.
 
 The importance ratio ``r = π/μ = exp(logπ − logμ)`` is taken against ``μ``, the behaviour
 log-probabilities, so one ratio corrects both staleness (the rollout was sampled some steps ago)
-and the mismatch between the inference engine and the trainer. Which ``μ`` is used is decided by
-:func:`behaviour_reference`: the validator's recomputed log-probabilities where the rollout was
-validated; where it was not, the trainer's own ``logπ`` detached, which makes the ratio exactly
-1 with the on-policy gradient — a worker's reported numbers then cannot change a token's weight
+and the mismatch between the inference engine and the trainer. ``μ`` is never what a worker
+reported: it is the validator's recomputation where the rollout was validated, or the trainer's
+own with the rollout's checkpoint (the trainer node fills it in before the loss). Where neither
+is given, :func:`behaviour_reference` takes the trainer's own ``logπ`` detached: the ratio is
+exactly 1 with the on-policy gradient, so a worker's numbers cannot change a token's weight
 (docs/trainer.md, "What the importance ratio trusts").
 
 Options (``LossConfig.kind``):

@@ -1,7 +1,10 @@
 """The trainer's metrics: Prometheus gauges and counters, and one JSON line per step.
 
-Each step's line (``metrics.jsonl`` in the data directory) holds: ``step``; ``reward`` and
-``task_reward`` (means over the batch, validated or recomputed), ``length_penalty``;
+Each step's line (``metrics.jsonl`` in the data directory) holds: ``step``;
+``sampled_task_reward`` (mean task reward of every group scored since the previous step, those
+dropped for having no signal included: what the policy's samples are worth) and
+``sampled_rollouts``; ``reward`` and ``task_reward`` (means over the batch, validated or
+recomputed), ``length_penalty``;
 ``advantage_mean``/``advantage_std``/``advantage_abs_max``; the loss; per-branch fractions of
 loss tokens (``frac_<branch>``); ``mismatch_kl`` (trainer vs reported behaviour log-probs, per
 token); ``entropy`` (per token); ``grad_norm`` (before clipping); ``staleness`` (lag -> groups

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import statistics
@@ -30,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from rollnet.reference.trainer.config import TrainerConfig
 from rollnet.reference.trainer.intake import Group, RolloutIntake
@@ -109,6 +112,9 @@ class Trainer:
         self._recomputed: dict[int, tuple[float, float]] = {}
         self._wake = _Rollouts(asyncio.Event(), time.monotonic())
         self._stream_error: BaseException | None = None
+        self._behaviour_models: dict[int, Any] = {}
+        self._validated_fraction = self._recomputed_fraction = 0.0
+        self._scored_before = (0, 0.0)
         self.intake: RolloutIntake | None = None
 
     def request_stop(self) -> None:
@@ -374,27 +380,76 @@ class Trainer:
 
         started = time.monotonic()
         config = self.config
-        sequences = []
+        sequences: list[TrainingSequence] = []
+        unchecked: dict[int, list[int]] = {}  # checkpoint step -> indexes without validator μ
         for group in batch:
             for accepted, advantage in zip(group.rollouts, group.advantages, strict=True):
                 rollout = accepted.rollout
                 completion = list(rollout.completion_token_ids)
                 validated = list(accepted.validated_logprobs)
+                checked = len(validated) == len(completion)
+                if not checked:
+                    unchecked.setdefault(group.checkpoint_step, []).append(len(sequences))
                 sequences.append(
                     TrainingSequence(
                         prompt_ids=list(rollout.prompt_token_ids),
                         completion_ids=completion,
                         behaviour_logprobs=list(rollout.behaviour_logprobs),
-                        validated_logprobs=validated if len(validated) == len(completion) else None,
+                        validated_logprobs=validated if checked else None,
                         advantage=advantage,
                         temperature=config.temperature,
                     )
                 )
-        stats = self.learner.step(sequences)
         total = sum(len(s.completion_ids) for s in sequences)
-        checked = sum(len(s.completion_ids) for s in sequences if s.validated_logprobs is not None)
-        self._validated_fraction = checked / total if total else 0.0
+        self._validated_fraction = (
+            sum(len(s.completion_ids) for s in sequences if s.validated_logprobs is not None)
+            / total
+        )
+        recomputed = 0
+        for checkpoint, indexes in unchecked.items():
+            values = self._recompute_behaviour(checkpoint, [sequences[i] for i in indexes])
+            if values is None:
+                continue
+            for index, logprobs in zip(indexes, values, strict=True):
+                sequences[index] = dataclasses.replace(
+                    sequences[index], validated_logprobs=logprobs
+                )
+                recomputed += len(logprobs)
+        self._recomputed_fraction = recomputed / total
+        stats = self.learner.step(sequences)
         return stats, time.monotonic() - started
+
+    def _recompute_behaviour(
+        self, checkpoint: int, sequences: list[Any]
+    ) -> list[list[float]] | None:
+        """``μ`` of rollouts no validator re-checked, computed here with the very checkpoint
+        they claim (the bf16 weights this trainer published, kept on disk while a rollout may
+        still come from them); ``None`` when that checkpoint is gone (then the loss falls back
+        to the on-policy weight)."""
+        from transformers import AutoModelForCausalLM
+
+        from rollnet.reference.trainer.policy import PolicyForward, behaviour_logprobs
+
+        directory = checkpoint_dir(self.settings.data_dir, checkpoint)
+        if not (directory / "config.json").exists():
+            return None
+        cached = self._behaviour_models.get(checkpoint)
+        if cached is None:
+            loader: Any = AutoModelForCausalLM
+            model = loader.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
+            cached = PolicyForward(model.to(self.config.device).eval())
+            oldest = self.step - self.config.max_off_policy_steps
+            self._behaviour_models = {
+                k: v for k, v in self._behaviour_models.items() if k >= oldest
+            }
+            self._behaviour_models[checkpoint] = cached
+        return behaviour_logprobs(
+            cached,
+            sequences,
+            self.learner.pad_id,
+            torch.device(self.config.device),
+            self.config.micro_batch_size,
+        )
 
     def _metrics_line(
         self,
@@ -411,8 +466,16 @@ class Trainer:
         tokens = max(stats.loss_tokens, 1)
         samples = len(rewards)
         wall = max(idle + busy, 1e-9)
+        scored = intake.counters.scored_rollouts - self._scored_before[0]
+        scored_sum = intake.counters.scored_task_reward - self._scored_before[1]
+        self._scored_before = (intake.counters.scored_rollouts, intake.counters.scored_task_reward)
         line: dict[str, Any] = {
             "step": self.step,
+            # Everything scored since the last step, groups without signal included: what the
+            # policy's samples are worth (the batch's own mean leaves out the groups that were
+            # all right, or all wrong).
+            "sampled_task_reward": scored_sum / scored if scored else statistics.fmean(tasks),
+            "sampled_rollouts": scored,
             "reward": statistics.fmean(rewards),
             "task_reward": statistics.fmean(tasks),
             "length_penalty": statistics.fmean(t - r for t, r in zip(tasks, rewards, strict=True)),
@@ -427,6 +490,7 @@ class Trainer:
             "grad_norm": stats.grad_norm,
             "learning_rate": stats.learning_rate,
             "validated_fraction": self._validated_fraction,
+            "recomputed_fraction": self._recomputed_fraction,
             "groups": len(batch),
             "samples": samples,
             "staleness": staleness,

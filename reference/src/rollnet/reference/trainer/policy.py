@@ -28,6 +28,7 @@ __all__ = [
     "PolicyForward",
     "StepStats",
     "TrainingSequence",
+    "behaviour_logprobs",
     "pack",
     "train_step",
     "warmup_lambda",
@@ -250,3 +251,34 @@ def train_step(
     stats.learning_rate = float(optimizer.param_groups[0]["lr"])
     scheduler.step()
     return stats
+
+
+@torch.no_grad()
+def behaviour_logprobs(
+    policy: nn.Module,
+    sequences: Sequence[TrainingSequence],
+    pad_id: int,
+    device: torch.device,
+    micro_batch_size: int = 64,
+) -> list[list[float]]:
+    """Each sequence's completion-token log-probabilities under ``policy`` (no gradient): the
+    trainer's own recomputation of ``μ`` with the checkpoint a rollout was sampled with, for
+    rollouts a validator did not re-check."""
+    results: list[list[float]] = []
+    for start in range(0, len(sequences), micro_batch_size):
+        chunk = sequences[start : start + micro_batch_size]
+        batch = pack(chunk, pad_id, device)
+        logprobs, _ = policy(
+            batch.input_ids,
+            batch.attention_mask,
+            batch.positions,
+            batch.targets,
+            batch.temperatures,
+        )
+        flat = logprobs.float().cpu().tolist()
+        offset = 0
+        for sequence in chunk:
+            size = len(sequence.completion_ids)
+            results.append(flat[offset : offset + size])
+            offset += size
+    return results

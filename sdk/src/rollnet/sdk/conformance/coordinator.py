@@ -109,7 +109,7 @@ SUITE = "coordinator"
 
 
 def case(
-    name: str, summary: str, *, timeout: float = 60.0
+    name: str, summary: str, *, timeout: float = 150.0
 ) -> Callable[[Callable[[Target], Awaitable[None]]], Callable[[Target], Awaitable[None]]]:
     """Add the decorated function to :data:`CASES`."""
 
@@ -423,7 +423,7 @@ async def _expect_auth(
 
 @case("auth.missing", "each signing header absent or empty: SIGNATURE_MISSING")
 async def auth_missing(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     for name in SIGNING_HEADERS:
         headers = replace_header(peer.headers(GET_NODE, body), name, None)
@@ -435,7 +435,7 @@ async def auth_missing(target: Target) -> None:
 
 @case("auth.repeated", "a signing header sent twice: SIGNATURE_MALFORMED")
 async def auth_repeated(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     for name in (KEY_HEADER, NONCE_HEADER, SIGNATURE_HEADER):
         headers = peer.headers(GET_NODE, body)
@@ -448,7 +448,7 @@ async def auth_repeated(target: Target) -> None:
     "undecodable headers (key, signature, timestamp, nonce, digest): SIGNATURE_MALFORMED",
 )
 async def auth_malformed(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     honest = dict(peer.headers(GET_NODE, body))
     bad = [
@@ -475,7 +475,7 @@ async def auth_malformed(target: Target) -> None:
 
 @case("auth.forged", "a signature by another key, or random bytes: SIGNATURE_INVALID")
 async def auth_forged(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     forged = peer.headers(GET_NODE, body, Tamper(signer=Identity.generate()))
     await _expect_auth(target, peer, forged, "SIGNATURE_INVALID", "signed by another key")
@@ -487,7 +487,7 @@ async def auth_forged(target: Target) -> None:
 
 @case("auth.tampered_body", "a body other than the signed one: BODY_HASH_MISMATCH")
 async def auth_tampered_body(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = node_service_pb2.GetNodeRequest(node_id=peer.node_id).SerializeToString()
     signed = _get_node().SerializeToString()
     headers = peer.headers(GET_NODE, body, Tamper(signed_body=signed))
@@ -508,7 +508,7 @@ async def auth_tampered_body(target: Target) -> None:
 
 @case("auth.other_method", "a signature made for another method: SIGNATURE_INVALID")
 async def auth_other_method(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = node_service_pb2.HeartbeatRequest().SerializeToString()  # empty, as GetNode's
     headers = peer.headers(HEARTBEAT, body, Tamper(signed_method=GET_NODE))
     try:
@@ -521,7 +521,7 @@ async def auth_other_method(target: Target) -> None:
 
 @case("auth.replay", "the same signed call twice: the second NONCE_REPLAYED")
 async def auth_replay(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     headers = peer.headers(GET_NODE, body)
     await target.wire.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
@@ -531,12 +531,12 @@ async def auth_replay(target: Target) -> None:
 @case(
     "auth.replay_after_restart",
     "a call replayed after the target restarted: NONCE_REPLAYED",
-    timeout=120.0,
+    timeout=240.0,
 )
 async def auth_replay_after_restart(target: Target) -> None:
     if target.config.restart is None:
         raise Skipped("needs a restart hook (--restart-command)")
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     headers = peer.headers(GET_NODE, body)
     await target.wire.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
@@ -550,7 +550,7 @@ async def auth_replay_after_restart(target: Target) -> None:
 async def auth_replay_other_replica(target: Target) -> None:
     if target.config.replica is None:
         raise Skipped("needs the address of another replica (--replica HOST:PORT)")
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     headers = peer.headers(GET_NODE, body)
     await target.wire.raw_unary(GET_NODE, body, headers, timeout=target.config.call_timeout)
@@ -570,7 +570,7 @@ async def auth_replay_other_replica(target: Target) -> None:
 
 @case("auth.clock_skew", "a timestamp 5 minutes off either way: TIMESTAMP_SKEW")
 async def auth_clock_skew(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     for offset in (-300_000, 300_000):
         headers = peer.headers(GET_NODE, body, Tamper(timestamp_ms=_now_ms() + offset))
@@ -579,7 +579,7 @@ async def auth_clock_skew(target: Target) -> None:
 
 @case("auth.audience", "a call signed for another network: AUDIENCE_MISMATCH")
 async def auth_audience(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     body = _get_node().SerializeToString()
     headers = peer.headers(GET_NODE, body, Tamper(audience=target.config.network_id + "-other"))
     await _expect_auth(target, peer, headers, "AUDIENCE_MISMATCH", "another network")
@@ -614,7 +614,7 @@ async def auth_strict_ed25519(target: Target) -> None:
     "a worker calling trainer, validator and operator RPCs: ROLE_NOT_ALLOWED",
 )
 async def auth_role_not_allowed(target: Target) -> None:
-    peer = await target.worker()
+    peer = await target.shared_worker()
     calls: list[tuple[str, Message]] = [
         (PUBLISH, checkpoint_service_pb2.PublishCheckpointRequest()),
         (REQUEST_ROLLOUTS, rollout_service_pb2.RequestRolloutsRequest()),
@@ -629,7 +629,7 @@ async def auth_role_not_allowed(target: Target) -> None:
             raise CaseFailure(f"{method}: {failure}") from None
 
 
-@case("auth.banned", "a banned key is refused everywhere: NODE_BANNED", timeout=60.0)
+@case("auth.banned", "a banned key is refused everywhere: NODE_BANNED")
 async def auth_banned(target: Target) -> None:
     operator = await target.peer("operator")
     worker = await target.worker()
@@ -830,7 +830,7 @@ async def node_list(target: Target) -> None:
     "PullTask with nothing to do returns after about its wait, with retry_after",
 )
 async def dispatch_long_poll(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     start = time.monotonic()
     pulled = await worker.call(
         PULL_TASK,
@@ -1082,7 +1082,7 @@ async def blob_roundtrip(target: Target) -> None:
 
 @case("blob.hash_mismatch", "bytes that do not hash to the declared digest: BLOB_HASH_MISMATCH")
 async def blob_hash_mismatch(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     data = os.urandom(1000)
     other = os.urandom(1000)
     try:
@@ -1095,7 +1095,7 @@ async def blob_hash_mismatch(target: Target) -> None:
 
 @case("blob.size_mismatch", "fewer or more bytes than declared: BLOB_SIZE_MISMATCH")
 async def blob_size_mismatch(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     data = os.urandom(1000)
     for declared in (len(data) + 1, len(data) - 1):
         try:
@@ -1108,7 +1108,7 @@ async def blob_size_mismatch(target: Target) -> None:
 
 @case("blob.size_cap", "a header declaring 2^62 bytes: BLOB_TOO_LARGE, before any byte")
 async def blob_size_cap(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     try:
         await worker.upload_messages([upload_header(b"x", size=1 << 62)])
     except RollnetError as error:
@@ -1119,7 +1119,7 @@ async def blob_size_cap(target: Target) -> None:
 
 @case("blob.header", "a stream starting with a chunk, or with two headers: BLOB_HEADER_INVALID")
 async def blob_header(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     data = os.urandom(100)
     for what, messages in (
         ("a chunk first", [upload_chunk(data)]),
@@ -1138,7 +1138,7 @@ async def blob_header(target: Target) -> None:
 
 @case("blob.worker_shard", "a worker uploading a checkpoint shard: ROLE_NOT_ALLOWED")
 async def blob_worker_shard(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     try:
         await worker.upload(os.urandom(100), blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
     except RollnetError as error:
@@ -1149,7 +1149,7 @@ async def blob_worker_shard(target: Target) -> None:
 
 @case("blob.not_found", "GetBlob of a digest nobody uploaded: BLOB_NOT_FOUND")
 async def blob_not_found(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     try:
         await worker.get_blob(os.urandom(32))
     except RollnetError as error:
@@ -1694,21 +1694,12 @@ async def rollouts_request(target: Target) -> None:
     await trainer.refused(
         REQUEST_ROLLOUTS, bad, C.INVALID_ARGUMENT, "INVALID_FIELDS", field="prompts_per_task"
     )
-    # Take the two tasks off the queue so that later cases lease their own.
+    # Finish the two tasks so that later cases lease their own.
     worker = await target.worker()
     for _ in first.task_ids:
         pulled = await worker.pull(wait=2.0)
         if pulled.HasField("task"):
-            await worker.call(
-                FAIL_TASK,
-                task_service_pb2.FailTaskRequest(
-                    request_id=new_request_id(),
-                    lease_id=pulled.lease.lease_id,
-                    fencing_token=pulled.lease.fencing_token,
-                    reason=task_service_pb2.FAIL_REASON_DRAINING,
-                ),
-                task_service_pb2.FailTaskResponse,
-            )
+            await target.commit(worker, target.work(worker, pulled.task, pulled.lease))
 
 
 @case("rollouts.stream", "accepted rollouts reach StreamRollouts, with sequences, resumable")
@@ -1798,7 +1789,7 @@ async def _entries(peer: Peer, node_id: str = "") -> list[ledger_pb2.LedgerEntry
 
 @case("ledger.chain", "every ledger entry hashes as docs/ledger.md says; the signed head verifies")
 async def ledger_chain(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     key = await target.coordinator_public_key()
     head = await worker.call(
         CHAIN_HEAD,
@@ -1818,7 +1809,7 @@ async def ledger_chain(target: Target) -> None:
     "a signed body that is not the request message: INVALID_FIELDS, never INTERNAL",
 )
 async def malformed_unparseable(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     # A message that does not parse names no field, so no field violation is required.
     for body in (b"\xff\xff\xff\xff", b"\x0a\x05ab"):
         await worker.refused(GET_NODE, body, C.INVALID_ARGUMENT, "INVALID_FIELDS", violations=False)
@@ -1829,7 +1820,7 @@ async def malformed_unparseable(target: Target) -> None:
     "out-of-bounds fields each named: enum, NaN, request id, node id, list length",
 )
 async def malformed_fields(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     beat = node_service_pb2.HeartbeatRequest(metrics={"tokens/s": math.nan})
     beat.activity = 99  # type: ignore[assignment]
     error = await worker.refused(
@@ -1863,7 +1854,7 @@ async def malformed_fields(target: Target) -> None:
 
 @case("malformed.newer_fields", "fields of a newer minor version (unknown numbers) are ignored")
 async def malformed_newer_fields(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     # Field 1000 as a varint and field 1001 as bytes: what a 1.n node could add.
     extra = b"\xc0\x3e\x07" + b"\xca\x3e\x03abc"
     body = node_service_pb2.GetNodeRequest(node_id=worker.node_id).SerializeToString() + extra
@@ -1875,7 +1866,7 @@ async def malformed_newer_fields(target: Target) -> None:
 
 @case("malformed.too_large", "a message above the size cap: RESOURCE_EXHAUSTED, no RetryInfo")
 async def malformed_too_large(target: Target) -> None:
-    worker = await target.worker()
+    worker = await target.shared_worker()
     cap = target.config.max_message_bytes
     big = node_service_pb2.HeartbeatRequest(metrics={"k": 1.0})
     body = big.SerializeToString() + b"\x22" + _encode_varint(cap) + b"\x00" * cap  # field 4 bytes
@@ -1915,7 +1906,7 @@ def _encode_varint(value: int) -> bytes:
 @case(
     "errors.rate_limit",
     "registrations past the per-address limit: RATE_LIMITED with a RetryInfo",
-    timeout=120.0,
+    timeout=180.0,
 )
 async def errors_rate_limit(target: Target) -> None:
     for _ in range(2000):
