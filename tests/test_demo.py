@@ -57,6 +57,12 @@ def test_demo_swarm_accepts_honest_work_and_rejects_the_cheat(tmp_path: Path) ->
     assert "rejected:" in output, output
     assert "KIND_SLASH" in output, output
     assert "entries verified" in output, output
+    assert "dashboard: http://127.0.0.1:" in output, output
+    assert "swarm: step " in output, output  # the view's plain lines (stdout is no terminal)
+    export = tmp_path / "demo" / "ledger.jsonl"
+    assert "ledger export: " in output, output
+    assert str(export) in output, output
+    assert export.stat().st_size > 0
     balances = [line for line in output.splitlines() if line.strip().startswith("balance")]
     cheat = [line for line in balances if "cheat-token_altered" in line]
     assert cheat, balances

@@ -26,6 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli.errors import EXIT_INTERRUPTED, CliError
+from rollnet.reference.demo_control import (
+    DataDirLock,
+    StopSignals,
+    complete_when_done,
+    in_daemon_thread,
+    signal_groups,
+)
+from rollnet.reference.demo_view import SwarmWatch
 from rollnet.sdk import PROTOCOL_VERSION, ConnectionConfig, Identity, RollnetClient
 from rollnet.v1 import (
     common_pb2,
@@ -36,6 +45,8 @@ from rollnet.v1 import (
 )
 
 NETWORK_ID = "rollnet-demo"
+#: The ledger's export (``rollnet ledger export``'s format) a finished demo leaves.
+LEDGER_EXPORT = "ledger.jsonl"
 
 
 @dataclass
@@ -64,12 +75,18 @@ class DemoConfig:
 @dataclass
 class _Swarm:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    keep_fds: tuple[int, ...] = ()
+    """Inherited by every child: the data directory's lock (see demo_control.DataDirLock)."""
 
     def start(self, name: str, args: list[str], log_dir: Path) -> None:
-        log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        self.processes[name] = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with open(log_dir / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=self.keep_fds,
+            )
 
     def stop(self, timeout: float = 60.0) -> None:
         # Workers and validators first (they drain), the coordinator last.
@@ -77,9 +94,8 @@ class _Swarm:
         nodes = [p for name, p in ordered if name != "coordinator"]
         coordinator = [p for name, p in ordered if name == "coordinator"]
         for group in (nodes, coordinator):
-            for process in group:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
+            # Each child leads a session of its own: its group holds what it started itself.
+            signal_groups(group, signal.SIGTERM)
             deadline = time.monotonic() + timeout
             for process in group:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -87,6 +103,7 @@ class _Swarm:
                 if process.poll() is None:
                     process.kill()
                     process.wait()
+            signal_groups(group, signal.SIGKILL)  # whatever a child left in its group
 
 
 def _free_port() -> int:
@@ -121,7 +138,7 @@ def clear_previous_run(root: Path) -> bool:
             if path.is_dir():
                 shutil.rmtree(path)
                 removed = True
-    for stale in ("reward.png",):
+    for stale in ("reward.png", LEDGER_EXPORT):
         if (root / stale).exists():
             (root / stale).unlink()
     return removed
@@ -135,7 +152,7 @@ def _key(path: Path) -> Identity:
     return identity
 
 
-async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes]) -> None:
+async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes], log: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -144,13 +161,16 @@ async def _wait_for_coordinator(address: str, process: subprocess.Popen[bytes]) 
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError("the coordinator exited; see coordinator.log")
+                raise CliError(
+                    f"the demo's coordinator exited at start ({process.returncode}); "
+                    f"its log says why: {log}"
+                )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             await asyncio.sleep(0.2)
-    raise RuntimeError("the coordinator did not become ready within 120 s")
+    raise CliError(f"the demo's coordinator did not become ready within 120 s; see {log}")
 
 
 def _trainer_toml(config: DemoConfig) -> str:
@@ -178,7 +198,8 @@ def _models(root: Path, config: DemoConfig) -> Path:
     base = root / "model"
     if not (base / "config.json").exists():
         print("creating the tiny model ...", flush=True)
-        init_tiny_model(base)
+        with complete_when_done(base) as partial:
+            init_tiny_model(partial)
     warm = root / f"model-warm-{config.warm_start_steps}"
     if not (warm / "config.json").exists():
         import torch
@@ -187,9 +208,15 @@ def _models(root: Path, config: DemoConfig) -> Path:
         torch.set_num_threads(1)
         started = time.monotonic()
         print("warm-starting it on the reverse environment's format ...", flush=True)
-        result = warm_start(
-            base, warm, "reverse", fmt="copy", answer_share=0.1, steps=config.warm_start_steps
-        )
+        with complete_when_done(warm) as partial:
+            result = warm_start(
+                base,
+                partial,
+                "reverse",
+                fmt="copy",
+                answer_share=0.1,
+                steps=config.warm_start_steps,
+            )
         print(
             f"warm start: loss {result.first_loss:.2f} -> {result.final_loss:.2f} in "
             f"{time.monotonic() - started:.0f} s",
@@ -198,29 +225,49 @@ def _models(root: Path, config: DemoConfig) -> Path:
     return warm
 
 
-async def run_demo(config: DemoConfig) -> int:
-    """Run the demo swarm; returns a process exit code."""
+async def run_demo(config: DemoConfig, stop: StopSignals | None = None) -> int:
+    """Run the demo swarm; returns a process exit code.
+
+    Refuses (``CliError``) while another demo's processes use the data directory. With ``stop``,
+    Ctrl-C and SIGTERM end the run early: the summary is printed and every process stopped.
+    """
     root = config.data_dir.resolve()
+    lock = DataDirLock(root)
+    lock.acquire()
+    try:
+        return await _run_locked(config, root, lock, stop)
+    finally:
+        lock.release()
+
+
+async def _run_locked(
+    config: DemoConfig, root: Path, lock: DataDirLock, stop: StopSignals | None
+) -> int:
     if clear_previous_run(root):
         print(f"starting afresh: the previous run's network under {root} removed")
     for sub in ("keys", "logs"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    model_dir = await asyncio.to_thread(_models, root, config)
+    # A thread a stop need not wait for: the models appear only once complete.
+    model_dir = await in_daemon_thread(_models, root, config)
     trainer = _key(root / "keys" / "trainer.key")
     validators = [_key(root / "keys" / f"validator-{i}.key") for i in range(config.validators)]
     port = config.port or _free_port()
     address = f"127.0.0.1:{port}"
+    dashboard = f"127.0.0.1:{_free_port()}"
     allow = ", ".join(f'"{v.node_id}"' for v in validators)
     (root / "coordinator.toml").write_text(
         f'network_id = "{NETWORK_ID}"\n'
         f'trainers = ["{trainer.node_id}"]\n'
         f"validators = [{allow}]\n"
         f"eject_after_rejects = {config.eject_after_rejects}\n"
+        f'dashboard_listen = "{dashboard}"\n'
         "heartbeat_interval = 2\n"
         "lease_duration = 120\n"
     )
     (root / "trainer.toml").write_text(_trainer_toml(config))
-    swarm = _Swarm()
+    swarm = _Swarm(keep_fds=(lock.fd,) if lock.fd is not None else ())
+    if stop is not None:
+        stop.watch(swarm.processes)
     logs = root / "logs"
     common = ["--coordinator", address, "--network-id", NETWORK_ID]
     ok = False
@@ -239,8 +286,11 @@ async def run_demo(config: DemoConfig) -> int:
             ],
             logs,
         )
-        await _wait_for_coordinator(address, swarm.processes["coordinator"])
+        await _wait_for_coordinator(
+            address, swarm.processes["coordinator"], logs / "coordinator.log"
+        )
         print(f"coordinator on {address} (network {NETWORK_ID}); logs in {logs}", flush=True)
+        print(f"dashboard: http://{dashboard}/", flush=True)
         swarm.start(
             "trainer",
             [
@@ -318,10 +368,12 @@ async def run_demo(config: DemoConfig) -> int:
             "step(s) off-policy",
             flush=True,
         )
-        lines = await _follow_trainer(root / "trainer", swarm.processes["trainer"], config)
+        lines = await _watch_trainer(root, swarm, config, f"http://{dashboard}", stop)
         ok = len(lines) == config.steps
         if lines:
             _summarize(lines, root)
+        else:
+            print("no trainer step finished", flush=True)
         names = {Identity.load(path).node_id: path.stem for path in (root / "keys").glob("*.key")}
         client = RollnetClient.connect(ConnectionConfig(address, NETWORK_ID), trainer)
         async with client:
@@ -337,11 +389,54 @@ async def run_demo(config: DemoConfig) -> int:
             await _report_ledger(client, names)
     finally:
         print("stopping the swarm ...", flush=True)
-        swarm.stop()
+        # In a thread: a second Ctrl-C must still be heard while the children drain.
+        await asyncio.shield(asyncio.to_thread(swarm.stop))
     db = f"sqlite:///{root / 'coordinator' / 'rollnet.db'}"
+    await asyncio.to_thread(_export_ledger, db, root / LEDGER_EXPORT)
     verify = await asyncio.create_subprocess_exec(*_rollnet(), "ledger", "verify", "--db", db)
     verified = await verify.wait()
+    if stop is not None and stop.stopping.is_set():
+        print(f"stopped by {stop.signal_name}", flush=True)
+        return EXIT_INTERRUPTED
     return 0 if ok and verified == 0 else 1
+
+
+async def _watch_trainer(
+    root: Path,
+    swarm: _Swarm,
+    config: DemoConfig,
+    dashboard_url: str,
+    stop: StopSignals | None,
+) -> list[dict[str, Any]]:
+    """Follow the trainer's steps with the swarm's view shown, until done or stopped."""
+    from rollnet.reference.trainer.metrics import read_jsonl
+
+    watch = SwarmWatch(dashboard_url, metrics=root / "trainer" / "metrics.jsonl")
+    poller = asyncio.create_task(watch.run())
+    try:
+        with watch.shown():
+            follow = _follow_trainer(root / "trainer", swarm.processes["trainer"], config)
+            if stop is None:
+                return await follow
+            await stop.race(follow)
+            return read_jsonl(root / "trainer" / "metrics.jsonl")
+    finally:
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+
+
+def _export_ledger(db: str, out: Path) -> None:
+    """Write the ledger's export (``rollnet ledger export``) and say where."""
+    from rollnet.ledger.engine import open_existing
+    from rollnet.ledger.export import export_jsonl
+
+    engine = open_existing(db)
+    try:
+        count = export_jsonl(engine, out)
+    finally:
+        engine.dispose()
+    print(f"ledger export: {count} entries in {out}", flush=True)
 
 
 async def _follow_trainer(

@@ -7,6 +7,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from rollnet.reference.cli.errors import EXIT_INTERRUPTED
+from rollnet.reference.demo_control import StopSignals
+
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` command."""
@@ -17,8 +20,11 @@ def register(subparsers: Any) -> None:
             "Warm-start the tiny model on the reverse environment's format, start a "
             "coordinator, the trainer, workers, validators and cheating workers as separate "
             "processes, and follow the reward step by step as GRPO raises it; then show the "
-            "ledger (credits, slashes) and verify it. Leaves trainer/metrics.jsonl and "
-            "reward.png in the data directory."
+            "ledger (credits, slashes) and verify it. On a terminal a live panel shows the "
+            "swarm as the coordinator's dashboard sees it (plain lines otherwise). Leaves "
+            "trainer/metrics.jsonl, reward.png and the ledger's export ledger.jsonl in the data "
+            "directory. Ctrl-C or SIGTERM stops every process and still prints the summary "
+            "(a second Ctrl-C forces). See docs/demo.md."
         ),
     )
     parser.add_argument("--data-dir", type=Path, default=Path(".data/demo"))
@@ -29,7 +35,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         help="start a cheating worker with this cheat (repeatable; default token_altered; "
-        "'none' for no cheater)",
+        "'none' for no cheater; the names: python -m rollnet.reference.adversary --help)",
     )
     parser.add_argument(
         "--steps", "--rounds", type=int, default=50, help="trainer steps (default 50)"
@@ -53,7 +59,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and return its exit code."""
-    from rollnet.reference.demo import DemoConfig, run_demo
+    from rollnet.reference.demo import DemoConfig
+    from rollnet.reference.demo_control import check_options
 
     cheats = tuple(c for c in (args.cheat or ["token_altered"]) if c != "none")
     config = DemoConfig(
@@ -70,4 +77,20 @@ def run(args: argparse.Namespace) -> int:
         warm_start_steps=args.warm_start_steps,
         port=args.port,
     )
-    return asyncio.run(run_demo(config))
+    check_options(config)  # before a file is written or a process started
+    return asyncio.run(_supervised(config))
+
+
+async def _supervised(config: Any) -> int:
+    """Run the demo with Ctrl-C and SIGTERM handled (see ``demo_control.StopSignals``)."""
+    from rollnet.reference.demo import run_demo
+
+    stop = StopSignals()
+    task = asyncio.create_task(run_demo(config, stop))
+    stop.install(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        # Stopped before the trainer's first step: the processes are stopped, nothing to sum up.
+        print(f"stopped by {stop.signal_name} before training began", flush=True)
+        return EXIT_INTERRUPTED
