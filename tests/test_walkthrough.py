@@ -113,6 +113,14 @@ def test_the_walkthrough_works_as_printed(tmp_path: Path) -> None:
     rollouts = [json.loads(line) for line in streamed.splitlines() if line.startswith("{")]
     assert len(rollouts) == 8
     assert all(r["validated_reward"] is not None for r in rollouts)
+    # The trainer's two steps: the last line of its metrics is step 2.
+    trained = [
+        json.loads(line)
+        for out in outputs
+        for line in out.splitlines()
+        if line.startswith("{") and '"task_reward"' in line
+    ]
+    assert [line["step"] for line in trained] == [2]
     listed = next(out for out in outputs if out.startswith("NODE"))
     assert listed.count(" worker ") == 2
     assert " validator " in listed
