@@ -321,3 +321,35 @@ def test_a_second_signal_kills_every_child_at_once() -> None:
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)  # killed; init reaps it
     assert not _alive(child)
+
+
+async def test_the_ledger_summary_reads_every_page(capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from rollnet.reference.demo import _report_ledger
+    from rollnet.v1 import ledger_pb2, ledger_service_pb2
+
+    total = 2500
+    entries = [
+        ledger_pb2.LedgerEntry(
+            sequence=n,
+            kind=ledger_pb2.LedgerEntry.KIND_CREDIT,
+            node_id="a" * 32 if n % 2 else "b" * 32,
+            amount=1,
+        )
+        for n in range(1, total + 1)
+    ]
+
+    async def list_entries(
+        request: ledger_service_pb2.ListEntriesRequest,
+    ) -> ledger_service_pb2.ListEntriesResponse:
+        page = entries[request.after_sequence : request.after_sequence + 1000]
+        return ledger_service_pb2.ListEntriesResponse(entries=page, head_sequence=total)
+
+    client: Any = SimpleNamespace(ledger=SimpleNamespace(list_entries=list_entries))
+    await _report_ledger(client, {"a" * 32: "worker-0"})
+    output = capsys.readouterr().out
+    assert "ledger: 2500 entries" in output
+    assert "credit                      2,500 entries" in output
+    assert f"worker-0                 {'a' * 32}:    1,250 work units" in output
+    assert "{" not in output  # a table, not a Python dict

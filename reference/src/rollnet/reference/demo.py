@@ -526,18 +526,27 @@ def plot_rewards(lines: list[dict[str, Any]], out: Path) -> Path:
 
 
 async def _report_ledger(client: RollnetClient, names: dict[str, str]) -> None:
-    entries = await client.ledger.list_entries(
-        ledger_service_pb2.ListEntriesRequest(page_size=1000)
-    )
     kinds: Counter[str] = Counter()
     balances: Counter[str] = Counter()
     slashes: Counter[str] = Counter()
-    for entry in entries.entries:
-        kinds[ledger_pb2.LedgerEntry.Kind.Name(entry.kind)] += 1
-        balances[entry.node_id] += entry.amount
-        if entry.kind == ledger_pb2.LedgerEntry.KIND_SLASH:
-            slashes[entry.memo or "?"] += 1
-    print(f"ledger: {entries.head_sequence} entries ({dict(kinds)})", flush=True)
+    after, head = 0, 0
+    while True:  # every page, not only the first
+        page = await client.ledger.list_entries(
+            ledger_service_pb2.ListEntriesRequest(after_sequence=after, page_size=1000)
+        )
+        head = page.head_sequence
+        for entry in page.entries:
+            kinds[ledger_pb2.LedgerEntry.Kind.Name(entry.kind)] += 1
+            balances[entry.node_id] += entry.amount
+            if entry.kind == ledger_pb2.LedgerEntry.KIND_SLASH:
+                slashes[entry.memo or "?"] += 1
+        if not page.entries or page.entries[-1].sequence >= head:
+            break
+        after = page.entries[-1].sequence
+    print(f"ledger: {head} entries", flush=True)
+    for kind, count in sorted(kinds.items()):
+        label = kind.removeprefix("KIND_").lower().replace("_", " ")
+        print(f"  {label:<24} {count:>8,} entries", flush=True)
     for reason, count in slashes.most_common():
         print(f"  rejected: {count} x {reason}", flush=True)
     for node_id, amount in balances.most_common():
