@@ -117,6 +117,35 @@ def node_identity(command: str, key: Path, created_hint: str = "") -> Any:
     return identity
 
 
+def start_node(command: str, args: argparse.Namespace, created_hint: str = "") -> Any:
+    """What every node command does before it starts its node: the key (created when missing),
+    a writable ``--data-dir``, and both kept out of reward sandboxes. ``None`` after printing
+    why the key or the data directory cannot be used."""
+    identity = node_identity(command, args.key, created_hint)
+    if identity is None or not ready_data_dir(command, args.data_dir):
+        return None
+    protect_node_files(command, args.data_dir, args.key, args.reward_isolation)
+    return identity
+
+
+def serve_metrics(registry: Any, listen: str) -> None:
+    """Serve ``registry`` on ``/metrics`` at ``HOST:PORT`` (a background thread); a port that
+    cannot be listened on is a :class:`CliError` (before anything registers or is created)."""
+    from prometheus_client import start_http_server
+
+    from rollnet.reference.addresses import split_host_port
+    from rollnet.reference.cli.errors import CliError
+
+    host, port = split_host_port(listen, allow_port_zero=True)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        raise CliError(
+            f"--metrics-listen {listen}: cannot listen there: "
+            f"{error.strerror or error} (choose another port, or leave it out)"
+        ) from None
+
+
 def ready_data_dir(command: str, path: Path) -> bool:
     """Create ``path`` (and its parents) if needed; ``False`` after printing why it cannot be a
     data directory (a file is in the way, no permission)."""

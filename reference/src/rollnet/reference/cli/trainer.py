@@ -121,18 +121,11 @@ def run(args: argparse.Namespace) -> int:
     metrics = TrainerMetrics()
     # Under torchrun only rank 0 is the node; the others would find the port taken.
     if args.metrics_listen and int(os.environ.get("RANK", "0")) == 0:
-        try:
-            metrics.serve(args.metrics_listen)
-        except OSError as error:
-            raise CliError(
-                f"--metrics-listen {args.metrics_listen}: cannot listen there: "
-                f"{error.strerror or error} (choose another port, or leave it out)"
-            ) from None
+        node_options.serve_metrics(metrics.registry, args.metrics_listen)
     hint = "; add the node id to the coordinator's trainers allow-list"
-    identity = node_options.node_identity("trainer", args.key, hint)
-    if identity is None or not node_options.ready_data_dir("trainer", args.data_dir):
+    identity = node_options.start_node("trainer", args, hint)
+    if identity is None:
         return 2
-    node_options.protect_node_files("trainer", args.data_dir, args.key, args.reward_isolation)
     settings = TrainerSettings(
         target=args.coordinator,
         model_dir=args.model,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rollnet.reference.cli import node_options
-from rollnet.reference.cli.errors import EXIT_REFUSED, CliError
+from rollnet.reference.cli.errors import EXIT_REFUSED
 from rollnet.reference.cli.option_types import (
     compute_dtype,
     directory,
@@ -91,18 +91,11 @@ def run(args: argparse.Namespace) -> int:
     metrics = ValidatorMetrics()
     if args.metrics_listen:
         # Before the key is created or anything registers: a port in use stops the start.
-        try:
-            metrics.serve(args.metrics_listen)
-        except OSError as error:
-            raise CliError(
-                f"--metrics-listen {args.metrics_listen}: cannot listen there: "
-                f"{error.strerror or error} (choose another port, or leave it out)"
-            ) from None
+        node_options.serve_metrics(metrics.registry, args.metrics_listen)
     hint = "; add the node id to the coordinator's validators allow-list"
-    identity = node_options.node_identity("validator", args.key, hint)
-    if identity is None or not node_options.ready_data_dir("validator", args.data_dir):
+    identity = node_options.start_node("validator", args, hint)
+    if identity is None:
         return 2
-    node_options.protect_node_files("validator", args.data_dir, args.key, args.reward_isolation)
     config = ValidatorConfig(
         target=args.coordinator,
         data_dir=args.data_dir,

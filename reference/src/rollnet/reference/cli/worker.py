@@ -123,10 +123,9 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     # Before registering: a worker that cannot run its backend would lease tasks and fail each.
     node_options.check_backend(args.backend, device)
-    identity = node_options.node_identity("worker", args.key)
-    if identity is None or not node_options.ready_data_dir("worker", args.data_dir):
+    identity = node_options.start_node("worker", args)
+    if identity is None:
         return 2
-    node_options.protect_node_files("worker", args.data_dir, args.key, args.reward_isolation)
     checkpoints = CheckpointStore(
         args.data_dir / "checkpoints",
         network_id=args.network_id,

@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -131,18 +132,20 @@ class Rule(Protocol):
         """Why a required field that is not set is refused."""
 
 
-class _Rule:
+class _Rule(ABC):
     """What the rules share: checking a whole list of values (overridden where one call in C
     checks them all, which matters on the hot paths: a heartbeat's lease ids and metrics), and
     what a required field's absence is called."""
 
     __slots__ = ()
 
+    @abstractmethod
     def ok(self, value: Any, depth: int) -> bool:
-        raise NotImplementedError
+        """Whether one value obeys the rule (``depth``: nesting, for messages in messages)."""
 
+    @abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """The rule in words, for refusals and the docs' table."""
 
     def missing(self) -> str:
         """Why a required field that is not set is refused: "is required", and the rule."""

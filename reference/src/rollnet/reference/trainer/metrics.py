@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 __all__ = ["TrainerMetrics", "append_jsonl", "read_jsonl"]
 
@@ -84,13 +84,6 @@ class TrainerMetrics:
         """Add ``amount`` groups to ``outcome`` (trained, dropped_stale, dropped_no_signal)."""
         if amount > 0:
             self.groups.labels(outcome).inc(amount)
-
-    def serve(self, listen: str) -> None:
-        """Serve ``/metrics`` on ``HOST:PORT`` (a background thread)."""
-        from rollnet.reference.addresses import split_host_port
-
-        host, port = split_host_port(listen, allow_port_zero=True)
-        start_http_server(port, addr=host, registry=self.registry)
 
 
 def append_jsonl(path: Path, line: dict[str, Any]) -> None:

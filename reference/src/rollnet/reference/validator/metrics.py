@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class ValidatorMetrics:
@@ -57,13 +57,6 @@ class ValidatorMetrics:
             ["why"],
             registry=self.registry,
         )
-
-    def serve(self, listen: str) -> None:
-        """Serve ``/metrics`` on ``HOST:PORT`` (a background thread)."""
-        from rollnet.reference.addresses import split_host_port
-
-        host, port = split_host_port(listen, allow_port_zero=True)
-        start_http_server(port, addr=host, registry=self.registry)
 
 
 __all__ = ["ValidatorMetrics"]
