@@ -390,13 +390,13 @@ def test_requests_carry_the_seed_and_stop_on_the_eos_set_only(backend: vb.VllmBa
 
 
 def test_same_seeds_same_rollouts_other_seeds_others(backend: vb.VllmBackend) -> None:
-    params = SamplingParams(temperature=0.8, max_new_tokens=12, seeds=SEEDS[:4])
+    params = SamplingParams(temperature=0.8, max_new_tokens=8, seeds=SEEDS[:4])
     first = backend.generate(PROMPTS[:4], params)
     second = backend.generate(PROMPTS[:4], params)
     assert [g.completion_ids for g in first] == [g.completion_ids for g in second]
     assert [g.proof for g in first] == [g.proof for g in second]
     other = backend.generate(
-        PROMPTS[:4], SamplingParams(temperature=0.8, max_new_tokens=12, seeds=SEEDS[3:7])
+        PROMPTS[:4], SamplingParams(temperature=0.8, max_new_tokens=8, seeds=SEEDS[3:7])
     )
     assert [g.completion_ids for g in other] != [g.completion_ids for g in first]
 

@@ -132,10 +132,17 @@ class StandinModel(torch.nn.Module):
             logits: torch.Tensor = self.causal_lm.lm_head(hidden[0, len(tokens) - 1])
         return logits.float()
 
-    def last_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+    def rows_logits(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits after each sequence's last token: one right-padded forward (causal, so the
+        padding changes no real row), recomputing every sequence in full."""
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            ids[row, : len(sequence)] = torch.tensor(list(sequence))
+        last = torch.tensor([len(s) - 1 for s in sequences])
         with torch.inference_mode():
-            out = self.causal_lm(input_ids=torch.tensor([list(tokens)]), use_cache=False)
-        return out.logits[0, -1].float()
+            logits = self.causal_lm(input_ids=ids, use_cache=False).logits
+        return logits[torch.arange(len(sequences)), last].float()
 
 
 class _Request:
@@ -257,21 +264,22 @@ class LLM:
         for processor in self.processors:
             processor.apply_staged_writes()
         positions = []
-        logits = []
         for request in rows:
             if request.computed == 0 and request.prefill_len > CHUNK and request.params.max_tokens > 1:
                 # First chunk of a long prefill: its last row is computed, and discarded.
-                position = CHUNK - 1
+                positions.append(CHUNK - 1)
             else:
-                position = len(request.tokens) - 1
-            positions.append(position)
-            if request.params.max_tokens == 1:
-                # A prefill-only request: one forward through the decoder (the hooked norm),
-                # with padding rows after the request's tokens as vLLM may add.
-                logits.append(self.model.prefill_logits(request.tokens, padding=PADDING))
-            else:
-                logits.append(self.model.last_logits(request.tokens[: position + 1]))
-        batch = torch.stack(logits)
+                positions.append(len(request.tokens) - 1)
+        if any(r.params.max_tokens == 1 for r in rows):
+            # Prefill-only requests: one forward each through the decoder (the hooked norm),
+            # with padding rows after the request's tokens as vLLM may add.
+            batch = torch.stack(
+                [self.model.prefill_logits(r.tokens, padding=PADDING) for r in rows]
+            )
+        else:
+            batch = self.model.rows_logits(
+                [r.tokens[: p + 1] for r, p in zip(rows, positions, strict=True)]
+            )
         slots = np.array([r.slot for r in rows], dtype=np.int64)
         if any(r.needs_processing for r in rows):
             ctx = SimpleNamespace(
