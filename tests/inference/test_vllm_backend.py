@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import vllm_standin
 
 from rollnet.reference.inference import SamplingParams
 from rollnet.reference.inference import vllm_backend as vb
@@ -24,8 +25,6 @@ from rollnet.reference.model import init_tiny_model
 from rollnet.sdk.proofs import sampling, toploc
 from rollnet.sdk.proofs.sampling import gumbel_noise as numpy_gumbel_noise
 from rollnet.sdk.proofs.thresholds import FLOAT32
-
-import vllm_standin
 
 PROMPTS = random_prompts(7, seed=5)
 SEEDS = [9_000 + i for i in range(7)]
@@ -214,7 +213,8 @@ def test_rows_follow_their_slots_through_reorders_reuse_and_discarded_rows() -> 
     # Slot 0 is recycled for c, with a's record already taken; b decodes on.
     records = batch.processor.drain()
     assert set(records) == {10, 11}
-    assert set(records[10]) == {0, 1} and set(records[11]) == {0}
+    assert set(records[10]) == {0, 1}
+    assert set(records[11]) == {0}
     assert records[10][1].token == _expected(logits2[0], a, 1) == int(out2[0].argmax())
     assert records[11][0].token == _expected(logits2[1], b, 0)
     assert batch.add(0, prompt=4, prefill=4, request=c)
@@ -238,7 +238,8 @@ def test_a_preempted_request_is_recomputed_at_the_same_positions() -> None:
     logits, out = batch.step([(0, 2)])  # a chunk that ends inside the old output: dropped
     logits, out = batch.step([(0, 3)])  # the refill's last row: token 2
     again = batch.processor.drain()[3]
-    assert set(first) == {0, 1} and set(again) == {2}
+    assert set(first) == {0, 1}
+    assert set(again) == {2}
     assert again[2].token == _expected(logits[0], request, 2) == int(out[0].argmax())
 
 
@@ -275,7 +276,8 @@ def test_the_capture_keeps_armed_forwards_only_and_flattens_them() -> None:
     hidden = torch.randn(1, 5, 4)
     expected = norm(hidden)
     (kept,) = capture.disarm()
-    assert kept.shape == (5, 4) and torch.equal(kept, expected[0])
+    assert kept.shape == (5, 4)
+    assert torch.equal(kept, expected[0])
     norm(hidden)
     assert capture.disarm() == []
     # A vLLM norm called with a residual returns (hidden, residual).
@@ -319,9 +321,7 @@ def test_load_refuses_what_it_cannot_run(standin: Any, tiny_dir: Path) -> None:
         vb.VllmBackend().generate(PROMPTS[:1], SamplingParams(seeds=[1]))
 
 
-def test_load_refuses_tf32(
-    standin: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_load_refuses_tf32(standin: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_standin.LLM, "matmul_precision_override", "high")
     with pytest.raises(RuntimeError, match="TF32"):
         vb.VllmBackend().load(str(tiny_dir), device="cuda")
@@ -349,7 +349,8 @@ def test_generations_pass_the_reference_validator(
     llm = engine(backend)
     # The stand-in did what makes bookkeeping hard: slots recycled, a preemption, dropped rows.
     assert len(PROMPTS) > vllm_standin.MAX_NUM_REQS
-    assert llm.preempted == 1 and llm.discarded_rows > 0
+    assert llm.preempted == 1
+    assert llm.discarded_rows > 0
     # The tokens are the reference backend's for the same seeds (the same model, fp32).
     expected = reference.generate(PROMPTS, params)
     assert [g.completion_ids for g in generations] == [g.completion_ids for g in expected]
@@ -357,9 +358,11 @@ def test_generations_pass_the_reference_validator(
     eos = backend.eos_token_ids
     for generation, prefill, seed in zip(generations, prefills, SEEDS, strict=True):
         n = len(generation.completion_ids)
-        assert generation.seed == seed and len(generation.logprobs) == n
+        assert generation.seed == seed
+        assert len(generation.logprobs) == n
         assert not set(generation.completion_ids[:-1]) & eos
-        assert generation.finish_reason == ("eos" if generation.completion_ids[-1] in eos else "length")
+        ends_with_eos = generation.completion_ids[-1] in eos
+        assert generation.finish_reason == ("eos" if ends_with_eos else "length")
         assert len(generation.proof) == toploc.proof_size(n)
         assert toploc.check_toploc(generation.proof, prefill.hidden_states, FLOAT32).passed
         result = sampling.check_sampling(
@@ -382,7 +385,8 @@ def test_requests_carry_the_seed_and_stop_on_the_eos_set_only(backend: vb.VllmBa
     assert len(sent) == 2  # proofs off: no prefill requests
     for seed, params in zip([5, 6], sent, strict=True):
         request = vb.GumbelRequest.from_extra_args(params.extra_args)
-        assert request is not None and request.seed == seed and request.temperature == 1.0
+        assert request is not None
+        assert (request.seed, request.temperature) == (seed, 1.0)
         assert params.temperature == 1.0
         assert params.stop_token_ids == sorted(backend.eos_token_ids)
         assert params.ignore_eos is True

@@ -23,7 +23,7 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -49,8 +49,8 @@ class LogitsProcessor(abc.ABC):
     def __init__(self, vllm_config: Any, req_states: Any) -> None:  # noqa: B027
         pass
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:  # noqa: B027
+    @classmethod  # noqa: B027
+    def validate_params(cls, sampling_params: Any) -> None:
         pass
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
@@ -165,7 +165,7 @@ class _Request:
 class LLM:
     """``vllm.LLM`` on CPU: in-process engine, tiny batch, recycled slots, preemption."""
 
-    instances: list[LLM] = []
+    instances: ClassVar[list[LLM]] = []
     matmul_precision_override: str | None = None
     """A precision to set whatever the environment says (for the TF32 refusal test)."""
 
@@ -256,16 +256,17 @@ class LLM:
         self.prefill_len.np[slot] = request.prefill_len
         self.prompt_len.copy_to_uva()
         self.prefill_len.copy_to_uva()
-        request.needs_processing = any(
-            [p.add_request(slot, request.params) for p in self.processors]
-        )
+        # Every processor hears of the request, whatever the others answer.
+        answers = [p.add_request(slot, request.params) for p in self.processors]
+        request.needs_processing = any(answers)
 
     def _step(self, rows: list[_Request]) -> None:
         for processor in self.processors:
             processor.apply_staged_writes()
         positions = []
         for request in rows:
-            if request.computed == 0 and request.prefill_len > CHUNK and request.params.max_tokens > 1:
+            chunked = request.computed == 0 and request.prefill_len > CHUNK
+            if chunked and request.params.max_tokens > 1:
                 # First chunk of a long prefill: its last row is computed, and discarded.
                 positions.append(CHUNK - 1)
             else:

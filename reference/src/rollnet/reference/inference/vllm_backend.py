@@ -185,7 +185,9 @@ class GumbelRequest:
         for name, kind in (("ticket", int), ("seed", int), ("temperature", (int, float))):
             value = entry.get(name)
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] is missing or not a number")
+                raise ValueError(
+                    f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] is missing or not a number"
+                )
         ticket, seed, temperature = entry["ticket"], entry["seed"], float(entry["temperature"])
         if not 0 <= ticket < 2**63:
             raise ValueError(f"ticket must be in [0, 2**63), got {ticket}")
@@ -376,8 +378,8 @@ def gumbel_processor_class() -> type:
             interface = importlib.import_module(_PROCESSOR_INTERFACE)
         except ImportError as error:
             raise RuntimeError(
-                f"this vLLM has no Model Runner V2 logits-processor interface ({_PROCESSOR_INTERFACE}); "
-                f"the vLLM backend targets vLLM {TARGET_VLLM}"
+                "this vLLM has no Model Runner V2 logits-processor interface "
+                f"({_PROCESSOR_INTERFACE}); the vLLM backend targets vLLM {TARGET_VLLM}"
             ) from error
         _PROCESSOR_CLASS = type(
             "RollnetGumbelMaxProcessor",
