@@ -73,6 +73,7 @@ _SAMPLING_DEFAULTS: dict[str, Any] = {
     "top_p": 1.0,
     "top_k": 0,
     "min_p": 0.0,
+    "min_tokens": 0,
     "stop_token_ids": None,
     "ignore_eos": False,
     "max_tokens": 16,

@@ -208,6 +208,7 @@ _NEUTRAL_SAMPLING = {
     "top_p": 1.0,
     "top_k": 0,
     "min_p": 0.0,
+    "min_tokens": 0,
     "logit_bias": None,
     "allowed_token_ids": None,
     "bad_words": None,
