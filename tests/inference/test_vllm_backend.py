@@ -6,7 +6,9 @@ GPU exist.
 
 from __future__ import annotations
 
+import gc
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -243,6 +245,15 @@ def test_a_preempted_request_is_recomputed_at_the_same_positions() -> None:
     assert again[2].token == _expected(logits[0], request, 2) == int(out[0].argmax())
 
 
+def test_the_registry_does_not_keep_a_dropped_engines_processor_alive() -> None:
+    count = vb.PROCESSORS.count()
+    batch = _Batch(slots=2, vocab=10)
+    assert vb.PROCESSORS.since(count) == [batch.processor]
+    del batch
+    gc.collect()
+    assert vb.PROCESSORS.since(count) == []
+
+
 def test_behaviour_logprobs_check_what_vllm_returned() -> None:
     records = {0: vb.SampledToken(5, -0.5), 1: vb.SampledToken(6, -1.5)}
     assert vb.behaviour_logprobs(records, [5, 6]) == (-0.5, -1.5)
@@ -330,6 +341,16 @@ def test_load_refuses_tf32(standin: Any, tiny_dir: Path, monkeypatch: pytest.Mon
 def test_batch_invariance_is_asked_of_vllm(standin: Any, tiny_dir: Path) -> None:
     vb.VllmBackend(batch_invariant=True).load(str(tiny_dir), device="cuda")
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
+
+
+@pytest.mark.usefixtures("standin")
+def test_the_processor_class_is_a_module_attribute_that_pickles() -> None:
+    cls = vb.gumbel_processor_class()
+    assert vb.RollnetGumbelMaxProcessor is cls  # type: ignore[attr-defined]
+    assert issubclass(cls, vllm_standin.LogitsProcessor)
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = vb.Nope  # type: ignore[attr-defined]
 
 
 def test_without_the_v2_interface_load_names_the_target(

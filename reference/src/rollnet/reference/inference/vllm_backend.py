@@ -70,6 +70,7 @@ import itertools
 import json
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,15 +232,16 @@ def refuse_non_neutral_sampling(sampling_params: Any) -> None:
 
 class _ProcessorRegistry:
     """Processors built by vLLM in this process, so that the backend that built the engine can
-    find the one its engine made (vLLM constructs it; nothing is handed back)."""
+    find the one its engine made (vLLM constructs it; nothing is handed back). Weak references:
+    an engine that is dropped takes its processor (and the batch state it reads) with it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._built: list[GumbelMaxLogic] = []
+        self._built: list[weakref.ref[GumbelMaxLogic]] = []
 
     def add(self, processor: GumbelMaxLogic) -> None:
         with self._lock:
-            self._built.append(processor)
+            self._built.append(weakref.ref(processor))
 
     def count(self) -> int:
         with self._lock:
@@ -247,11 +249,8 @@ class _ProcessorRegistry:
 
     def since(self, count: int) -> list[GumbelMaxLogic]:
         with self._lock:
-            return self._built[count:]
-
-    def forget(self, processor: GumbelMaxLogic) -> None:
-        with self._lock:
-            self._built = [p for p in self._built if p is not processor]
+            alive = (ref() for ref in self._built[count:])
+            return [processor for processor in alive if processor is not None]
 
 
 PROCESSORS = _ProcessorRegistry()
@@ -383,14 +382,24 @@ def gumbel_processor_class() -> type:
                 f"({_PROCESSOR_INTERFACE}); the vLLM backend targets vLLM {TARGET_VLLM}"
             ) from error
         _PROCESSOR_CLASS = type(
-            "RollnetGumbelMaxProcessor",
+            _PROCESSOR_NAME,
             (GumbelMaxLogic, interface.LogitsProcessor),
-            {"__module__": __name__},
+            {"__module__": __name__, "__qualname__": _PROCESSOR_NAME},
         )
     return _PROCESSOR_CLASS
 
 
+_PROCESSOR_NAME = "RollnetGumbelMaxProcessor"
 _PROCESSOR_CLASS: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # ``vllm_backend.RollnetGumbelMaxProcessor`` resolves (made on first use), so the class
+    # pickles by reference and can be named to vLLM as
+    # ``rollnet.reference.inference.vllm_backend.RollnetGumbelMaxProcessor``.
+    if name == _PROCESSOR_NAME:
+        return gumbel_processor_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- final-norm rows --------------------------------------------------------------------------
@@ -543,8 +552,6 @@ class VllmBackend:
                 "proofs commit to); the vLLM backend supports Llama/Qwen2-style models"
             )
         llm.apply_model(lambda m: m.model.norm.register_forward_hook(capture))
-        if self._processor is not None:
-            PROCESSORS.forget(self._processor)
         self._llm, self._model, self._processor = llm, model, built[0]
         self._vocab_size = int(config["vocab_size"])
         self.dtype = dtype
@@ -644,7 +651,10 @@ class VllmBackend:
         """Hidden states and full logits of one rollout's completion positions."""
         hidden = self._hidden_rows(prompt_ids, completion_ids)
         with torch.inference_mode():
-            logits = self._model.compute_logits(hidden)[:, : self._vocab_size]
+            logits = self._model.compute_logits(hidden)
+        if logits is None:
+            raise RuntimeError("the model computed no logits (not the last pipeline stage?)")
+        logits = logits[:, : self._vocab_size]
         return Prefill(
             hidden_states=hidden.float().cpu().numpy(),
             logits=logits.float().cpu().numpy(),
