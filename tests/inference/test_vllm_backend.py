@@ -435,6 +435,11 @@ def test_generate_refuses_what_the_protocol_does_not_define(backend: vb.VllmBack
         backend.generate(PROMPTS[:1], SamplingParams(seeds=[-1]))
     with pytest.raises(ValueError, match="at least one token"):
         backend.generate([[]], SamplingParams(seeds=[1]))
+    # vLLM would cut such a rollout at max_model_len (512 here), where the validator would not.
+    with pytest.raises(ValueError, match=r"prompt 1 \(500 tokens\) \+ max_new_tokens \(13\)"):
+        backend.generate([[1] * 10, [1] * 500], SamplingParams(max_new_tokens=13, seeds=[1, 2]))
+    with pytest.raises(ValueError, match="prefill of 513 tokens exceeds max_model_len"):
+        backend.prefill([1] * 500, [2] * 14)
 
 
 def test_prefill_matches_the_reference_backend(

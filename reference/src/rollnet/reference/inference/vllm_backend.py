@@ -496,6 +496,7 @@ class VllmBackend:
         self._capture = FinalNormCapture()
         self._eos_ids: frozenset[int] = frozenset()
         self._vocab_size = 0
+        self._max_model_len = 0
         self._tickets = itertools.count()
         self.dtype: DType = "float32"
 
@@ -554,6 +555,7 @@ class VllmBackend:
         llm.apply_model(lambda m: m.model.norm.register_forward_hook(capture))
         self._llm, self._model, self._processor = llm, model, built[0]
         self._vocab_size = int(config["vocab_size"])
+        self._max_model_len = max_model_len
         self.dtype = dtype
         # Not vLLM's hf_config alone: chat checkpoints add EOS ids in generation_config.json.
         self._eos_ids = checkpoint_eos_token_ids(model_dir)
@@ -582,6 +584,13 @@ class VllmBackend:
         seeds = list(sampling.seeds or [])
         if len(seeds) != len(prompts):
             raise ValueError("Gumbel sampling needs one seed per prompt")
+        for index, prompt in enumerate(prompts):
+            # vLLM would end such a request early, at max_model_len, where no other backend does.
+            if len(prompt) + sampling.max_new_tokens > self._max_model_len:
+                raise ValueError(
+                    f"prompt {index} ({len(prompt)} tokens) + max_new_tokens "
+                    f"({sampling.max_new_tokens}) exceeds max_model_len ({self._max_model_len})"
+                )
         for seed in seeds:
             check_seed(seed)
         requests = [
@@ -636,6 +645,10 @@ class VllmBackend:
         if not prompt or not completion:
             raise ValueError("a prefill needs at least one prompt and one completion token")
         tokens = [int(t) for t in prompt] + [int(t) for t in completion][:-1]
+        if len(tokens) > self._max_model_len:
+            raise ValueError(
+                f"a prefill of {len(tokens)} tokens exceeds max_model_len ({self._max_model_len})"
+            )
         self._capture.arm()
         try:
             llm.generate(
