@@ -254,6 +254,27 @@ def test_the_registry_does_not_keep_a_dropped_engines_processor_alive() -> None:
     assert vb.PROCESSORS.since(count) == []
 
 
+def test_decode_rows_are_recorded_with_their_tokens_and_must_match_the_logits() -> None:
+    batch = _Batch(slots=2, vocab=30)
+    source = vb.SampledHiddenCapture()
+    batch.processor.hidden_source = source
+    request = vb.GumbelRequest(ticket=1, seed=5, temperature=1.0)
+    batch.add(1, prompt=3, prefill=3, request=request)
+    batch.add(0, prompt=2, prefill=2, request=None)
+    hidden = torch.randn(2, 8)
+    source(None, (None, hidden), {})  # the pre-hook, as compute_logits is called
+    batch.step([(0, 1), (1, 2)])
+    (recorded,) = batch.processor.drain()[1].values()
+    assert recorded.hidden_bits is not None
+    assert np.array_equal(recorded.hidden_bits, toploc.bf16_bits(hidden[1].numpy()))
+    # Rows that are not this step's logits' rows, or none at all, stop the engine loudly.
+    source(None, (), {"hidden_states": torch.randn(3, 8)})
+    with pytest.raises(RuntimeError, match="3 rows, 2 logits"):
+        batch.step([(0, 2), (1, 3)])
+    with pytest.raises(RuntimeError, match="None rows"):
+        batch.step([(0, 2), (1, 3)])
+
+
 def test_behaviour_logprobs_check_what_vllm_returned() -> None:
     records = {0: vb.SampledToken(5, -0.5), 1: vb.SampledToken(6, -1.5)}
     assert vb.behaviour_logprobs(records, [5, 6]) == (-0.5, -1.5)
@@ -372,6 +393,8 @@ def test_generations_pass_the_reference_validator(
     assert len(PROMPTS) > vllm_standin.MAX_NUM_REQS
     assert llm.preempted == 1
     assert llm.discarded_rows > 0
+    # Proofs come from the rows the tokens were sampled from: no prefill requests were made.
+    assert len(llm.requests_seen) == len(PROMPTS)
     # The tokens are the reference backend's for the same seeds (the same model, fp32).
     expected = reference.generate(PROMPTS, params)
     assert [g.completion_ids for g in generations] == [g.completion_ids for g in expected]
@@ -440,6 +463,20 @@ def test_generate_refuses_what_the_protocol_does_not_define(backend: vb.VllmBack
         backend.generate([[1] * 10, [1] * 500], SamplingParams(max_new_tokens=13, seeds=[1, 2]))
     with pytest.raises(ValueError, match="prefill of 513 tokens exceeds max_model_len"):
         backend.prefill([1] * 500, [2] * 14)
+
+
+def test_prefill_derived_proofs_also_pass(
+    standin: Any, tiny_dir: Path, reference: TorchBackend
+) -> None:
+    with pytest.raises(ValueError, match="proof_rows"):
+        vb.VllmBackend(proof_rows="both")  # type: ignore[arg-type]
+    backend = vb.VllmBackend(proof_rows="prefill")
+    backend.load(str(tiny_dir), device="cuda")
+    generations = backend.generate(PROMPTS[:3], SamplingParams(max_new_tokens=10, seeds=SEEDS[:3]))
+    assert len(engine(backend).requests_seen) == 3 + 3  # a prefill per completion
+    prefills = reference.prefill_batch([(g.prompt_ids, g.completion_ids) for g in generations])
+    for generation, prefill in zip(generations, prefills, strict=True):
+        assert toploc.check_toploc(generation.proof, prefill.hidden_states, FLOAT32).passed
 
 
 def test_prefill_matches_the_reference_backend(

@@ -111,17 +111,27 @@ class _HostAndDevice:
         self.gpu = torch.from_numpy(self.np.copy())
 
 
+class LogitsModule(torch.nn.Module):
+    """vLLM's ``LogitsProcessor`` module: called as ``(lm_head, hidden_states)``."""
+
+    def forward(self, lm_head: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = lm_head(hidden_states)
+        return logits
+
+
 class StandinModel(torch.nn.Module):
-    """What ``apply_model`` hands over: ``model.norm`` inside ``.model``, ``compute_logits``."""
+    """What ``apply_model`` hands over: ``model.norm`` inside ``.model``, ``compute_logits``
+    through a ``logits_processor`` module, as vLLM's Llama/Qwen2 classes have them."""
 
     def __init__(self, causal_lm: Any) -> None:
         super().__init__()
         self.causal_lm = causal_lm
         self.model = causal_lm.model
+        self.logits_processor = LogitsModule()
         self.vocab_size = int(causal_lm.config.vocab_size)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.causal_lm.lm_head(hidden)
+        logits: torch.Tensor = self.logits_processor(self.causal_lm.lm_head, hidden)
         # vLLM pads its LM head's rows; the backend keeps the checkpoint's vocabulary.
         padding = torch.full((logits.shape[0], 64 - self.vocab_size % 64), -1e4)
         return torch.cat([logits, padding], dim=-1)
@@ -130,8 +140,8 @@ class StandinModel(torch.nn.Module):
         padded = torch.tensor([[*tokens, *([0] * padding)]])
         with torch.inference_mode():
             hidden = self.model(input_ids=padded, use_cache=False).last_hidden_state
-            logits: torch.Tensor = self.causal_lm.lm_head(hidden[0, len(tokens) - 1])
-        return logits.float()
+            logits = self.compute_logits(hidden[0, len(tokens) - 1 : len(tokens)])
+        return logits[0, : self.vocab_size].float()
 
     def rows_logits(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits after each sequence's last token: one right-padded forward (causal, so the
@@ -142,8 +152,10 @@ class StandinModel(torch.nn.Module):
             ids[row, : len(sequence)] = torch.tensor(list(sequence))
         last = torch.tensor([len(s) - 1 for s in sequences])
         with torch.inference_mode():
-            logits = self.causal_lm(input_ids=ids, use_cache=False).logits
-        return logits[torch.arange(len(sequences)), last].float()
+            hidden = self.model(input_ids=ids, use_cache=False).last_hidden_state
+            # As Model Runner V2: the logits of the rows to sample, one row per request.
+            logits = self.compute_logits(hidden[torch.arange(len(sequences)), last])
+        return logits[:, : self.vocab_size].float()
 
 
 class _Request:

@@ -31,16 +31,22 @@ How it meets the contract:
   noise is added to; ``validate_params`` refuses them on a rollnet request. Records stay on the
   GPU (no host sync per step) until :meth:`VllmBackend.generate` reads them once vLLM returns;
   the backend checks that every token vLLM reports is the one the processor chose.
-* **Proofs** (and the validator's **prefill**). A forward hook on the model's final norm
-  (``model.model.norm``, registered through the documented ``LLM.apply_model``) captures its
-  output while armed. After decoding, each completion is re-run as one prefill (prompt +
-  completion minus its last token, ``max_tokens=1``), one request at a time so that the captured
-  rows are that request's, in order; the completion rows are encoded with
-  :func:`rollnet.sdk.proofs.toploc.build_proof`. This costs one extra prefill per completion; a
-  prefill-derived proof is what the validator recomputes. Full-vocabulary logits for
-  :meth:`VllmBackend.prefill` are ``model.compute_logits`` (vLLM's own LM head path, vocabulary
-  padding removed) applied to those rows; vLLM's prompt log-probs are top-k only, so they are not
-  used.
+* **Proofs.** Model Runner V2 computes each step's logits as
+  ``model.compute_logits(hidden_states[logits_indices])`` and hands them, row for row, to the
+  sampler. A forward pre-hook on the model's ``logits_processor`` module
+  (:class:`SampledHiddenCapture`, registered through the documented ``LLM.apply_model``) keeps
+  those final-norm rows, and the processor records, with each token it forces, the row it was
+  sampled from (as bf16, on the GPU until ``generate`` returns: steps x batch x d x 2 bytes). The
+  completion's rows in order are encoded with :func:`rollnet.sdk.proofs.toploc.build_proof`:
+  decode-time proofs, as ``TorchBackend`` builds them, at no extra forward. The processor refuses
+  a step whose captured rows do not match its logits row for row. ``proof_rows="prefill"``
+  instead re-runs each completion as one prefill after decoding (below), one extra forward per
+  completion.
+* **Validator prefill.** A forward hook on the final norm (``model.model.norm``) captures its
+  output while armed; each rollout (prompt + completion minus its last token, ``max_tokens=1``)
+  is prefilled alone, so the captured rows are that request's, in order. Full-vocabulary logits
+  are ``model.compute_logits`` (vLLM's own LM head path, vocabulary padding removed) applied to
+  the completion rows; vLLM's prompt log-probs are top-k only, so they are not used.
 * **Which rows a prefill computes** must not depend on the engine's state: prefix caching is off
   (a cached prompt prefix would not be recomputed, so its rows would be missing), chunked prefill
   is off with ``max_num_batched_tokens >= max_model_len`` and no long-prefill cap (a request's
@@ -74,9 +80,10 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rollnet.reference.inference.base import (
@@ -256,12 +263,34 @@ class _ProcessorRegistry:
 PROCESSORS = _ProcessorRegistry()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SampledToken:
-    """One recorded sampling step of a request: the token chosen and its behaviour log-prob."""
+    """One recorded sampling step of a request: the token chosen, its behaviour log-prob, and
+    the final-norm row that predicted it (bf16 bit patterns [d]; None without a hidden source)."""
 
     token: int
     logprob: float
+    hidden_bits: npt.NDArray[np.uint16] | None = None
+
+
+class SampledHiddenCapture:
+    """A forward pre-hook for the model's ``logits_processor`` module: keeps the hidden rows the
+    step's logits are computed from (vLLM 0.33.0's Model Runner V2 calls
+    ``model.compute_logits(hidden_states[logits_indices])`` and hands those logits, row for row,
+    to the sampler), so that the Gumbel processor can record the final-norm row of each token it
+    forces, as ``TorchBackend`` records it while decoding."""
+
+    def __init__(self) -> None:
+        self._rows: torch.Tensor | None = None
+
+    def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        rows = args[1] if len(args) > 1 else kwargs.get("hidden_states")
+        self._rows = rows if isinstance(rows, torch.Tensor) else None
+
+    def take(self) -> torch.Tensor | None:
+        """The rows of the latest logits computation (each is taken once)."""
+        rows, self._rows = self._rows, None
+        return rows
 
 
 class GumbelMaxLogic:
@@ -289,6 +318,8 @@ class GumbelMaxLogic:
         self._seed_gpu = torch.zeros(slots, dtype=torch.int64, device=self._device)
         self._temperature_gpu = torch.ones(slots, dtype=torch.float32, device=self._device)
         self._steps: list[tuple[torch.Tensor, ...]] = []
+        self.hidden_source: SampledHiddenCapture | None = None
+        """Where :meth:`apply` takes the final-norm rows of its logits from (set by the backend)."""
         PROCESSORS.add(self)
 
     @classmethod
@@ -342,7 +373,23 @@ class GumbelMaxLogic:
             generated.clamp(min=0),
             self._temperature_gpu[slots],
         )
-        self._steps.append((self._ticket_gpu[slots], generated, active & counted, tokens, logprobs))
+        step: tuple[torch.Tensor, ...] = (
+            self._ticket_gpu[slots],
+            generated,
+            active & counted,
+            tokens,
+            logprobs,
+        )
+        if self.hidden_source is not None:
+            hidden = self.hidden_source.take()
+            if hidden is None or hidden.shape[0] != logits.shape[0]:
+                rows = None if hidden is None else hidden.shape[0]
+                raise RuntimeError(
+                    "the hidden rows of this step's logits were not captured row for row "
+                    f"({rows} rows, {logits.shape[0]} logits)"
+                )
+            step = (*step, hidden.detach().to(torch.bfloat16).view(torch.int16))
+        self._steps.append(step)
         return force_tokens(logits, tokens, active)
 
     def drain(self) -> dict[int, dict[int, SampledToken]]:
@@ -357,15 +404,20 @@ class GumbelMaxLogic:
             torch.cat([step[i] for step in steps]).cpu() for i in range(5)
         )
         keep = counted.numpy()
+        hidden: list[npt.NDArray[np.uint16] | None] = [None] * int(keep.sum())
+        if all(len(step) == 6 for step in steps):
+            bits = torch.cat([step[5] for step in steps]).cpu().numpy().view(np.uint16)
+            hidden = list(bits[keep])
         records: dict[int, dict[int, SampledToken]] = {}
-        for ticket, position, token, logprob in zip(
+        for ticket, position, token, logprob, row in zip(
             tickets.numpy()[keep].tolist(),
             positions.numpy()[keep].tolist(),
             tokens.numpy()[keep].tolist(),
             logprobs.numpy()[keep].tolist(),
+            hidden,
             strict=True,
         ):
-            records.setdefault(ticket, {})[position] = SampledToken(token, logprob)
+            records.setdefault(ticket, {})[position] = SampledToken(token, logprob, row)
         return records
 
 
@@ -477,7 +529,9 @@ class VllmBackend:
 
     ``gpu_memory_utilization`` is vLLM's (the share of the GPU it may take);
     ``max_model_len`` bounds prompt + completion (default: the checkpoint's);
-    ``batch_invariant`` turns on vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``).
+    ``batch_invariant`` turns on vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``);
+    ``proof_rows`` says where proofs come from: ``"decode"`` (the rows each token was sampled
+    from, kept while decoding) or ``"prefill"`` (one extra prefill per completion).
     """
 
     def __init__(
@@ -486,10 +540,14 @@ class VllmBackend:
         gpu_memory_utilization: float = 0.8,
         max_model_len: int | None = None,
         batch_invariant: bool = False,
+        proof_rows: Literal["decode", "prefill"] = "decode",
     ) -> None:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
         self.batch_invariant = batch_invariant
+        if proof_rows not in ("decode", "prefill"):
+            raise ValueError(f"proof_rows must be 'decode' or 'prefill', not {proof_rows!r}")
+        self.proof_rows = proof_rows
         self._llm: Any = None
         self._model: Any = None
         self._processor: GumbelMaxLogic | None = None
@@ -553,7 +611,15 @@ class VllmBackend:
                 "proofs commit to); the vLLM backend supports Llama/Qwen2-style models"
             )
         llm.apply_model(lambda m: m.model.norm.register_forward_hook(capture))
-        self._llm, self._model, self._processor = llm, model, built[0]
+        processor = built[0]
+        # Decode-time proof rows: the hidden rows each step's logits come from (module docstring).
+        # A model without vLLM's logits_processor module gets prefill-derived proofs instead.
+        logits_module = getattr(model, "logits_processor", None)
+        if isinstance(logits_module, torch.nn.Module) and self.proof_rows == "decode":
+            sampled = SampledHiddenCapture()
+            logits_module.register_forward_pre_hook(sampled, with_kwargs=True)
+            processor.hidden_source = sampled
+        self._llm, self._model, self._processor = llm, model, processor
         self._vocab_size = int(config["vocab_size"])
         self._max_model_len = max_model_len
         self.dtype = dtype
@@ -626,7 +692,7 @@ class VllmBackend:
             )
             proof = b""
             if sampling.proofs and completion:
-                proof = proof_of(self._hidden_rows(prompt, completion))
+                proof = self._proof(records.get(request.ticket, {}), prompt, completion)
             results.append(
                 Generation(
                     prompt_ids=tuple(int(t) for t in prompt),
@@ -638,6 +704,19 @@ class VllmBackend:
                 )
             )
         return results
+
+    def _proof(
+        self,
+        recorded: Mapping[int, SampledToken],
+        prompt: Sequence[int],
+        completion: Sequence[int],
+    ) -> bytes:
+        """The completion's proof: from the rows recorded while decoding when there are, else
+        from one prefill."""
+        rows = [recorded[position].hidden_bits for position in range(len(completion))]
+        if all(row is not None for row in rows):
+            return toploc.build_proof(np.stack(cast(list[npt.NDArray[np.uint16]], rows)))
+        return proof_of(self._hidden_rows(prompt, completion))
 
     def _hidden_rows(self, prompt: Sequence[int], completion: Sequence[int]) -> torch.Tensor:
         """Final-norm outputs at the positions predicting each completion token (one prefill)."""
