@@ -7,8 +7,10 @@ GPU exist.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -351,6 +353,19 @@ def test_load_refuses_what_it_cannot_run(standin: Any, tiny_dir: Path) -> None:
         vb.VllmBackend().load(str(tiny_dir), device="cpu")
     with pytest.raises(RuntimeError, match="no model loaded"):
         vb.VllmBackend().generate(PROMPTS[:1], SamplingParams(seeds=[1]))
+
+
+def test_load_needs_a_max_model_len(standin: Any, tiny_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "no-max-len"
+    shutil.copytree(tiny_dir, copy)
+    config = json.loads((copy / "config.json").read_text())
+    del config["max_position_embeddings"]
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"max_position_embeddings .*max_model_len=\.\.\."):
+        vb.VllmBackend().load(str(copy), device="cuda")
+    backend = vb.VllmBackend(max_model_len=64)
+    backend.load(str(copy), device="cuda")
+    assert engine(backend).kwargs["max_model_len"] == 64
 
 
 def test_load_refuses_tf32(standin: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

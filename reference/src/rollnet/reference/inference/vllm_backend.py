@@ -570,7 +570,12 @@ class VllmBackend:
         if self.batch_invariant:
             os.environ["VLLM_BATCH_INVARIANT"] = "1"
         config = json.loads((Path(model_dir) / "config.json").read_text())
-        max_model_len = self.max_model_len or int(config["max_position_embeddings"])
+        max_model_len = self.max_model_len or config.get("max_position_embeddings")
+        if not isinstance(max_model_len, int) or max_model_len < 2:
+            raise ValueError(
+                f"{model_dir}/config.json has no usable max_position_embeddings "
+                f"({max_model_len!r}): pass VllmBackend(max_model_len=...)"
+            )
         processor_class = gumbel_processor_class()
         built_before = PROCESSORS.count()
         llm = _vllm().LLM(
