@@ -10,8 +10,12 @@ validator downloaded and a loaded checkpoint (:class:`CheckpointModel`), and ret
    ``(prompt_index, sample_index)`` order for the task's prompt ids, and the commitment's
    per-rollout digests (seed, proof digest, completion length) match the rollouts;
 3. per rollout, the proofs library's checks (:func:`rollnet.sdk.proofs.verify_rollout`): binding,
-   assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every rollout's
-   *assigned* prompt followed by its claimed completion;
+   assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every
+   *challenged* rollout's assigned prompt followed by its claimed completion. The job's
+   post-commitment challenge (:mod:`rollnet.sdk.proofs.challenge`, signed by the coordinator
+   after the commitment was recorded) names ``challenged_rollouts`` of the batch; the others
+   get the checks that need no model (binding, assigned data): their tokens and proofs are
+   bound by the commitment, so a bad one is caught whenever the challenge draws it;
 4. per rollout that passed every check above, **reward**: the environment's verifier on the
    completion, run in a :class:`~rollnet.reference.envs.RewardSandbox` (a child process with a
    hard time limit per completion), must give exactly the claimed reward (tolerance 0; rewards
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -62,6 +67,7 @@ from rollnet.sdk.proofs import (
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
+from rollnet.sdk.proofs.challenge import challenged_rollouts, verify_challenge
 from rollnet.sdk.proofs.sampling import MAX_SEED
 from rollnet.v1 import (
     commitment_pb2,
@@ -100,6 +106,12 @@ class ValidatorReason(StrEnum):
 class JobUncheckable(Exception):
     """This validator cannot judge the job for a reason that is not the worker's (the task's
     environment or prompts cannot be rebuilt here): give no verdict, let another try."""
+
+
+class ChallengeInvalid(JobUncheckable):
+    """The job's challenge is not the coordinator's signature of it (or there is no key to
+    check it against): which rollouts to check is unknown, and none of that is the worker's
+    doing, so there is no verdict."""
 
 
 class PrefillBackend(Protocol):
@@ -166,8 +178,13 @@ class JobOutcome:
     decode_tokens: int = 0
     validated_logprobs: list[npt.NDArray[np.float64]] = field(default_factory=list)
     """Per rollout in batch order, this validator's log-probability of each completion token
-    under the task's sampling distribution (its prefill's; set when every rollout was
-    prefilled and its log-probability check ran). Sent with an ACCEPT, as float32."""
+    under the task's sampling distribution (its prefill's; set when every challenged rollout
+    was prefilled and its log-probability check ran; empty for a rollout the challenge did not
+    draw). Sent with an ACCEPT, as float32."""
+    challenged: tuple[int, ...] = ()
+    """The rollouts checked in full (prefilled), by batch index."""
+    prefill_seconds: float = 0.0
+    """Wall seconds spent in the backend's prefills (the floor of the job's cost)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable details of batch-level failures (for logs; not sent)."""
 
@@ -296,11 +313,16 @@ def validate_job(
     blob: bytes,
     model: CheckpointModel,
     environments: EnvironmentCache,
+    coordinator_public_key: bytes = b"",
 ) -> JobOutcome:
-    """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs."""
+    """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs.
+
+    A job with a ``challenge`` needs ``coordinator_public_key`` to check it
+    (:class:`ChallengeInvalid` when it does not verify)."""
     oversized = refuse_oversized(job)
     if oversized is not None:
         return oversized
+    challenged = job_challenge(job, coordinator_public_key)
     outcome = JobOutcome()
     commitment = job.commitment
     expected = commitment.rollout_batch
@@ -329,14 +351,48 @@ def validate_job(
             ValidatorCheck.BATCH,
             not problems,
             ValidatorReason.BATCH_MISMATCH,
-            {"rollouts": len(batch.rollouts), "problems": len(problems)},
+            {
+                "rollouts": len(batch.rollouts),
+                "problems": len(problems),
+                "challenged_rollouts": len(challenged),
+            },
         )
     )
     if problems:
         outcome.notes.extend(problems)
         return outcome
+    outcome.challenged = challenged
     _validate_rollouts(job, batch, model, environments, outcome)
     return outcome
+
+
+def job_challenge(
+    job: validation_pb2.ValidationJob, coordinator_public_key: bytes
+) -> tuple[int, ...]:
+    """The batch indexes ``job``'s challenge draws for full checks (every index when the job
+    has none); :class:`ChallengeInvalid` when the challenge is not the coordinator's signature."""
+    task = job.task
+    rollouts = len(task.prompt_ids) * task.samples_per_prompt
+    if not job.challenge:
+        return tuple(range(rollouts))
+    commitment = job.commitment
+    if not coordinator_public_key:
+        raise ChallengeInvalid("the job has a challenge and no coordinator key to check it")
+    if not verify_challenge(
+        coordinator_public_key,
+        job.challenge,
+        job.network_id,
+        commitment.commitment_id,
+        commitment.binding_digest,
+        rollouts,
+        job.challenged_rollouts,
+    ):
+        raise ChallengeInvalid(
+            f"challenge of job {job.job_id} is not the coordinator's signature of commitment "
+            f"{commitment.commitment_id} ({rollouts} rollouts, {job.challenged_rollouts} "
+            "challenged)"
+        )
+    return challenged_rollouts(job.challenge, rollouts, job.challenged_rollouts)
 
 
 def refuse_oversized(job: validation_pb2.ValidationJob) -> JobOutcome | None:
@@ -373,6 +429,8 @@ class _Slot:
     checks: list[validation_pb2.CheckResult] = field(default_factory=list)
     logprobs: npt.NDArray[np.float64] | None = None
     """The validator's log-probability of each completion token, once its check computed them."""
+    challenged: bool = True
+    """Whether the job's challenge drew it for the checks that need the model."""
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -417,6 +475,7 @@ def _validate_rollouts(
             f"{type(error).__name__}: {error}"
         ) from error
 
+    challenged = frozenset(outcome.challenged)
     slots: list[_Slot] = []
     for index, rollout in enumerate(batch.rollouts):
         problem, assigned = assigned_prompts[int(rollout.prompt_id)]
@@ -454,6 +513,12 @@ def _validate_rollouts(
         if out_of_vocabulary or not 0 <= rollout.sampling_seed <= MAX_SEED:
             slot.checks.extend(_unprefillable(slot, out_of_vocabulary))
             slot.assignment = None
+        elif index not in challenged:
+            # Its tokens and proof are bound by the commitment digest checked here; whether
+            # the model produced them is checked only when a challenge draws it.
+            slot.challenged = False
+            slot.checks.extend(_unprefillable(slot, 0))
+            slot.assignment = None
 
     # Batched prefills over every checkable rollout (assigned prompt + claimed completion), then
     # every check, the numeric ones vectorized across the rollouts of a group. Groups hold at
@@ -465,17 +530,25 @@ def _validate_rollouts(
         key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
     )
     for group in _logit_groups(ready, vocab):
-        _check_group(group, backend, temperature, model.thresholds)
+        outcome.prefill_seconds += _check_group(group, backend, temperature, model.thresholds)
     # The work this job's checks covered: the rollouts that were prefilled (all of them in an
-    # honest batch; a padded, refused rollout must not count as validated tokens).
-    outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in ready)
-    outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in ready)
+    # honest batch; a padded, refused rollout must not count as validated tokens), and those
+    # the challenge left out whose commitment binds them (the challenge vouches for them: a
+    # batch with bad ones among them is rejected whenever it draws one).
+    vouched = [*ready, *(s for s in slots if not s.challenged and all(c.passed for c in s.checks))]
+    outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in vouched)
+    outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in vouched)
     _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
-    computed = [slot.logprobs for slot in slots]
-    if all(values is not None for values in computed):
-        outcome.validated_logprobs = [values for values in computed if values is not None]
+    if all(slot.logprobs is not None or not slot.challenged for slot in slots):
+        outcome.validated_logprobs = [
+            slot.logprobs if slot.logprobs is not None else _NO_LOGPROBS for slot in slots
+        ]
+
+
+_NO_LOGPROBS: npt.NDArray[np.float64] = np.zeros(0)
+"""The validated log-probabilities of a rollout the challenge did not draw: none."""
 
 
 LOGITS_BUDGET = 1 << 28
@@ -499,16 +572,19 @@ def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
 
 def _check_group(
     group: Sequence[_Slot], backend: PrefillBackend, temperature: float, thresholds: Thresholds
-) -> None:
+) -> float:
     """Prefill a group of rollouts and run the proofs library's checks and the log-probability
-    check on each; the prefill (hidden states, logits) is dropped when done."""
+    check on each; the prefill (hidden states, logits) is dropped when done. Returns the
+    prefill's wall seconds."""
     pairs = []
     assignments = []
     for slot in group:
         assert slot.assignment is not None
         assignments.append(slot.assignment)
         pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
+    started = time.perf_counter()
     prefills = backend.prefill_batch(pairs)
+    prefill_seconds = time.perf_counter() - started
     reports = verify_rollouts(
         [s.claim for s in group],
         assignments,
@@ -520,6 +596,7 @@ def _check_group(
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
             slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
+    return prefill_seconds
 
 
 def _oversized(
@@ -543,7 +620,8 @@ def _oversized(
 
 def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.CheckResult]:
     """Checks for a rollout the model will not run on (a token outside the vocabulary, a seed
-    outside the 63-bit range): binding and assigned data still apply."""
+    outside the 63-bit range, a rollout the challenge did not draw): binding and assigned data
+    still apply."""
     assert slot.assignment is not None
     claim, assignment = slot.claim, slot.assignment
     if 0 <= claim.sampling_seed <= MAX_SEED:
@@ -713,6 +791,7 @@ def _encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[in
 
 
 __all__ = [
+    "ChallengeInvalid",
     "CheckpointModel",
     "EnvironmentCache",
     "JobOutcome",
@@ -720,6 +799,7 @@ __all__ = [
     "PrefillBackend",
     "ValidatorCheck",
     "ValidatorReason",
+    "job_challenge",
     "refuse_oversized",
     "validate_job",
 ]
