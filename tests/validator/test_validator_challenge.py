@@ -43,7 +43,7 @@ FULL_CHECKS = {"termination", "toploc", "sampling", "behaviour_logprobs"}
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, CheckpointModel]]:
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CheckpointModel]:
     from rollnet.reference.model.tiny import init_tiny_model
 
     root = tmp_path_factory.mktemp("challenge")
@@ -51,7 +51,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Chec
     backend = TorchBackend()
     backend.load(str(model_dir))
     tokenizer = CheckpointTokenizer.load(model_dir)
-    yield root, CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
+    return root, CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +119,7 @@ def altered(
     tokens[position] = (tokens[position] + 1) % vocab
     rollouts[index].ClearField("completion_token_ids")
     rollouts[index].completion_token_ids.extend(tokens)
-    lease = LeaseBinding(
-        NETWORK, batch.node_id, batch.task_id, batch.lease_id, batch.fencing_token
-    )
+    lease = LeaseBinding(NETWORK, batch.node_id, batch.task_id, batch.lease_id, batch.fencing_token)
     return seal_job(job.task, lease, rollouts)
 
 
@@ -134,14 +132,15 @@ async def test_only_the_challenged_rollouts_are_prefilled(
     drawn = challenged_rollouts(job.challenge, ROLLOUTS, 2)
     outcome = validate_job(job, blob, checkpoint, environments, COORDINATOR.public_key)
     assert outcome.accepted, [c for c in outcome.checks if not c.passed]
-    assert outcome.challenged == drawn and len(drawn) == 2
+    assert outcome.challenged == drawn
+    assert len(drawn) == 2
     batch = rollout_pb2.RolloutBatch.FromString(blob)
     for index in range(ROLLOUTS):
         names = {c.check for c in outcome.checks if c.rollout_index == index}
         # Binding, assigned data and the reward for every rollout; the model's checks only
         # for the challenged.
         assert {"binding", "assigned_data", "reward"} <= names
-        assert (FULL_CHECKS <= names) == (index in drawn), (index, names)
+        assert (names >= FULL_CHECKS) == (index in drawn), (index, names)
         tokens = len(batch.rollouts[index].completion_token_ids)
         assert len(outcome.validated_logprobs[index]) == (tokens if index in drawn else 0)
     # The challenge vouches for the batch: every rollout's tokens are credited.
