@@ -33,6 +33,9 @@ SAMPLE_CONFIG = "docs/coordinator.toml"
 #: Network ids: what signed calls name as their audience, printed in logs and file names.
 NETWORK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX = re.compile(r"[0-9a-f]+")
+#: Rollouts of a batch a validator checks in full under a post-commitment challenge: the
+#: figures behind the choice are in docs/verification.md, "Post-commitment challenges".
+DEFAULT_CHALLENGED_ROLLOUTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,7 @@ class CoordinatorConfig:
     #: Rollouts of a batch a validator checks in full (prefill, TOPLOC, sampling), drawn by the
     #: job's post-commitment challenge; 0 checks every rollout. docs/verification.md,
     #: "Post-commitment challenges", has the detection rates it gives.
-    challenged_rollouts: int = 8
+    challenged_rollouts: int = DEFAULT_CHALLENGED_ROLLOUTS
     signature_skew: timedelta = timedelta(seconds=60)
     max_message_bytes: int = 16 * 1024 * 1024
     #: Calls gRPC may hold before the server code takes them; beyond it gRPC starts refusing new

@@ -33,6 +33,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -529,16 +530,26 @@ def _validate_rollouts(
         (s for s in slots if s.assignment is not None),
         key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
     )
-    for group in _logit_groups(ready, vocab):
-        outcome.prefill_seconds += _check_group(group, backend, temperature, model.thresholds)
+    unchallenged = [s for s in slots if not s.challenged and _scorable(s)]
+    with _RewardScorer(environment, environments.sandbox, model.tokenizer) as scorer:
+        # Rollouts the challenge left out are scored while the others are prefilled.
+        scorer.submit(unchallenged)
+        outcome.prefill_seconds = _check_pipelined(
+            _logit_groups(ready, vocab, PIPELINE_ROLLOUTS),
+            backend,
+            temperature,
+            model.thresholds,
+            scorer,
+        )
+        rewards = scorer.results()
     # The work this job's checks covered: the rollouts that were prefilled (all of them in an
     # honest batch; a padded, refused rollout must not count as validated tokens), and those
     # the challenge left out whose commitment binds them (the challenge vouches for them: a
     # batch with bad ones among them is rejected whenever it draws one).
-    vouched = [*ready, *(s for s in slots if not s.challenged and all(c.passed for c in s.checks))]
+    vouched = [*ready, *unchallenged]
     outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in vouched)
     outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in vouched)
-    _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
+    _reward_checks(slots, rewards, environment, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
     if all(slot.logprobs is not None or not slot.challenged for slot in slots):
@@ -552,17 +563,24 @@ _NO_LOGPROBS: npt.NDArray[np.float64] = np.zeros(0)
 
 
 LOGITS_BUDGET = 1 << 28
-"""Logits (completion tokens x vocabulary) a group of rollouts may hold at once: 1 GiB of
-float32. The tiny model's whole job fits; at a 152k vocabulary a group is ~1,700 tokens."""
+"""Logits (completion tokens x vocabulary) the validator may hold at once: 1 GiB of float32.
+Two groups are held at once (one checked while the next is prefilled), so a group holds at
+most half. The tiny model's whole job fits; at a 152k vocabulary a group is ~850 tokens."""
+
+PIPELINE_ROLLOUTS = 16
+"""Rollouts per pipeline group: the checks of one group run while the next is prefilled, so
+smaller groups hide more of the checks, and larger ones vectorize them better (two of the
+backend's 8-rollout prefill chunks each)."""
 
 
-def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
-    """Consecutive groups of ``slots`` within :data:`LOGITS_BUDGET` (one rollout at least)."""
+def _logit_groups(slots: Sequence[_Slot], vocab: int, most: int | None = None) -> list[list[_Slot]]:
+    """Consecutive groups of ``slots`` within half of :data:`LOGITS_BUDGET` and of at most
+    ``most`` rollouts (one rollout at least)."""
     groups: list[list[_Slot]] = []
     held = 0
     for slot in slots:
         size = len(slot.claim.completion_ids) * vocab
-        if not groups or held + size > LOGITS_BUDGET:
+        if not groups or held + size > LOGITS_BUDGET // 2 or len(groups[-1]) == most:
             groups.append([])
             held = 0
         groups[-1].append(slot)
@@ -570,21 +588,61 @@ def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
     return groups
 
 
-def _check_group(
-    group: Sequence[_Slot], backend: PrefillBackend, temperature: float, thresholds: Thresholds
+def _check_pipelined(
+    groups: Sequence[Sequence[_Slot]],
+    backend: PrefillBackend,
+    temperature: float,
+    thresholds: Thresholds,
+    scorer: _RewardScorer,
 ) -> float:
-    """Prefill a group of rollouts and run the proofs library's checks and the log-probability
-    check on each; the prefill (hidden states, logits) is dropped when done. Returns the
-    prefill's wall seconds."""
+    """Prefill each group on this thread while the previous group is checked on another (and
+    its rewards scored on a third, in the sandbox's child process): the prefill is the floor of
+    a job's cost, and the checks and the verifier run beside it rather than after it. At most
+    two groups' prefills are held at once. Returns the prefills' wall seconds."""
+    prefill_seconds = 0.0
+    with ThreadPoolExecutor(1, thread_name_prefix="validator-checks") as checker:
+        checking: Future[None] | None = None
+        try:
+            for group in groups:
+                started = time.perf_counter()
+                prefills = _prefill(group, backend)
+                prefill_seconds += time.perf_counter() - started
+                if checking is not None:
+                    checking.result()
+                checking = checker.submit(
+                    _check_group, group, prefills, temperature, thresholds, scorer
+                )
+            if checking is not None:
+                checking.result()
+        finally:
+            if checking is not None:
+                checking.cancel()
+    return prefill_seconds
+
+
+def _prefill(group: Sequence[_Slot], backend: PrefillBackend) -> list[Prefill]:
+    """One batched prefill of a group's assigned prompts and claimed completions."""
     pairs = []
+    for slot in group:
+        assert slot.assignment is not None
+        pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
+    return backend.prefill_batch(pairs)
+
+
+def _check_group(
+    group: Sequence[_Slot],
+    prefills: Sequence[Prefill],
+    temperature: float,
+    thresholds: Thresholds,
+    scorer: _RewardScorer,
+) -> None:
+    """Run the proofs library's checks and the log-probability check on each rollout of a
+    prefilled group, then hand those that passed to ``scorer``; the prefill (hidden states,
+    logits) is dropped when done."""
     assignments = []
     for slot in group:
         assert slot.assignment is not None
         assignments.append(slot.assignment)
-        pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
-    started = time.perf_counter()
-    prefills = backend.prefill_batch(pairs)
-    prefill_seconds = time.perf_counter() - started
     reports = verify_rollouts(
         [s.claim for s in group],
         assignments,
@@ -596,7 +654,7 @@ def _check_group(
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
             slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
-    return prefill_seconds
+    scorer.submit([slot for slot in group if _scorable(slot)])
 
 
 def _oversized(
@@ -695,28 +753,64 @@ def _logprobs_check(
     return _result(ValidatorCheck.LOGPROBS, True, "", figures, slot.index)
 
 
+def _scorable(slot: _Slot) -> bool:
+    """Whether a rollout's reward is recomputed: it passed every other check (one that failed
+    rejects the job anyway, and its completion is text the worker chose, which must not get to
+    make the validator's verifier work up to its time limit)."""
+    return slot.problem is not None and all(c.passed for c in slot.checks)
+
+
+class _RewardScorer:
+    """Recomputes rewards with the environment's verifier in the reward sandbox on a thread of
+    its own, a batch of rollouts per :meth:`submit` in order, so the sandbox's child process
+    scores one group while the validator prefills and checks the next."""
+
+    def __init__(
+        self, environment: Environment, sandbox: RewardSandbox, tokenizer: CheckpointTokenizer
+    ) -> None:
+        self._environment = environment
+        self._sandbox = sandbox
+        self._tokenizer = tokenizer
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="validator-rewards")
+        self._batches: list[tuple[list[int], Future[list[RewardResult]]]] = []
+
+    def submit(self, slots: Sequence[_Slot]) -> None:
+        """Score ``slots`` (which passed every other check) after those submitted before."""
+        if not slots:
+            return
+        items = []
+        for slot in slots:
+            assert slot.problem is not None
+            completion = list(slot.claim.completion_ids)
+            text = self._tokenizer.decode(completion, skip_special_tokens=True)
+            items.append((slot.problem, text, len(completion)))
+        future = self._pool.submit(self._sandbox.rewards, self._environment, items)
+        self._batches.append(([slot.index for slot in slots], future))
+
+    def results(self) -> dict[int, RewardResult]:
+        """Every submitted rollout's result by batch index (raises what the sandbox raised)."""
+        rewards: dict[int, RewardResult] = {}
+        for indexes, future in self._batches:
+            rewards.update(zip(indexes, future.result(), strict=True))
+        return rewards
+
+    def __enter__(self) -> _RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, future in self._batches:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+
 def _reward_checks(
     slots: Sequence[_Slot],
+    rewards: Mapping[int, RewardResult],
     environment: Environment,
-    sandbox: RewardSandbox,
-    tokenizer: CheckpointTokenizer,
     outcome: JobOutcome,
 ) -> None:
-    """Recompute the rewards with the environment's verifier; each claim must equal its value.
-
-    Only rollouts that passed every other check are scored: the others already reject the job,
-    and a completion the model did not sample is text the worker chose, which must not get to
-    make the validator's verifier work up to its time limit. One sandbox call for the job.
-    """
-    scored = [s for s in slots if s.problem is not None and all(c.passed for c in s.checks)]
-    items = []
-    for slot in scored:
-        assert slot.problem is not None
-        completion = list(slot.claim.completion_ids)
-        text = tokenizer.decode(completion, skip_special_tokens=True)
-        items.append((slot.problem, text, len(completion)))
-    results = sandbox.rewards(environment, items) if items else []
-    rewards = dict(zip((s.index for s in scored), results, strict=True))
+    """Each scored claim must equal the recomputed reward (:func:`_reward_check`); the
+    validated rewards, one per rollout in batch order (zero where none was computed)."""
     for slot in slots:
         result = rewards.get(slot.index)
         if result is None:
