@@ -521,11 +521,12 @@ def _validate_rollouts(
             slot.checks.extend(_unprefillable(slot, 0))
             slot.assignment = None
 
-    # Batched prefills over every checkable rollout (assigned prompt + claimed completion), then
-    # every check, the numeric ones vectorized across the rollouts of a group. Groups hold at
-    # most LOGITS_BUDGET logits (one rollout at least): a job's logits are tokens x vocabulary,
-    # 40 GB for 64 rollouts of 1,024 tokens at a 152k vocabulary, and only a group's are held.
-    # Sorted by length, so the backend's right-padded chunks waste few positions on padding.
+    # Batched prefills over every challenged rollout (assigned prompt + claimed completion),
+    # then every check, the numeric ones vectorized across the rollouts of a group. Two groups
+    # are held at once (one checked while the next is prefilled), each within half of
+    # LOGITS_BUDGET (one rollout at least): a job's logits are tokens x vocabulary, 40 GB for 64
+    # rollouts of 1,024 tokens at a 152k vocabulary. Sorted by length, so the backend's
+    # right-padded chunks waste few positions on padding.
     ready = sorted(
         (s for s in slots if s.assignment is not None),
         key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
