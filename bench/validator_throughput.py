@@ -220,8 +220,12 @@ def physical_limit(
     signed = []
     for job, blob in jobs:
         batch = rollout_pb2.RolloutBatch.FromString(blob)
+        # Sorted by length, as the validator prefills them: the least padding.
         pairs.append(
-            [(list(r.prompt_token_ids), list(r.completion_token_ids)) for r in batch.rollouts]
+            sorted(
+                ((list(r.prompt_token_ids), list(r.completion_token_ids)) for r in batch.rollouts),
+                key=lambda pair: len(pair[0]) + len(pair[1]),
+            )
         )
         challenge_job = validation_pb2.ValidationJob()
         challenge_job.CopyFrom(job)
