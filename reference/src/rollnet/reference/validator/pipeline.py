@@ -240,13 +240,21 @@ class JobOutcome:
         )
 
 
+_NUMBERS = (int, float)
+"""Figure values the wire keeps (bool is an int: it becomes 0.0 / 1.0)."""
+
+
 def _figures(values: Mapping[str, Any]) -> dict[str, float]:
     # The wire keeps numbers only; labels (strings) stay in the logs.
     out: dict[str, float] = {}
+    isfinite = math.isfinite
     for key, value in values.items():
-        # bool is an int: it becomes 0.0 / 1.0.
-        if isinstance(value, int | float) and math.isfinite(float(value)):
-            out[key] = float(value)
+        # A tuple, not int | float: this runs for every figure of every check (~1,500 per
+        # 32-rollout job), and isinstance against a tuple is about twice as fast.
+        if isinstance(value, _NUMBERS):
+            number = float(value)
+            if isfinite(number):
+                out[key] = number
     return out
 
 
@@ -257,9 +265,12 @@ def _result(
     figures: Mapping[str, Any] | None = None,
     rollout_index: int | None = None,
 ) -> validation_pb2.CheckResult:
-    result = validation_pb2.CheckResult(
-        check=check, passed=passed, reason="" if passed else reason, figures=_figures(figures or {})
-    )
+    result = validation_pb2.CheckResult(check=check, passed=passed, reason="" if passed else reason)
+    # Item by item: a dict handed to the constructor goes through the generic (pure Python)
+    # MutableMapping.update, twice as slow per ~7 checks x N rollouts of every job.
+    stored = result.figures
+    for key, number in _figures(figures or {}).items():
+        stored[key] = number
     if rollout_index is not None:
         result.rollout_index = rollout_index
     return result
@@ -508,7 +519,12 @@ def _validate_rollouts(
         )
         completion = slot.claim.completion_ids
         # Guards before the model runs: a token outside the vocabulary cannot be embedded.
-        out_of_vocabulary = sum(1 for t in completion if t >= vocab)
+        # (Counted only when there is one: max() runs in C, the count per token in Python.)
+        out_of_vocabulary = (
+            sum(1 for t in completion if t >= vocab)
+            if completion and max(completion) >= vocab
+            else 0
+        )
         # A seed outside the 63-bit range cannot be derived, hashed into a digest or used for
         # noise: judged without the model, so a hostile batch cannot crash the validator.
         if out_of_vocabulary or not 0 <= rollout.sampling_seed <= MAX_SEED:
