@@ -619,6 +619,13 @@ def _check_pipelined(
     a job's cost, and the checks and the verifier run beside it rather than after it. At most
     two groups' prefills are held at once. Returns the prefills' wall seconds."""
     prefill_seconds = 0.0
+    if len(groups) == 1:
+        # Nothing to overlap the checks with: no hand-off to another thread.
+        started = time.perf_counter()
+        prefills = _prefill(groups[0], backend)
+        prefill_seconds = time.perf_counter() - started
+        _check_group(groups[0], prefills, temperature, thresholds, scorer)
+        return prefill_seconds
     with ThreadPoolExecutor(1, thread_name_prefix="validator-checks") as checker:
         checking: Future[None] | None = None
         try:
