@@ -14,6 +14,13 @@ from rollnet.sdk.proofs.binding import (
     proof_digest,
     tokens_digest,
 )
+from rollnet.sdk.proofs.challenge import (
+    challenge_message,
+    challenged_rollouts,
+    detection_probability,
+    sign_challenge,
+    verify_challenge,
+)
 from rollnet.sdk.proofs.report import (
     CheckName,
     CheckResult,
@@ -89,6 +96,8 @@ __all__ = [
     "VerificationReport",
     "WindowStats",
     "build_proof",
+    "challenge_message",
+    "challenged_rollouts",
     "check_assigned_data",
     "check_binding",
     "check_sampling",
@@ -99,6 +108,7 @@ __all__ = [
     "checkpoint_eos_token_ids",
     "commitment_digest",
     "derive_sampling_seed",
+    "detection_probability",
     "encode_windows",
     "eos_probabilities",
     "eos_token_ids",
@@ -110,10 +120,12 @@ __all__ = [
     "proof_digest",
     "proof_size",
     "sampling_margins",
+    "sign_challenge",
     "thresholds_for",
     "token_logprobs",
     "tokens_digest",
     "use_compiled_kernel",
+    "verify_challenge",
     "verify_proof",
     "verify_proofs",
     "verify_rollout",
