@@ -115,6 +115,8 @@ async def test_dashboard_shows_the_swarm_and_updates(
         assert await _text(page, "#latest-step") == "1"
         assert await _text(page, "#at-latest") == "1"
         assert await _text(page, "#live-nodes") == "2"
+        assert await _text(page, "#counted-at") == "1"
+        assert await _text(page, "#within-one") == "2"
         worker_row = page.locator(f'#nodes tr[data-node-id="{swarm.worker.node_id}"]')
         await wait_until(worker_row.count, within=DEADLINE, what="the worker's row")
         cells = [c.strip() for c in await worker_row.locator("td").all_inner_texts()]
