@@ -275,7 +275,7 @@ async def _store_file(
     plan = plan_shards(path, shard_size)
     whole = blake3.blake3(max_threads=blake3.blake3.AUTO) if len(plan) > 1 else None
     refs: list[common_pb2.BlobRef] = []
-    in_flight: list[asyncio.Task[bool]] = []
+    in_flight: list[asyncio.Future[bool]] = []
 
     async def settle(keep: int) -> None:
         while len(in_flight) > keep:
@@ -287,7 +287,7 @@ async def _store_file(
             data, digest = await asyncio.to_thread(_read_and_hash, shard, whole)
             refs.append(common_pb2.BlobRef(blake3=digest, size=shard.size))
             await settle(_SINKS_IN_FLIGHT - 1)
-            in_flight.append(asyncio.create_task(sink(data, digest)))
+            in_flight.append(asyncio.ensure_future(sink(data, digest)))
             counts.shards += 1
             counts.bytes += shard.size
         await settle(0)

@@ -609,9 +609,7 @@ class _FileDigest:
     file (``descriptor``) when its turn comes. A file of one shard is that shard: its checked
     digest is the file's."""
 
-    def __init__(
-        self, shards: Sequence[common_pb2.BlobRef], descriptor: int, *, hold: int
-    ) -> None:
+    def __init__(self, shards: Sequence[common_pb2.BlobRef], descriptor: int, *, hold: int) -> None:
         self._sizes = [shard.size for shard in shards]
         self._offsets = [sum(self._sizes[:index]) for index in range(len(shards))]
         self._descriptor = descriptor

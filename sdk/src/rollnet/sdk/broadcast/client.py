@@ -172,7 +172,7 @@ class RelayShards:
         them to the coordinator (:class:`~rollnet.sdk.node.NodeSession` asks before each
         heartbeat, through :meth:`~rollnet.sdk.checkpoints.CheckpointStore.take_relay_reports`).
         Each report is taken once."""
-        taken = []
+        taken: list[node_service_pb2.RelayReport] = []
         while self._pending and len(taken) < limit:
             taken.append(self._pending.popleft().to_proto())
         return taken
