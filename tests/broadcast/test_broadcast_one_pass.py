@@ -87,19 +87,19 @@ async def test_storing_a_shard_overlaps_reading_and_hashing_the_next(tmp_path: P
     weights = source / "model.safetensors"
     next_read = threading.Event()
     real_read = publishing.read_shard
-    seen: list[int] = []
 
     def watching_read(shard: publishing.ShardPlan) -> bytes:
-        if shard.path == weights:
-            seen.append(shard.offset)
-            if shard.offset == SHARD:
-                next_read.set()
+        if shard.path == weights and shard.offset == SHARD:
+            next_read.set()
         return real_read(shard)
 
+    waited: list[bytes] = []
+
     async def slow_sink(data: bytes, digest: bytes) -> bool:
-        if seen == [0]:
-            # Storing the first shard of the weights finishes only once the second has been
-            # read: a publisher that stores before it reads on would wait here forever.
+        if len(data) == SHARD and not waited:  # the weights' first shard (the others are small)
+            waited.append(digest)
+            # Storing it finishes only once the second shard has been read: a publisher that
+            # stores before it reads on would wait here until the deadline.
             assert await asyncio.to_thread(next_read.wait, 20.0), "the next shard was not read"
         return False
 
@@ -110,6 +110,7 @@ async def test_storing_a_shard_overlaps_reading_and_hashing_the_next(tmp_path: P
     finally:
         mp.undo()
     assert next_read.is_set()
+    assert len(waited) == 1
     assert len(next(f for f in manifest.files if f.path == "model.safetensors").shards) == 5
 
 

@@ -123,6 +123,11 @@ class BlobServiceShards:
         """Download one shard through ``GetBlob``."""
         return await self.client.blobs.download(shard.blake3)
 
+    async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The same: the download checks the whole blob's digest (``BlobIntegrityError``), so
+        the store does not hash it again (a :class:`CheckedShardSource`)."""
+        return await self.client.blobs.download(shard.blake3)
+
 
 @dataclass(frozen=True)
 class FallbackShards:
