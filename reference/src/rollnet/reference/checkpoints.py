@@ -339,10 +339,11 @@ async def publish_model_dir(
 ) -> PublishedCheckpoint:
     """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
 
-    ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
-    in memory at a time. ``created_at`` defaults to the newest modification time of the files,
-    so republishing an unchanged directory at the same step builds the identical manifest, which
-    the coordinator accepts again (its shards are already stored). ``delta_base``: see
+    ``client`` must be signed by ``identity``, registered with the trainer role. At most three
+    shards are held in memory at a time (one being hashed, two being stored). ``created_at``
+    defaults to the newest modification time of the files, so republishing an unchanged
+    directory at the same step builds the identical manifest, which the coordinator accepts
+    again (its shards are already stored). ``delta_base``: see
     :func:`build_manifest`. ``origin_dir``: also write every blob there, for
     ``rollnet relay --origin DIR``.
     """
