@@ -586,6 +586,12 @@ def main() -> int:
                 f"(1/{row['full'] / row['delta']:.0f})"
             )
         last = len(steps) - 1
+        if rows[-1]["delta"] * 2 > rows[-1]["full"]:
+            print(
+                f"  step {last}: the delta is more than half the file, so none is published "
+                "(nodes fetch the full checkpoint); no end-to-end delta step to time"
+            )
+            return 0
         tree = RollnetTree(root / "rollnet-delta", args.clients)
         try:
             for number in range(last):  # the clients follow every step before the last

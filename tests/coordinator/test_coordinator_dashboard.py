@@ -24,6 +24,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.dashboard_login import login_query
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import Identity
+from rollnet.v1 import node_service_pb2
 
 DEADLINE = 20.0
 
@@ -115,6 +116,8 @@ async def test_dashboard_shows_the_swarm_and_updates(
         assert await _text(page, "#latest-step") == "1"
         assert await _text(page, "#at-latest") == "1"
         assert await _text(page, "#live-nodes") == "2"
+        assert await _text(page, "#counted-at") == "1"
+        assert await _text(page, "#within-one") == "2"
         worker_row = page.locator(f'#nodes tr[data-node-id="{swarm.worker.node_id}"]')
         await wait_until(worker_row.count, within=DEADLINE, what="the worker's row")
         cells = [c.strip() for c in await worker_row.locator("td").all_inner_texts()]
@@ -123,6 +126,26 @@ async def test_dashboard_shows_the_swarm_and_updates(
         assert int(cells[5].replace(",", "")) > 0  # its credits
         validator_row = page.locator(f'#nodes tr[data-node-id="{validator_identity.node_id}"]')
         assert "1 behind" in (await validator_row.locator("td").all_inner_texts())[4]
+
+        # A relay the worker reports for a bad shard shows up with who reported it.
+        assert await _text(page, "#relay-note") == "no relay reported serving wrong shard bytes"
+        await swarm.worker_client.nodes.heartbeat(
+            node_service_pb2.HeartbeatRequest(
+                checkpoint_step=1,
+                relay_reports=[
+                    node_service_pb2.RelayReport(
+                        relay_url="http://relay.example:7090",
+                        shard_blake3=bytes(range(32)),
+                        checkpoint_step=1,
+                    )
+                ],
+            )
+        )
+        relay_row = page.locator('#relay-reports tr[data-relay="http://relay.example:7090"]')
+        await wait_until(relay_row.count, within=DEADLINE, what="the reported relay's row")
+        cells = [c.strip() for c in await relay_row.locator("td").all_inner_texts()]
+        assert cells[1:4] == ["1", "1", f"{bytes(range(32)).hex()[:16]}… (1)"]
+        assert cells[4] == swarm.worker.node_id[:12]
 
         # Live: one more accepted task shows up without reloading the page.
         before = await page.evaluate("document.body.dataset.generatedAt")

@@ -19,7 +19,7 @@ import math
 import os
 import struct
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,11 +161,6 @@ def read_shard(shard: ShardPlan) -> bytes:
     return data
 
 
-def _file_shards(path: Path, shard_size: int) -> Iterator[tuple[ShardPlan, bytes]]:
-    for shard in plan_shards(path, shard_size):
-        yield shard, read_shard(shard)
-
-
 def sign_manifest(identity: Identity, manifest: bytes) -> bytes:
     """The trainer's signature over ``"rollnet-checkpoint-v1\\n" || manifest``."""
     return identity.sign(CHECKPOINT_DOMAIN + manifest)
@@ -240,18 +235,7 @@ async def build_manifest(
     counts = PublishCounts()
 
     async def store(path: Path) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
-        whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        refs = []
-        total = 0
-        for shard, data in _file_shards(path, shard_size):
-            total += shard.size
-            digest = await asyncio.to_thread(_hash_shard, whole, data)
-            already = await sink(data, digest)
-            counts.shards += 1
-            counts.already_present += int(already)
-            counts.bytes += shard.size
-            refs.append(common_pb2.BlobRef(blake3=digest, size=shard.size))
-        return refs, common_pb2.BlobRef(blake3=whole.digest(), size=total)
+        return await _store_file(path, shard_size, sink, counts)
 
     for path in files:
         relative = path.relative_to(model_dir).as_posix()
@@ -277,10 +261,55 @@ class PublishCounts:
     """Bytes of the deltas among them."""
 
 
-def _hash_shard(whole: blake3.blake3, data: bytes) -> bytes:
-    """Add a shard to its file's digest and return the shard's own (off the event loop)."""
-    whole.update(data)
-    return blob_digest(data)
+_SINKS_IN_FLIGHT = 2
+"""Shards handed to the sink and not yet stored, while the next one is read and hashed."""
+
+
+async def _store_file(
+    path: Path, shard_size: int, sink: BlobSink, counts: PublishCounts
+) -> tuple[list[common_pb2.BlobRef], common_pb2.BlobRef]:
+    """One pass over ``path``: each shard is read once and hashed (its own digest, and the
+    file's) while the shards before it are being stored by ``sink``, so reading, hashing and
+    storing overlap instead of taking turns. A file of one shard is hashed once: its digest is
+    the shard's."""
+    plan = plan_shards(path, shard_size)
+    whole = blake3.blake3(max_threads=blake3.blake3.AUTO) if len(plan) > 1 else None
+    refs: list[common_pb2.BlobRef] = []
+    in_flight: list[asyncio.Future[bool]] = []
+
+    async def settle(keep: int) -> None:
+        while len(in_flight) > keep:
+            already = await in_flight.pop(0)
+            counts.already_present += int(already)
+
+    try:
+        for shard in plan:
+            data, digest = await asyncio.to_thread(_read_and_hash, shard, whole)
+            refs.append(common_pb2.BlobRef(blake3=digest, size=shard.size))
+            await settle(_SINKS_IN_FLIGHT - 1)
+            in_flight.append(asyncio.ensure_future(sink(data, digest)))
+            counts.shards += 1
+            counts.bytes += shard.size
+        await settle(0)
+    finally:
+        for task in in_flight:
+            task.cancel()
+    if whole is not None:
+        content = whole.digest()
+    elif refs:
+        content = refs[0].blake3
+    else:
+        content = blake3.blake3().digest()
+    return refs, common_pb2.BlobRef(blake3=bytes(content), size=sum(r.size for r in refs))
+
+
+def _read_and_hash(shard: ShardPlan, whole: blake3.blake3 | None) -> tuple[bytes, bytes]:
+    """A shard's bytes and digest, also added to its file's digest (a thread: BLAKE3 lets go
+    of the GIL)."""
+    data = read_shard(shard)
+    if whole is not None:
+        whole.update(data)
+    return data, blob_digest(data)
 
 
 def signed_checkpoint(
@@ -310,18 +339,23 @@ async def publish_model_dir(
 ) -> PublishedCheckpoint:
     """Upload ``model_dir`` shard by shard and publish it as the checkpoint of ``step``.
 
-    ``client`` must be signed by ``identity``, registered with the trainer role. One shard is held
-    in memory at a time. ``created_at`` defaults to the newest modification time of the files,
-    so republishing an unchanged directory at the same step builds the identical manifest, which
-    the coordinator accepts again (its shards are already stored). ``delta_base``: see
+    ``client`` must be signed by ``identity``, registered with the trainer role. At most three
+    shards are held in memory at a time (one being hashed, two being stored). ``created_at``
+    defaults to the newest modification time of the files, so republishing an unchanged
+    directory at the same step builds the identical manifest, which the coordinator accepts
+    again (its shards are already stored). ``delta_base``: see
     :func:`build_manifest`. ``origin_dir``: also write every blob there, for
     ``rollnet relay --origin DIR``.
     """
 
     async def sink(data: bytes, digest: bytes) -> bool:
-        stored = await client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-        if origin_dir is not None:
-            await asyncio.to_thread(write_origin_blob, origin_dir, data, digest)
+        upload = client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        if origin_dir is None:
+            stored = await upload
+        else:  # the coordinator and the origin directory take the shard at the same time
+            stored, _ = await asyncio.gather(
+                upload, asyncio.to_thread(write_origin_blob, origin_dir, data, digest)
+            )
         return bool(stored.already_present)
 
     manifest, counts = await build_manifest(

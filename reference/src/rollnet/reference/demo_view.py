@@ -96,15 +96,24 @@ def summary_fields(
         "nodes": f"{nodes.get('total', 0)}: {_counts(nodes.get('by_state', {}))}",
         "tasks": _counts(tasks),
         "rollouts": f"{validation.get('accepted', 0)} validated, {rejected} rejected{by_reason}",
-        "broadcast": (
-            "no checkpoint yet"
-            if latest is None
-            else f"{checkpoints.get('at_latest', 0)} of {checkpoints.get('live_nodes', 0)} nodes "
-            f"on checkpoint {latest}"
-        ),
+        "broadcast": _broadcast(checkpoints),
         "ledger": f"{ledger.get('entries', 0)} entries; "
         + (", ".join(f"{kind} {amount:+,}" for kind, amount in amounts.items()) or "no amounts"),
     }
+
+
+def _broadcast(checkpoints: dict[str, Any]) -> str:
+    """How many nodes hold the latest checkpoint, counted in the same read as that step."""
+    step = checkpoints.get("counted_at", checkpoints.get("latest"))
+    if step is None:
+        return "no checkpoint yet"
+    text = (
+        f"{checkpoints.get('at_latest', 0)} of {checkpoints.get('live_nodes', 0)} nodes "
+        f"on checkpoint {step}"
+    )
+    if "within_one_step" in checkpoints:
+        text += f" ({checkpoints['within_one_step']} within one step)"
+    return text
 
 
 def plain_line(snapshot: dict[str, Any]) -> str:

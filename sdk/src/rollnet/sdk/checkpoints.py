@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError
 
 from rollnet.sdk.broadcast.delta import DeltaError, apply_delta
 from rollnet.sdk.identity import verify_signature
-from rollnet.v1 import checkpoint_pb2, common_pb2
+from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
 if TYPE_CHECKING:
     from rollnet.sdk.client import RollnetClient
@@ -65,6 +65,46 @@ class ShardSource(Protocol):
 
 
 @runtime_checkable
+class CheckedShardSource(Protocol):
+    """A :class:`ShardSource` that checks each shard's BLAKE3 digest and size itself, in this
+    process, before returning it (:class:`~rollnet.sdk.broadcast.RelayShards` hashes the bytes
+    as they arrive, to know which relay served them wrong). The store then does not hash them a
+    second time."""
+
+    async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard's bytes, already checked against ``shard``'s digest and size; raises
+        when no bytes that match could be had."""
+
+
+async def fetch_checked(source: ShardSource, shard: common_pb2.BlobRef) -> bytes:
+    """``shard`` from ``source``, checked against its digest and size exactly once (by the
+    source itself when it is a :class:`CheckedShardSource`, else here, off the event loop).
+    Raises :class:`CheckpointVerificationError` for bytes that do not match."""
+    if isinstance(source, CheckedShardSource):
+        data = await source.fetch_checked_shard(shard)
+        matches = len(data) == shard.size
+    else:
+        data = await source.fetch_shard(shard)
+        matches = len(data) == shard.size and (
+            await asyncio.to_thread(_digest_of_bytes, data) == shard.blake3
+        )
+    if not matches:
+        raise CheckpointVerificationError(
+            f"shard {shard.blake3.hex()} does not match its digest and size"
+        )
+    return data
+
+
+@runtime_checkable
+class ReportsRelays(Protocol):
+    """A :class:`ShardSource` that finds relays serving wrong bytes and keeps reports of them
+    for the coordinator (:class:`~rollnet.sdk.broadcast.RelayShards`)."""
+
+    def take_relay_reports(self, limit: int) -> list[node_service_pb2.RelayReport]:
+        """Up to ``limit`` reports not taken before."""
+
+
+@runtime_checkable
 class StepHinted(Protocol):
     """A :class:`ShardSource` that likes to know which checkpoint step the next shards belong
     to (relays keep versions together by it). A hint only: nothing depends on it."""
@@ -81,6 +121,11 @@ class BlobServiceShards:
 
     async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """Download one shard through ``GetBlob``."""
+        return await self.client.blobs.download(shard.blake3)
+
+    async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The same: the download checks the whole blob's digest (``BlobIntegrityError``), so
+        the store does not hash it again (a :class:`CheckedShardSource`)."""
         return await self.client.blobs.download(shard.blake3)
 
 
@@ -100,14 +145,20 @@ class FallbackShards:
                 source.hint_step(step)
 
     async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
-        """The shard from ``primary``, else from ``fallback``."""
+        """The shard from ``primary``, else from ``fallback`` (checked: see
+        :meth:`fetch_checked_shard`)."""
+        return await self.fetch_checked_shard(shard)
+
+    async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard from ``primary``, else from ``fallback``; each checked once, so wrong
+        bytes from ``primary`` also send the request to ``fallback``."""
         try:
-            return await self.primary.fetch_shard(shard)
+            return await fetch_checked(self.primary, shard)
         except Exception as error:  # whatever failed among the relays, the fallback may serve
             log.warning(
                 "relay_shard_fallback", extra={"blake3": shard.blake3.hex(), "error": str(error)}
             )
-            return await self.fallback.fetch_shard(shard)
+            return await fetch_checked(self.fallback, shard)
 
 
 def verify_checkpoint(
@@ -345,7 +396,17 @@ class CheckpointStore:
         """Files this store built by applying a delta."""
         self.full_files = 0
         """Files this store fetched whole."""
+        self.bytes_read_back = 0
+        """Bytes read back from files to hash them (shards that arrived far out of order)."""
         self._locks: dict[int, asyncio.Lock] = {}
+
+    def take_relay_reports(self, limit: int) -> list[node_service_pb2.RelayReport]:
+        """Bad-shard reports of :attr:`relays` not yet sent to the coordinator (at most
+        ``limit``, each once; none when the relays do not report): what the node's next
+        heartbeat carries (``NodeReport.relay_reports``)."""
+        if isinstance(self.relays, ReportsRelays):
+            return self.relays.take_relay_reports(limit)
+        return []
 
     def path(self, step: int) -> Path | None:
         """The verified directory of ``step``, or ``None`` when it is not stored."""
@@ -404,44 +465,46 @@ class CheckpointStore:
 
         async def fetch(shard: common_pb2.BlobRef) -> bytes:
             async with limit:
-                data = await source.fetch_shard(shard)
-            if len(data) != shard.size or (
-                await asyncio.to_thread(_digest_of_bytes, data) != shard.blake3
-            ):
-                raise CheckpointVerificationError(
-                    f"shard {shard.blake3.hex()} does not match its digest and size"
-                )
-            return data
+                return await fetch_checked(source, shard)
 
         async def assemble(
             shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
-        ) -> None:
+        ) -> bytes:
             # Shards are written at their offsets as they arrive, so a file never sits in memory
-            # whole; the caller checks the whole file's digest afterwards.
+            # whole; the whole file's digest is computed on the way (returned; the caller
+            # compares it).
             offsets = []
             position = 0
             for shard in shards:
                 offsets.append(position)
                 position += shard.size
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            file_digest = _FileDigest(shards, descriptor, hold=self.concurrency)
             try:
 
-                async def place(shard: common_pb2.BlobRef, offset: int) -> None:
+                async def place(index: int, shard: common_pb2.BlobRef, offset: int) -> None:
                     data = await fetch(shard)
                     await asyncio.to_thread(os.pwrite, descriptor, data, offset)
                     if count:
                         advance(len(data))
+                    await file_digest.add(index, data)
 
-                await asyncio.gather(*(place(s, o) for s, o in zip(shards, offsets, strict=True)))
+                await asyncio.gather(
+                    *(
+                        place(index, shard, offset)
+                        for index, (shard, offset) in enumerate(zip(shards, offsets, strict=True))
+                    )
+                )
                 os.ftruncate(descriptor, sum(s.size for s in shards))
             finally:
                 os.close(descriptor)
+            self.bytes_read_back += file_digest.read_back
+            return file_digest.digest()
 
         async def full(item: checkpoint_pb2.CheckpointFile, target: Path) -> None:
             tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
             try:
-                await assemble(item.shards, tmp, count=True)
-                if await asyncio.to_thread(_digest_of, tmp) != item.content.blake3:
+                if await assemble(item.shards, tmp, count=True) != item.content.blake3:
                     raise CheckpointVerificationError(f"{item.path}: file digest does not match")
                 os.replace(tmp, target)
             finally:
@@ -513,8 +576,10 @@ class CheckpointStore:
         delta_file = target.with_name(f".{secrets.token_hex(8)}.delta")
         tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
         try:
-            await assemble(item.delta.shards, delta_file, count=False)
-            if await asyncio.to_thread(_digest_of, delta_file) != item.delta.content.blake3:
+            if (
+                await assemble(item.delta.shards, delta_file, count=False)
+                != item.delta.content.blake3
+            ):
                 raise CheckpointVerificationError(f"{item.path}: delta digest does not match")
             await asyncio.to_thread(apply_delta, base, delta_file, tmp, size=item.content.size)
             if await asyncio.to_thread(_digest_of, tmp) != item.content.blake3:
@@ -538,7 +603,59 @@ class CheckpointStore:
 class _Assemble(Protocol):
     async def __call__(
         self, shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
-    ) -> None: ...
+    ) -> bytes: ...
+
+
+class _FileDigest:
+    """A file's BLAKE3, computed from its shards as they arrive (each shard's bytes are hashed
+    into it once, in order, while later shards are still in transit), so the file is not read
+    back to be hashed after the last shard. A shard that arrives before its predecessors is held
+    in memory until they have come, up to ``hold`` of them; one past that is read back from the
+    file (``descriptor``) when its turn comes. A file of one shard is that shard: its checked
+    digest is the file's."""
+
+    def __init__(self, shards: Sequence[common_pb2.BlobRef], descriptor: int, *, hold: int) -> None:
+        self._sizes = [shard.size for shard in shards]
+        self._offsets = [sum(self._sizes[:index]) for index in range(len(shards))]
+        self._descriptor = descriptor
+        self._single = shards[0].blake3 if len(shards) == 1 else None
+        self._hold = max(1, hold)
+        self._hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        self._next = 0
+        self._held: dict[int, bytes] = {}
+        self._written: set[int] = set()
+        self._feeding = asyncio.Lock()
+        self.read_back = 0
+        """Bytes read back from the file because their shard came too far out of order."""
+
+    async def add(self, index: int, data: bytes) -> None:
+        """Shard ``index`` arrived (checked) with ``data`` and is written to the file."""
+        if self._single is not None:
+            return
+        self._written.add(index)
+        if index == self._next or len(self._held) < self._hold:
+            self._held[index] = data
+        async with self._feeding:  # one feeder at a time keeps the order
+            while self._next in self._written:
+                chunk = self._held.pop(self._next, None)
+                if chunk is None:
+                    chunk = await asyncio.to_thread(
+                        os.pread,
+                        self._descriptor,
+                        self._sizes[self._next],
+                        self._offsets[self._next],
+                    )
+                    self.read_back += len(chunk)
+                await asyncio.to_thread(self._hasher.update, chunk)
+                self._next += 1
+
+    def digest(self) -> bytes:
+        """The file's digest (once every shard was added)."""
+        if self._single is not None:
+            return self._single
+        if self._next != len(self._sizes):
+            raise RuntimeError("the file's digest was asked for before its last shard")
+        return bytes(self._hasher.digest())
 
 
 def _digest_of_bytes(data: bytes) -> bytes:
@@ -565,16 +682,19 @@ __all__ = [
     "MAX_CHECKPOINT_PATH_BYTES",
     "MAX_CHECKPOINT_PATH_DEPTH",
     "BlobServiceShards",
+    "CheckedShardSource",
     "CheckpointStore",
     "CheckpointVerificationError",
     "FallbackShards",
     "PathViolation",
+    "ReportsRelays",
     "ShardSource",
     "StepHinted",
     "checkpoint_file_count_error",
     "checkpoint_path_conflicts",
     "checkpoint_path_error",
     "checkpoint_path_violations",
+    "fetch_checked",
     "manifest_blobs",
     "verify_checkpoint",
 ]

@@ -236,6 +236,13 @@ class NodeReport:
     """The newest checkpoint step the node has loaded."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Free-form gauges for operators' dashboards."""
+    relay_reports: Sequence[node_service_pb2.RelayReport] = ()
+    """Relays that served wrong shard bytes since the last heartbeat (at most 8; see
+    :meth:`rollnet.sdk.checkpoints.CheckpointStore.take_relay_reports`)."""
+
+
+MAX_RELAY_REPORTS = 8
+"""Relay reports one heartbeat carries at most (the coordinator's bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -606,6 +613,7 @@ class NodeSession:
             held_lease_ids=list(report.held_lease_ids),
             checkpoint_step=report.checkpoint_step,
             metrics=dict(report.metrics),
+            relay_reports=list(report.relay_reports)[:MAX_RELAY_REPORTS],
         )
         if self.config.requested_heartbeat_interval is not None:
             request.requested_interval.FromMilliseconds(
@@ -753,6 +761,7 @@ async def run_until_signalled(node: Stoppable) -> None:
 __all__ = [
     "DEFAULT_NETWORK_ID",
     "FATAL_REASONS",
+    "MAX_RELAY_REPORTS",
     "PROTOCOL_VERSION",
     "REREGISTER_REASONS",
     "LeaseReport",

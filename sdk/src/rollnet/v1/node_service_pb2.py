@@ -28,7 +28,7 @@ from rollnet.v1 import common_pb2 as rollnet_dot_v1_dot_common__pb2
 from rollnet.v1 import node_pb2 as rollnet_dot_v1_dot_node__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollnet/v1/node_service.proto\x12\nrollnet.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/node.proto\"\x99\x03\n\x13RegisterNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n\npublic_key\x18\x02 \x01(\x0cR\tpublicKey\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x10.rollnet.v1.RoleR\x04role\x12\x46\n\x10protocol_version\x18\x04 \x01(\x0b\x32\x1b.rollnet.v1.ProtocolVersionR\x0fprotocolVersion\x12)\n\x10software_version\x18\x05 \x01(\tR\x0fsoftwareVersion\x12<\n\x0c\x63\x61pabilities\x18\x06 \x01(\x0b\x32\x18.rollnet.v1.CapabilitiesR\x0c\x63\x61pabilities\x12\x36\n\x08hardware\x18\x07 \x01(\x0b\x32\x1a.rollnet.v1.HardwareReportR\x08hardware\x12\x12\n\x04pool\x18\x08 \x01(\tR\x04pool\x12!\n\x0cinvite_token\x18\t \x01(\tR\x0binviteToken\"\xee\x03\n\x14RegisterNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\x12\x1d\n\nnetwork_id\x18\x02 \x01(\tR\tnetworkId\x12S\n\x17server_protocol_version\x18\x03 \x01(\x0b\x32\x1b.rollnet.v1.ProtocolVersionR\x15serverProtocolVersion\x12H\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11heartbeatInterval\x12@\n\x0elease_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationR\rleaseDuration\x12;\n\x0bserver_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nserverTime\x12\x34\n\x16\x63oordinator_public_key\x18\x07 \x01(\x0cR\x14\x63oordinatorPublicKey\x12=\n\rcompute_dtype\x18\x08 \x01(\x0e\x32\x18.rollnet.v1.ComputeDtypeR\x0c\x63omputeDtype\"\xde\x02\n\x10HeartbeatRequest\x12\x30\n\x08\x61\x63tivity\x18\x01 \x01(\x0e\x32\x14.rollnet.v1.ActivityR\x08\x61\x63tivity\x12$\n\x0eheld_lease_ids\x18\x02 \x03(\tR\x0cheldLeaseIds\x12\'\n\x0f\x63heckpoint_step\x18\x03 \x01(\x04R\x0e\x63heckpointStep\x12H\n\x12requested_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11requestedInterval\x12\x43\n\x07metrics\x18\x05 \x03(\x0b\x32).rollnet.v1.HeartbeatRequest.MetricsEntryR\x07metrics\x1a:\n\x0cMetricsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\"\xaa\x02\n\x11HeartbeatResponse\x12,\n\x05state\x18\x01 \x01(\x0e\x32\x16.rollnet.v1.Node.StateR\x05state\x12H\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11heartbeatInterval\x12/\n\x06leases\x18\x03 \x03(\x0b\x32\x17.rollnet.v1.LeaseStatusR\x06leases\x12/\n\x08\x63ommands\x18\x04 \x03(\x0b\x32\x13.rollnet.v1.CommandR\x08\x63ommands\x12;\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nserverTime\"v\n\x0bLeaseStatus\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12\x14\n\x05valid\x18\x02 \x01(\x08R\x05valid\x12\x36\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x64\x65\x61\x64line\"\xdb\x01\n\x07\x43ommand\x12\x30\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x18.rollnet.v1.DrainCommandH\x00R\x05\x64rain\x12?\n\nreregister\x18\x02 \x01(\x0b\x32\x1d.rollnet.v1.ReregisterCommandH\x00R\nreregister\x12R\n\x11update_checkpoint\x18\x03 \x01(\x0b\x32#.rollnet.v1.UpdateCheckpointCommandH\x00R\x10updateCheckpointB\t\n\x07\x63ommand\"&\n\x0c\x44rainCommand\x12\x16\n\x06reason\x18\x01 \x01(\tR\x06reason\"+\n\x11ReregisterCommand\x12\x16\n\x06reason\x18\x01 \x01(\tR\x06reason\"-\n\x17UpdateCheckpointCommand\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\"N\n\x15\x44\x65registerNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"A\n\x16\x44\x65registerNodeResponse\x12\'\n\x0freleased_leases\x18\x01 \x01(\rR\x0ereleasedLeases\")\n\x0eGetNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"7\n\x0fGetNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"\xa2\x01\n\x10ListNodesRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\rR\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x16.rollnet.v1.Node.StateR\x05state\x12$\n\x04role\x18\x04 \x01(\x0e\x32\x10.rollnet.v1.RoleR\x04role\"c\n\x11ListNodesResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x10.rollnet.v1.NodeR\x05nodes\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n\x10\x45jectNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"9\n\x11\x45jectNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"`\n\x0e\x42\x61nNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"7\n\x0f\x42\x61nNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"f\n\x14ReinstateNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"=\n\x15ReinstateNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node*a\n\x08\x41\x63tivity\x12\x18\n\x14\x41\x43TIVITY_UNSPECIFIED\x10\x00\x12\x11\n\rACTIVITY_IDLE\x10\x01\x12\x11\n\rACTIVITY_BUSY\x10\x02\x12\x15\n\x11\x41\x43TIVITY_DRAINING\x10\x03\x32\xf5\x04\n\x0bNodeService\x12Q\n\x0cRegisterNode\x12\x1f.rollnet.v1.RegisterNodeRequest\x1a .rollnet.v1.RegisterNodeResponse\x12H\n\tHeartbeat\x12\x1c.rollnet.v1.HeartbeatRequest\x1a\x1d.rollnet.v1.HeartbeatResponse\x12W\n\x0e\x44\x65registerNode\x12!.rollnet.v1.DeregisterNodeRequest\x1a\".rollnet.v1.DeregisterNodeResponse\x12\x42\n\x07GetNode\x12\x1a.rollnet.v1.GetNodeRequest\x1a\x1b.rollnet.v1.GetNodeResponse\x12H\n\tListNodes\x12\x1c.rollnet.v1.ListNodesRequest\x1a\x1d.rollnet.v1.ListNodesResponse\x12H\n\tEjectNode\x12\x1c.rollnet.v1.EjectNodeRequest\x1a\x1d.rollnet.v1.EjectNodeResponse\x12\x42\n\x07\x42\x61nNode\x12\x1a.rollnet.v1.BanNodeRequest\x1a\x1b.rollnet.v1.BanNodeResponse\x12T\n\rReinstateNode\x12 .rollnet.v1.ReinstateNodeRequest\x1a!.rollnet.v1.ReinstateNodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drollnet/v1/node_service.proto\x12\nrollnet.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/node.proto\"\x99\x03\n\x13RegisterNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n\npublic_key\x18\x02 \x01(\x0cR\tpublicKey\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x10.rollnet.v1.RoleR\x04role\x12\x46\n\x10protocol_version\x18\x04 \x01(\x0b\x32\x1b.rollnet.v1.ProtocolVersionR\x0fprotocolVersion\x12)\n\x10software_version\x18\x05 \x01(\tR\x0fsoftwareVersion\x12<\n\x0c\x63\x61pabilities\x18\x06 \x01(\x0b\x32\x18.rollnet.v1.CapabilitiesR\x0c\x63\x61pabilities\x12\x36\n\x08hardware\x18\x07 \x01(\x0b\x32\x1a.rollnet.v1.HardwareReportR\x08hardware\x12\x12\n\x04pool\x18\x08 \x01(\tR\x04pool\x12!\n\x0cinvite_token\x18\t \x01(\tR\x0binviteToken\"\xee\x03\n\x14RegisterNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\x12\x1d\n\nnetwork_id\x18\x02 \x01(\tR\tnetworkId\x12S\n\x17server_protocol_version\x18\x03 \x01(\x0b\x32\x1b.rollnet.v1.ProtocolVersionR\x15serverProtocolVersion\x12H\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11heartbeatInterval\x12@\n\x0elease_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationR\rleaseDuration\x12;\n\x0bserver_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nserverTime\x12\x34\n\x16\x63oordinator_public_key\x18\x07 \x01(\x0cR\x14\x63oordinatorPublicKey\x12=\n\rcompute_dtype\x18\x08 \x01(\x0e\x32\x18.rollnet.v1.ComputeDtypeR\x0c\x63omputeDtype\"\x9c\x03\n\x10HeartbeatRequest\x12\x30\n\x08\x61\x63tivity\x18\x01 \x01(\x0e\x32\x14.rollnet.v1.ActivityR\x08\x61\x63tivity\x12$\n\x0eheld_lease_ids\x18\x02 \x03(\tR\x0cheldLeaseIds\x12\'\n\x0f\x63heckpoint_step\x18\x03 \x01(\x04R\x0e\x63heckpointStep\x12H\n\x12requested_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11requestedInterval\x12\x43\n\x07metrics\x18\x05 \x03(\x0b\x32).rollnet.v1.HeartbeatRequest.MetricsEntryR\x07metrics\x12<\n\rrelay_reports\x18\x06 \x03(\x0b\x32\x17.rollnet.v1.RelayReportR\x0crelayReports\x1a:\n\x0cMetricsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\"\xb3\x01\n\x0bRelayReport\x12\x1b\n\trelay_url\x18\x01 \x01(\tR\x08relayUrl\x12!\n\x0cshard_blake3\x18\x02 \x01(\x0cR\x0bshardBlake3\x12\'\n\x0f\x63heckpoint_step\x18\x03 \x01(\x04R\x0e\x63heckpointStep\x12;\n\x0b\x64\x65tected_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ndetectedAt\"\xaa\x02\n\x11HeartbeatResponse\x12,\n\x05state\x18\x01 \x01(\x0e\x32\x16.rollnet.v1.Node.StateR\x05state\x12H\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x11heartbeatInterval\x12/\n\x06leases\x18\x03 \x03(\x0b\x32\x17.rollnet.v1.LeaseStatusR\x06leases\x12/\n\x08\x63ommands\x18\x04 \x03(\x0b\x32\x13.rollnet.v1.CommandR\x08\x63ommands\x12;\n\x0bserver_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nserverTime\"v\n\x0bLeaseStatus\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12\x14\n\x05valid\x18\x02 \x01(\x08R\x05valid\x12\x36\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x08\x64\x65\x61\x64line\"\xdb\x01\n\x07\x43ommand\x12\x30\n\x05\x64rain\x18\x01 \x01(\x0b\x32\x18.rollnet.v1.DrainCommandH\x00R\x05\x64rain\x12?\n\nreregister\x18\x02 \x01(\x0b\x32\x1d.rollnet.v1.ReregisterCommandH\x00R\nreregister\x12R\n\x11update_checkpoint\x18\x03 \x01(\x0b\x32#.rollnet.v1.UpdateCheckpointCommandH\x00R\x10updateCheckpointB\t\n\x07\x63ommand\"&\n\x0c\x44rainCommand\x12\x16\n\x06reason\x18\x01 \x01(\tR\x06reason\"+\n\x11ReregisterCommand\x12\x16\n\x06reason\x18\x01 \x01(\tR\x06reason\"-\n\x17UpdateCheckpointCommand\x12\x12\n\x04step\x18\x01 \x01(\x04R\x04step\"N\n\x15\x44\x65registerNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"A\n\x16\x44\x65registerNodeResponse\x12\'\n\x0freleased_leases\x18\x01 \x01(\rR\x0ereleasedLeases\")\n\x0eGetNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"7\n\x0fGetNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"\xa2\x01\n\x10ListNodesRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\rR\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x16.rollnet.v1.Node.StateR\x05state\x12$\n\x04role\x18\x04 \x01(\x0e\x32\x10.rollnet.v1.RoleR\x04role\"c\n\x11ListNodesResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x10.rollnet.v1.NodeR\x05nodes\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n\x10\x45jectNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"9\n\x11\x45jectNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"`\n\x0e\x42\x61nNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"7\n\x0f\x42\x61nNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node\"f\n\x14ReinstateNodeRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x17\n\x07node_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"=\n\x15ReinstateNodeResponse\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x10.rollnet.v1.NodeR\x04node*a\n\x08\x41\x63tivity\x12\x18\n\x14\x41\x43TIVITY_UNSPECIFIED\x10\x00\x12\x11\n\rACTIVITY_IDLE\x10\x01\x12\x11\n\rACTIVITY_BUSY\x10\x02\x12\x15\n\x11\x41\x43TIVITY_DRAINING\x10\x03\x32\xf5\x04\n\x0bNodeService\x12Q\n\x0cRegisterNode\x12\x1f.rollnet.v1.RegisterNodeRequest\x1a .rollnet.v1.RegisterNodeResponse\x12H\n\tHeartbeat\x12\x1c.rollnet.v1.HeartbeatRequest\x1a\x1d.rollnet.v1.HeartbeatResponse\x12W\n\x0e\x44\x65registerNode\x12!.rollnet.v1.DeregisterNodeRequest\x1a\".rollnet.v1.DeregisterNodeResponse\x12\x42\n\x07GetNode\x12\x1a.rollnet.v1.GetNodeRequest\x1a\x1b.rollnet.v1.GetNodeResponse\x12H\n\tListNodes\x12\x1c.rollnet.v1.ListNodesRequest\x1a\x1d.rollnet.v1.ListNodesResponse\x12H\n\tEjectNode\x12\x1c.rollnet.v1.EjectNodeRequest\x1a\x1d.rollnet.v1.EjectNodeResponse\x12\x42\n\x07\x42\x61nNode\x12\x1a.rollnet.v1.BanNodeRequest\x1a\x1b.rollnet.v1.BanNodeResponse\x12T\n\rReinstateNode\x12 .rollnet.v1.ReinstateNodeRequest\x1a!.rollnet.v1.ReinstateNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,52 +37,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEATREQUEST_METRICSENTRY']._loaded_options = None
   _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_ACTIVITY']._serialized_start=3189
-  _globals['_ACTIVITY']._serialized_end=3286
+  _globals['_ACTIVITY']._serialized_start=3433
+  _globals['_ACTIVITY']._serialized_end=3530
   _globals['_REGISTERNODEREQUEST']._serialized_start=159
   _globals['_REGISTERNODEREQUEST']._serialized_end=568
   _globals['_REGISTERNODERESPONSE']._serialized_start=571
   _globals['_REGISTERNODERESPONSE']._serialized_end=1065
   _globals['_HEARTBEATREQUEST']._serialized_start=1068
-  _globals['_HEARTBEATREQUEST']._serialized_end=1418
-  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_start=1360
-  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_end=1418
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1421
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1719
-  _globals['_LEASESTATUS']._serialized_start=1721
-  _globals['_LEASESTATUS']._serialized_end=1839
-  _globals['_COMMAND']._serialized_start=1842
-  _globals['_COMMAND']._serialized_end=2061
-  _globals['_DRAINCOMMAND']._serialized_start=2063
-  _globals['_DRAINCOMMAND']._serialized_end=2101
-  _globals['_REREGISTERCOMMAND']._serialized_start=2103
-  _globals['_REREGISTERCOMMAND']._serialized_end=2146
-  _globals['_UPDATECHECKPOINTCOMMAND']._serialized_start=2148
-  _globals['_UPDATECHECKPOINTCOMMAND']._serialized_end=2193
-  _globals['_DEREGISTERNODEREQUEST']._serialized_start=2195
-  _globals['_DEREGISTERNODEREQUEST']._serialized_end=2273
-  _globals['_DEREGISTERNODERESPONSE']._serialized_start=2275
-  _globals['_DEREGISTERNODERESPONSE']._serialized_end=2340
-  _globals['_GETNODEREQUEST']._serialized_start=2342
-  _globals['_GETNODEREQUEST']._serialized_end=2383
-  _globals['_GETNODERESPONSE']._serialized_start=2385
-  _globals['_GETNODERESPONSE']._serialized_end=2440
-  _globals['_LISTNODESREQUEST']._serialized_start=2443
-  _globals['_LISTNODESREQUEST']._serialized_end=2605
-  _globals['_LISTNODESRESPONSE']._serialized_start=2607
-  _globals['_LISTNODESRESPONSE']._serialized_end=2706
-  _globals['_EJECTNODEREQUEST']._serialized_start=2708
-  _globals['_EJECTNODEREQUEST']._serialized_end=2806
-  _globals['_EJECTNODERESPONSE']._serialized_start=2808
-  _globals['_EJECTNODERESPONSE']._serialized_end=2865
-  _globals['_BANNODEREQUEST']._serialized_start=2867
-  _globals['_BANNODEREQUEST']._serialized_end=2963
-  _globals['_BANNODERESPONSE']._serialized_start=2965
-  _globals['_BANNODERESPONSE']._serialized_end=3020
-  _globals['_REINSTATENODEREQUEST']._serialized_start=3022
-  _globals['_REINSTATENODEREQUEST']._serialized_end=3124
-  _globals['_REINSTATENODERESPONSE']._serialized_start=3126
-  _globals['_REINSTATENODERESPONSE']._serialized_end=3187
-  _globals['_NODESERVICE']._serialized_start=3289
-  _globals['_NODESERVICE']._serialized_end=3918
+  _globals['_HEARTBEATREQUEST']._serialized_end=1480
+  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_start=1422
+  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_end=1480
+  _globals['_RELAYREPORT']._serialized_start=1483
+  _globals['_RELAYREPORT']._serialized_end=1662
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1665
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1963
+  _globals['_LEASESTATUS']._serialized_start=1965
+  _globals['_LEASESTATUS']._serialized_end=2083
+  _globals['_COMMAND']._serialized_start=2086
+  _globals['_COMMAND']._serialized_end=2305
+  _globals['_DRAINCOMMAND']._serialized_start=2307
+  _globals['_DRAINCOMMAND']._serialized_end=2345
+  _globals['_REREGISTERCOMMAND']._serialized_start=2347
+  _globals['_REREGISTERCOMMAND']._serialized_end=2390
+  _globals['_UPDATECHECKPOINTCOMMAND']._serialized_start=2392
+  _globals['_UPDATECHECKPOINTCOMMAND']._serialized_end=2437
+  _globals['_DEREGISTERNODEREQUEST']._serialized_start=2439
+  _globals['_DEREGISTERNODEREQUEST']._serialized_end=2517
+  _globals['_DEREGISTERNODERESPONSE']._serialized_start=2519
+  _globals['_DEREGISTERNODERESPONSE']._serialized_end=2584
+  _globals['_GETNODEREQUEST']._serialized_start=2586
+  _globals['_GETNODEREQUEST']._serialized_end=2627
+  _globals['_GETNODERESPONSE']._serialized_start=2629
+  _globals['_GETNODERESPONSE']._serialized_end=2684
+  _globals['_LISTNODESREQUEST']._serialized_start=2687
+  _globals['_LISTNODESREQUEST']._serialized_end=2849
+  _globals['_LISTNODESRESPONSE']._serialized_start=2851
+  _globals['_LISTNODESRESPONSE']._serialized_end=2950
+  _globals['_EJECTNODEREQUEST']._serialized_start=2952
+  _globals['_EJECTNODEREQUEST']._serialized_end=3050
+  _globals['_EJECTNODERESPONSE']._serialized_start=3052
+  _globals['_EJECTNODERESPONSE']._serialized_end=3109
+  _globals['_BANNODEREQUEST']._serialized_start=3111
+  _globals['_BANNODEREQUEST']._serialized_end=3207
+  _globals['_BANNODERESPONSE']._serialized_start=3209
+  _globals['_BANNODERESPONSE']._serialized_end=3264
+  _globals['_REINSTATENODEREQUEST']._serialized_start=3266
+  _globals['_REINSTATENODEREQUEST']._serialized_end=3368
+  _globals['_REINSTATENODERESPONSE']._serialized_start=3370
+  _globals['_REINSTATENODERESPONSE']._serialized_end=3431
+  _globals['_NODESERVICE']._serialized_start=3533
+  _globals['_NODESERVICE']._serialized_end=4162
 # @@protoc_insertion_point(module_scope)

@@ -205,6 +205,7 @@ class HeartbeatRequest(_message.Message):
     CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     REQUESTED_INTERVAL_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    RELAY_REPORTS_FIELD_NUMBER: _builtins.int
     activity: Global___Activity.ValueType
     """What the node is doing."""
     checkpoint_step: _builtins.int
@@ -221,6 +222,12 @@ class HeartbeatRequest(_message.Message):
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Free-form numeric gauges (tokens/s, queue depth, ...), for operators' dashboards."""
 
+    @_builtins.property
+    def relay_reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayReport]:
+        """Relays that served this node bytes not matching a shard's signed digest since its last
+        answered heartbeat (each one at most once), for the operator (docs/broadcast.md).
+        """
+
     def __init__(
         self,
         *,
@@ -229,14 +236,54 @@ class HeartbeatRequest(_message.Message):
         checkpoint_step: _builtins.int = ...,
         requested_interval: _duration_pb2.Duration | None = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        relay_reports: _abc.Iterable[Global___RelayReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["requested_interval", b"requested_interval"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "checkpoint_step", b"checkpoint_step", "held_lease_ids", b"held_lease_ids", "metrics", b"metrics", "requested_interval", b"requested_interval"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "checkpoint_step", b"checkpoint_step", "held_lease_ids", b"held_lease_ids", "metrics", b"metrics", "relay_reports", b"relay_reports", "requested_interval", b"requested_interval"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class RelayReport(_message.Message):
+    """A relay that served a checkpoint shard whose bytes do not match the digest the trainer
+    signed. The coordinator records who reported which relay and shard, and when; it acts on
+    none of it (a report is a node's word, shown to the operator).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELAY_URL_FIELD_NUMBER: _builtins.int
+    SHARD_BLAKE3_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    DETECTED_AT_FIELD_NUMBER: _builtins.int
+    relay_url: _builtins.str
+    """The relay's base URL as the node reached it (`http://` or `https://`)."""
+    shard_blake3: _builtins.bytes
+    """BLAKE3-256 digest of the shard the relay served wrongly."""
+    checkpoint_step: _builtins.int
+    """The checkpoint step the shard belongs to (0: not known)."""
+    @_builtins.property
+    def detected_at(self) -> _timestamp_pb2.Timestamp:
+        """When the node found the mismatch, on its clock."""
+
+    def __init__(
+        self,
+        *,
+        relay_url: _builtins.str = ...,
+        shard_blake3: _builtins.bytes = ...,
+        checkpoint_step: _builtins.int = ...,
+        detected_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["detected_at", b"detected_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_step", b"checkpoint_step", "detected_at", b"detected_at", "relay_url", b"relay_url", "shard_blake3", b"shard_blake3"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayReport: _TypeAlias = RelayReport  # noqa: Y015
 
 @_typing.final
 class HeartbeatResponse(_message.Message):

@@ -246,6 +246,7 @@ def _syntax(name: str, chars: str, low: int, high: int, *, required: bool = Fals
 
 PRINTABLE = "!-~"
 """Printable ASCII without the space (0x21 to 0x7E), as a character class."""
+_PRINTABLE_SET = frozenset(_expand(PRINTABLE))
 NODE_ID = _syntax("a node id", "0-9a-f", 32, 32)
 """A node id: 32 lowercase hex digits (docs/protocol.md, *Keys and node ids*)."""
 ID = _syntax("an id the coordinator issued", "0-9A-Za-z_-", 1, 64)
@@ -256,6 +257,38 @@ NAME = _syntax("a name", "0-9A-Za-z_.+-", 1, 64)
 KEY = _syntax("a key", "0-9A-Za-z_.:/-", 1, 64)
 """Keys of metric and figure maps."""
 POOL = _syntax("a pool name", "0-9A-Za-z_.-", 0, 64)
+MAX_RELAY_REPORTS = 8
+"""Relay reports one heartbeat may carry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Url(_Rule):
+    """An ``http://`` or ``https://`` URL: printable ASCII without spaces, at most
+    ``max_len`` characters."""
+
+    max_len: int = 512
+    required: bool = False
+
+    def ok(self, value: str, depth: int) -> bool:
+        return (
+            len(value) <= self.max_len
+            and value.startswith(("http://", "https://"))
+            and len(value) > len("https://")
+            and _PRINTABLE_SET.issuperset(value)
+        )
+
+    def check(self, value: str, path: str, out: Out, depth: int) -> None:
+        if not self.ok(value, depth):
+            _add(out, path, f"must be {self.describe()}")
+
+    def describe(self) -> str:
+        return (
+            f"an `http://` or `https://` URL: at most {self.max_len} characters of printable "
+            "ASCII, no spaces"
+        )
+
+
+RELAY_URL = Url(required=True)
 PAGE_TOKEN = _syntax("a page token", "0-9A-Za-z_-", 0, 128)
 
 
@@ -703,6 +736,17 @@ def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
                 "[`heartbeat_interval_min`, `heartbeat_interval_max`]",
             ),
             "metrics": Pairs(KEY, finite, 64),
+            "relay_reports": Each(
+                Nested("rollnet.v1.RelayReport"),
+                MAX_RELAY_REPORTS,
+                note="the coordinator records at most 8 a minute from one node",
+            ),
+        },
+        "rollnet.v1.RelayReport": {
+            "relay_url": RELAY_URL,
+            "shard_blake3": digest,
+            "checkpoint_step": step,
+            "detected_at": Instant(),
         },
         "rollnet.v1.DeregisterNodeRequest": {"request_id": REQUEST_ID, "reason": free_line},
         "rollnet.v1.GetNodeRequest": {"node_id": node_filter},

@@ -27,6 +27,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, write_thread
 from rollnet.reference.coordinator.database_lock import DatabaseLock
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.refusal import Refusal
+from rollnet.reference.coordinator.relay_reports import RelayReports
 from rollnet.reference.coordinator.uploads import PendingUploads, block_size
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.node import PROTOCOL_VERSION
@@ -122,6 +123,8 @@ class CoordinatorContext:
     sessions: sessionmaker[Session] = field(init=False)
     #: Uploads no record references yet (quota and orphan sweeping).
     uploads: PendingUploads = field(init=False)
+    #: Relays nodes reported for serving shards that do not match their digest.
+    relay_reports: RelayReports = field(init=False)
     #: (ended at, job id) of the last finished validation job the retention sweep has passed.
     retention_position: tuple[datetime, str] | None = None
     #: The SQLite database's lock (None on PostgreSQL), released by :meth:`close`.
@@ -130,6 +133,7 @@ class CoordinatorContext:
 
     def __post_init__(self) -> None:
         self.sessions = session_factory(self.engine)
+        self.relay_reports = RelayReports(self.metrics.registry)
         self.uploads = PendingUploads(
             self.config.upload_quota_bytes, block_bytes=block_size(self.blobs.root)
         )

@@ -77,6 +77,18 @@ class _Totals:
             self.credits_validated += 1
 
 
+@dataclass(frozen=True)
+class _Slow:
+    """The slowly refreshed figures, all read in one snapshot."""
+
+    taken_at: float
+    node_counts: dict[Any, int]
+    latest: int | None
+    """The latest checkpoint step, read with ``steps``."""
+    steps: dict[int | None, int]
+    rewards: list[Any]
+
+
 class SwarmView:
     """Snapshots of the swarm for the dashboard (see the module docstring)."""
 
@@ -86,7 +98,7 @@ class SwarmView:
         self._buckets: deque[_Bucket] = deque(maxlen=BUCKETS)
         self._snapshot: dict[str, Any] | None = None
         self._taken_at = 0.0
-        self._slow: tuple[float, dict[Any, int], dict[int | None, int], list[Any]] | None = None
+        self._slow: _Slow | None = None
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> dict[str, Any]:
@@ -94,7 +106,10 @@ class SwarmView:
         :data:`REFRESH_SECONDS`."""
         async with self._lock:
             if self._snapshot is None or time.monotonic() - self._taken_at >= REFRESH_SECONDS:
-                self._snapshot = await self.ctx.run_read(self._take)
+                snapshot = await self.ctx.run_read(self._take)
+                # Kept in this process's memory and changed on the event loop: read here.
+                snapshot["relay_reports"] = self.ctx.relay_reports.overview()
+                self._snapshot = snapshot
                 self._taken_at = time.monotonic()
             return self._snapshot
 
@@ -139,14 +154,18 @@ class SwarmView:
         work = overview.open_work(session, with_nodes=False)
         head = chain.latest_signed_head(session, self.ctx.config.network_id)
         latest = artifacts.latest_checkpoint_step(session)
-        if self._slow is None or time.monotonic() - self._slow[0] >= SLOW_REFRESH_SECONDS:
-            self._slow = (
+        if self._slow is None or time.monotonic() - self._slow.taken_at >= SLOW_REFRESH_SECONDS:
+            self._slow = _Slow(
                 time.monotonic(),
                 overview.node_counts(session),
+                # The nodes' steps are compared with the latest step read with them, not with
+                # one read up to SLOW_REFRESH_SECONDS later (which no node could hold yet).
+                latest,
                 overview.checkpoint_steps(session),
                 overview.step_rewards(session),
             )
-        _, node_counts, steps, rewards = self._slow
+        node_counts, steps, rewards = self._slow.node_counts, self._slow.steps, self._slow.rewards
+        counted_at = self._slow.latest
         return {
             "generated_at": _iso(self.ctx.clock()),
             "network_id": self.ctx.config.network_id,
@@ -195,7 +214,12 @@ class SwarmView:
                     )
                 ],
                 "live_nodes": sum(steps.values()),
-                "at_latest": steps.get(latest, 0) if latest is not None else 0,
+                # Nodes holding the step that was latest when their steps were read, and those
+                # at most one step behind it (nodes report their step by heartbeat, so with a
+                # trainer stepping faster than the heartbeat interval most are one behind).
+                "counted_at": counted_at,
+                "at_latest": _at_least(steps, counted_at),
+                "within_one_step": _at_least(steps, None if counted_at is None else counted_at - 1),
             },
             "rewards": [
                 {
@@ -283,6 +307,13 @@ class SwarmView:
             "tokens_per_s": [b.tokens / BUCKET_SECONDS for b in rows],
             "verdicts_per_s": [b.verdicts / BUCKET_SECONDS for b in rows],
         }
+
+
+def _at_least(steps: dict[int | None, int], step: int | None) -> int:
+    """Live nodes reporting ``step`` or a later one (0 when there is no step yet)."""
+    if step is None:
+        return 0
+    return sum(count for held, count in steps.items() if held is not None and held >= step)
 
 
 def _nodes(counts: dict[Any, int]) -> dict[str, Any]:

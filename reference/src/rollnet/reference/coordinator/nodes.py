@@ -431,6 +431,10 @@ class NodeRegistry:
             else:
                 response.commands.add().reregister.reason = "the node deregistered"
             return response
+        if request.relay_reports:
+            self.ctx.relay_reports.record(
+                caller.node_id, list(request.relay_reports), self.ctx.clock()
+            )
         deadline = timestamp(result.deadline)
         statuses = []
         for lease_id in request.held_lease_ids:

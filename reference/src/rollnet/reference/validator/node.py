@@ -59,6 +59,7 @@ from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.node import (
     DEFAULT_NETWORK_ID,
+    MAX_RELAY_REPORTS,
     PROTOCOL_VERSION,
     LeaseReport,
     NodeConfig,
@@ -232,6 +233,7 @@ class Validator:
             ),
             held_lease_ids=[lease.lease_id] if lease is not None else [],
             metrics={"busy": 1.0 if lease is not None else 0.0},
+            relay_reports=self._models.store.take_relay_reports(MAX_RELAY_REPORTS),
         )
 
     def _prefill_dtype(self, task: task_pb2.Task) -> DType | None:

@@ -33,7 +33,14 @@ from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore, Checkpoi
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator
-from rollnet.v1 import checkpoint_service_pb2, common_pb2, rollout_pb2, task_pb2, task_service_pb2
+from rollnet.v1 import (
+    checkpoint_service_pb2,
+    common_pb2,
+    node_service_pb2,
+    rollout_pb2,
+    task_pb2,
+    task_service_pb2,
+)
 
 log = logging.getLogger("rollnet.worker.generator")
 
@@ -118,6 +125,10 @@ class InferenceGenerator(RolloutGenerator):
     def checkpoint_step(self) -> int:
         """The checkpoint step the backend holds (0 before the first task)."""
         return self._loaded_step
+
+    def take_relay_reports(self, limit: int) -> Sequence[node_service_pb2.RelayReport]:
+        """Relays the checkpoint store caught serving wrong bytes, for the next heartbeat."""
+        return self.checkpoints.take_relay_reports(limit)
 
     async def prefetch_checkpoint(self, step: int, client: RollnetClient) -> None:
         """Download and verify ``step`` ahead of the tasks that will need it."""

@@ -5,11 +5,12 @@ several relays, picked at random in proportion to *success rate x measured bandw
 and reliable relays carry most of the load while every relay keeps a small share (a relay that
 failed is tried again as its failures age: healing). Every shard's BLAKE3 digest and size are
 checked here before its bytes are handed on; a relay that served a wrong shard is reported
-(:attr:`RelayShards.reports`, a warning log line, ``on_bad_shard``) and the shard is fetched again
-from another relay. A transfer cut short is resumed with an HTTP ``Range`` request, from the same
-relay or another, and when ``partial_dir`` is given the bytes of an unfinished shard are saved
-there when its transfer stops (an interrupted process, every relay failing), so the next run
-resumes after them.
+(:attr:`RelayShards.reports`, a warning log line, ``on_bad_shard``, and to the coordinator with
+the node's next heartbeat: :meth:`RelayShards.take_relay_reports`) and the shard is fetched
+again from another relay. A transfer cut short is resumed with an HTTP ``Range`` request, from
+the same relay or another, and when ``partial_dir`` is given the bytes of an unfinished shard
+are saved there when its transfer stops (an interrupted process, every relay failing), so the
+next run resumes after them.
 
 Nothing a relay serves is trusted: the worst a relay can do is waste a client's time.
 """
@@ -21,6 +22,7 @@ import math
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from pathlib import Path
 import aiohttp
 import blake3
 
-from rollnet.v1 import common_pb2
+from rollnet.v1 import common_pb2, node_service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,22 @@ class BadShardReport:
     relay: str
     blake3: bytes
     detail: str
+    step: int | None = None
+    """The checkpoint step the shard belongs to, when the client was told."""
+    detected_at: float = field(default_factory=time.time)
+    """``time.time()`` when the mismatch was found."""
+
+    def to_proto(self) -> node_service_pb2.RelayReport:
+        """The report as a heartbeat carries it to the coordinator."""
+        report = node_service_pb2.RelayReport(
+            relay_url=self.relay, shard_blake3=self.blake3, checkpoint_step=self.step or 0
+        )
+        report.detected_at.FromNanoseconds(round(self.detected_at * 1e9))
+        return report
+
+
+MAX_PENDING_REPORTS = 64
+"""Reports waiting for the coordinator (older ones are dropped past this)."""
 
 
 class RelayShards:
@@ -112,7 +130,9 @@ class RelayShards:
         self.step = step
         self.partial_dir = partial_dir
         self.attempts = attempts_per_relay * len(urls)
-        self.reports: list[BadShardReport] = []
+        self.reports: deque[BadShardReport] = deque(maxlen=1000)
+        """The newest bad-shard reports (the last 1,000)."""
+        self._pending: deque[BadShardReport] = deque(maxlen=MAX_PENDING_REPORTS)
         self.on_bad_shard = on_bad_shard
         self.received_bytes = 0
         """Shard bytes received from relays so far (all attempts)."""
@@ -147,6 +167,16 @@ class RelayShards:
             )
         return self._session
 
+    def take_relay_reports(self, limit: int) -> list[node_service_pb2.RelayReport]:
+        """Up to ``limit`` bad-shard reports not yet taken, oldest first, as a heartbeat carries
+        them to the coordinator (:class:`~rollnet.sdk.node.NodeSession` asks before each
+        heartbeat, through :meth:`~rollnet.sdk.checkpoints.CheckpointStore.take_relay_reports`).
+        Each report is taken once."""
+        taken: list[node_service_pb2.RelayReport] = []
+        while self._pending and len(taken) < limit:
+            taken.append(self._pending.popleft().to_proto())
+        return taken
+
     def hint_step(self, step: int) -> None:
         """Send ``?step=N`` with the next requests (relays keep versions together by it);
         :class:`~rollnet.sdk.checkpoints.CheckpointStore` calls it before each download."""
@@ -170,6 +200,12 @@ class RelayShards:
 
     async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """The shard's bytes, checked against its digest and size."""
+        return await self.fetch_checked_shard(shard)
+
+    async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        """The shard's bytes, checked against its digest and size as they arrived (a
+        :class:`~rollnet.sdk.checkpoints.CheckedShardSource`: the store does not hash them
+        again)."""
         digest = shard.blake3.hex()
         buffer = _Partial(self.partial_dir, digest, shard.size)
         tried: set[str] = set()
@@ -203,8 +239,9 @@ class RelayShards:
     def _report(self, relay: RelayHealth, shard: common_pb2.BlobRef, detail: str) -> None:
         relay.bad_shards += 1
         relay.failures += 5  # bad bytes weigh more than a dropped connection
-        report = BadShardReport(relay.url, shard.blake3, detail)
+        report = BadShardReport(relay.url, shard.blake3, detail, step=self.step)
         self.reports.append(report)
+        self._pending.append(report)
         log.warning(
             "relay_bad_shard",
             extra={"relay": relay.url, "blake3": shard.blake3.hex(), "detail": detail},

@@ -30,6 +30,7 @@ from rollnet.sdk.dtypes import compute_dtype_name
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.node import (
+    MAX_RELAY_REPORTS,
     PROTOCOL_VERSION,
     LeaseReport,
     NodeConfig,
@@ -87,6 +88,12 @@ class RolloutGenerator(abc.ABC):
     def checkpoint_step(self) -> int:
         """The newest checkpoint step loaded (reported in heartbeats; 0 when none)."""
         return 0
+
+    def take_relay_reports(self, limit: int) -> Sequence[node_service_pb2.RelayReport]:
+        """Relays that served wrong checkpoint bytes since the last call (at most ``limit``),
+        for the next heartbeat; a generator fetching from relays returns its
+        :meth:`~rollnet.sdk.checkpoints.CheckpointStore.take_relay_reports`. Default: none."""
+        return ()
 
     async def prefetch_checkpoint(self, step: int, client: RollnetClient) -> None:  # noqa: B027
         """The coordinator announced checkpoint ``step``: fetch it before a task needs it.
@@ -227,6 +234,7 @@ class Worker:
             held_lease_ids=sorted(held),
             checkpoint_step=self.generator.checkpoint_step,
             metrics={"leases": float(len(self._leases)), "outbox": float(len(self._submitting))},
+            relay_reports=self.generator.take_relay_reports(MAX_RELAY_REPORTS),
         )
 
     def _leases_reported(self, leases: Sequence[LeaseReport]) -> None:

@@ -95,6 +95,8 @@ function render(data) {
   latestStep = c.latest;
   $("latest-step").textContent = c.latest === null ? "none" : String(c.latest);
   $("at-latest").textContent = fmt(c.at_latest);
+  $("counted-at").textContent = c.counted_at === null ? "none" : String(c.counted_at);
+  $("within-one").textContent = fmt(c.within_one_step);
   $("live-nodes").textContent = fmt(c.live_nodes);
   $("broadcast-bar").style.width = c.live_nodes ? `${100 * c.at_latest / c.live_nodes}%` : "0";
   fillList("nodes-by-step", c.nodes_by_step.map(s => [
@@ -109,6 +111,25 @@ function render(data) {
     cell.textContent = fmt(count);
     cell.className = "num";
   }
+  const reported = data.relay_reports;
+  const relays = $("relay-reports").tBodies[0];
+  relays.replaceChildren();
+  for (const r of reported.relays) {
+    const row = relays.insertRow();
+    row.dataset.relay = r.url;
+    row.insertCell().textContent = r.url;
+    for (const count of [r.reporters, r.reports]) {
+      const cell = row.insertCell();
+      cell.textContent = fmt(count);
+      cell.className = "num";
+    }
+    row.insertCell().textContent = `${r.last_shard.slice(0, 16)}… (${r.last_step})`;
+    row.insertCell().textContent = r.last_reporter.slice(0, 12);
+    row.insertCell().textContent = new Date(r.last_at).toLocaleTimeString();
+  }
+  $("relay-note").textContent = reported.relays_reported
+    ? `${reported.relays_reported} relays reported by nodes for serving shards that do not match their digest (since this coordinator started)`
+    : "no relay reported serving wrong shard bytes";
   $("status").textContent = `updated ${new Date(data.generated_at).toLocaleTimeString()}`;
   $("status").className = "status ok";
   document.body.dataset.generatedAt = data.generated_at;

@@ -1,0 +1,244 @@
+"""Each byte of a checkpoint is read once by the publisher and hashed once per digest it feeds,
+with storing overlapped with hashing; a client hashes each shard once (as it arrives) and the
+whole file on the way, not by reading it back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import blake3
+import pytest
+from broadcast_testing import NETWORK, model_dir, publish_to_origin
+
+import rollnet.reference.checkpoints as publishing
+import rollnet.sdk.checkpoints as store_module
+from rollnet.reference.checkpoints import build_manifest, plan_shards
+from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
+from rollnet.sdk.broadcast import RelayShards
+from rollnet.sdk.checkpoints import (
+    CheckpointStore,
+    CheckpointVerificationError,
+    FallbackShards,
+)
+from rollnet.sdk.identity import Identity
+from rollnet.v1 import common_pb2
+
+SHARD = 64 * 1024
+
+
+@pytest.fixture
+async def relays() -> AsyncIterator[list[RelayServer]]:
+    started: list[RelayServer] = []
+    yield started
+    for relay in started:
+        await relay.close()
+
+
+def expected_refs(path: Path, shard_size: int) -> tuple[list[bytes], bytes]:
+    data = path.read_bytes()
+    shards = [
+        blake3.blake3(data[offset : offset + shard_size]).digest()
+        for offset in range(0, len(data), shard_size)
+    ]
+    return shards, blake3.blake3(data).digest()
+
+
+async def test_publishing_reads_each_byte_once_and_the_digests_are_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = model_dir(tmp_path / "model", os.urandom(5 * SHARD + 123))
+    read: list[tuple[str, int, int]] = []
+    real_read = publishing.read_shard
+
+    def counting_read(shard: publishing.ShardPlan) -> bytes:
+        read.append((shard.path.name, shard.offset, shard.size))
+        return real_read(shard)
+
+    monkeypatch.setattr(publishing, "read_shard", counting_read)
+    stored: dict[bytes, bytes] = {}
+
+    async def sink(data: bytes, digest: bytes) -> bool:
+        stored[digest] = data
+        return False
+
+    manifest, counts = await build_manifest(source, 1, NETWORK, sink, shard_size=SHARD)
+    for item in manifest.files:
+        shards, whole = expected_refs(source / item.path, SHARD)
+        assert [s.blake3 for s in item.shards] == shards
+        assert item.content.blake3 == whole
+        assert item.content.size == (source / item.path).stat().st_size
+    # Every shard read exactly once, nothing else read.
+    planned = [
+        (p.path.name, p.offset, p.size)
+        for name in ("config.json", "model.safetensors", "tokenizer.json")
+        for p in plan_shards(source / name, SHARD)
+    ]
+    assert sorted(read) == sorted(planned)
+    assert counts.shards == len(planned) == len(stored)
+    assert all(blake3.blake3(data).digest() == digest for digest, data in stored.items())
+
+
+async def test_storing_a_shard_overlaps_reading_and_hashing_the_next(tmp_path: Path) -> None:
+    source = model_dir(tmp_path / "model", os.urandom(4 * SHARD))
+    weights = source / "model.safetensors"
+    next_read = threading.Event()
+    real_read = publishing.read_shard
+
+    def watching_read(shard: publishing.ShardPlan) -> bytes:
+        if shard.path == weights and shard.offset == SHARD:
+            next_read.set()
+        return real_read(shard)
+
+    waited: list[bytes] = []
+
+    async def slow_sink(data: bytes, digest: bytes) -> bool:
+        if len(data) == SHARD and not waited:  # the weights' first shard (the others are small)
+            waited.append(digest)
+            # Storing it finishes only once the second shard has been read: a publisher that
+            # stores before it reads on would wait here until the deadline.
+            assert await asyncio.to_thread(next_read.wait, 20.0), "the next shard was not read"
+        return False
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(publishing, "read_shard", watching_read)
+    try:
+        manifest, _ = await build_manifest(source, 1, NETWORK, slow_sink, shard_size=SHARD)
+    finally:
+        mp.undo()
+    assert next_read.is_set()
+    assert len(waited) == 1
+    assert len(next(f for f in manifest.files if f.path == "model.safetensors").shards) == 5
+
+
+async def test_a_client_hashes_each_shard_once_and_never_reads_a_file_back(
+    tmp_path: Path, relays: list[RelayServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(6 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    origin = await start_relay(RelayConfig(data_dir=tmp_path / "origin"))
+    relays.append(origin)
+    rehashed: list[str] = []
+    real_bytes, real_file = store_module._digest_of_bytes, store_module._digest_of
+
+    def digest_of_bytes(data: bytes) -> bytes:
+        rehashed.append(f"{len(data)} bytes")
+        return real_bytes(data)
+
+    def digest_of(path: Path) -> bytes:
+        rehashed.append(path.name)
+        return real_file(path)
+
+    monkeypatch.setattr(store_module, "_digest_of_bytes", digest_of_bytes)
+    monkeypatch.setattr(store_module, "_digest_of", digest_of)
+
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    async with RelayShards([origin.url]) as shards:
+        directory = await store.ensure(checkpoint, shards)
+        received = shards.received_bytes
+    assert rehashed == []  # the store trusted RelayShards' check and hashed files on the way
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (directory / name).read_bytes() == (source / name).read_bytes()
+    assert received == sum(f.stat().st_size for f in source.iterdir())
+
+
+class WrongBytes:
+    """A source that checks nothing and serves zeros."""
+
+    async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        return bytes(shard.size)
+
+
+class Served:
+    """A source that checks nothing and serves the right bytes."""
+
+    def __init__(self, blobs: dict[bytes, bytes]) -> None:
+        self.blobs = blobs
+        self.asked = 0
+
+    async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+        self.asked += 1
+        return self.blobs[shard.blake3]
+
+
+async def test_sources_that_do_not_check_are_checked_and_fall_back(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(3 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    blobs = {
+        bytes.fromhex(path.name): path.read_bytes()
+        for path in (tmp_path / "origin" / "blobs").iterdir()
+    }
+    with pytest.raises(CheckpointVerificationError, match="does not match"):
+        await CheckpointStore(tmp_path / "a", network_id=NETWORK).ensure(checkpoint, WrongBytes())
+    good = Served(blobs)
+    # Wrong bytes from the primary are caught and the fallback asked, shard by shard.
+    directory = await CheckpointStore(tmp_path / "b", network_id=NETWORK).ensure(
+        checkpoint, FallbackShards(WrongBytes(), good)
+    )
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    assert good.asked == len(blobs)
+
+
+async def test_shards_far_out_of_order_still_give_the_right_file(tmp_path: Path) -> None:
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(12 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    blobs = {
+        bytes.fromhex(path.name): path.read_bytes()
+        for path in (tmp_path / "origin" / "blobs").iterdir()
+    }
+    weights = next(
+        item
+        for item in store_module.verify_checkpoint(checkpoint, network_id=NETWORK).files
+        if item.path == "model.safetensors"
+    )
+    first = weights.shards[0].blake3
+    rest_done = asyncio.Event()
+    others = {s.blake3 for s in weights.shards[1:]}
+    served: set[bytes] = set()
+
+    class FirstShardLast:
+        async def fetch_shard(self, shard: common_pb2.BlobRef) -> bytes:
+            if shard.blake3 == first:
+                await rest_done.wait()
+            served.add(shard.blake3)
+            if others <= served:
+                rest_done.set()
+            return blobs[shard.blake3]
+
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK, concurrency=4)
+    directory = await store.ensure(checkpoint, FirstShardLast())
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    # 12 shards after the first: 4 held in memory, the rest read back when their turn came.
+    assert 0 < store.bytes_read_back < (source / "model.safetensors").stat().st_size
+
+
+async def test_a_wrong_file_digest_is_still_refused(tmp_path: Path) -> None:
+    """A manifest whose file digest is not the file's (signed, so only a broken trainer could
+    make one) is refused although every shard matches."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(3 * SHARD))
+
+    blobs: dict[bytes, bytes] = {}
+
+    async def sink(data: bytes, digest: bytes) -> bool:
+        blobs[digest] = data
+        return False
+
+    manifest, _ = await build_manifest(source, 1, NETWORK, sink, shard_size=SHARD)
+    for item in manifest.files:
+        item.content.blake3 = bytes(32)
+    checkpoint = publishing.signed_checkpoint(trainer, manifest)
+    with pytest.raises(CheckpointVerificationError, match="file digest does not match"):
+        await CheckpointStore(tmp_path / "client", network_id=NETWORK).ensure(
+            checkpoint, Served(blobs)
+        )
