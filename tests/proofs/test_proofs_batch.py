@@ -24,7 +24,7 @@ from rollnet.sdk.proofs import (
     verify_rollout,
     verify_rollouts,
 )
-from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, Thresholds
+from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, Thresholds, sampling_tolerances
 
 VOCAB = 101
 EOS = 0
@@ -114,7 +114,8 @@ def reference_check(
     logits: npt.NDArray[np.float32], ids: list[int], seed: int, thresholds: Thresholds
 ) -> tuple[float, int]:
     margins = sampling.sampling_margins(logits, ids, seed, 0.8)
-    return float(margins.min()), int((margins < -thresholds.sampling_tolerance).sum())
+    tolerances = sampling_tolerances(logits, 0.8, thresholds)
+    return float(margins.min()), int((margins < -tolerances).sum())
 
 
 @pytest.mark.parametrize("block", [None, VOCAB * 7 + 3, 1])
