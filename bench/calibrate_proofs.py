@@ -100,7 +100,8 @@ def collect(
             claimed = np.asarray(logprobs, dtype=np.float32).astype(np.float64)
             figures["drift"].append(float(np.abs(bounds.values - claimed).max()))
             figures["drift_frac"].append(float(bounds.excess(claimed).max()))
-            margins = sampling_margins(prefill.logits, ids, rollout.claim.sampling_seed, temperature)
+            seed = rollout.claim.sampling_seed
+            margins = sampling_margins(prefill.logits, ids, seed, temperature)
             tolerances = sampling_tolerances(prefill.logits, temperature, chosen_thresholds)
             figures["margin_frac"].append(float((margins / tolerances).min()))
     return Scenario(name, dtype, honest, figures, reports)

@@ -125,8 +125,7 @@ def main() -> None:
         start = cursor[0]
         cursor[0] += n
         return [
-            (harness.lease(1, start + i), 0, prompts[(start + i) % len(prompts)])
-            for i in range(n)
+            (harness.lease(1, start + i), 0, prompts[(start + i) % len(prompts)]) for i in range(n)
         ]
 
     cells: dict[tuple[str, float], Cell] = {}
@@ -181,8 +180,7 @@ def main() -> None:
                         error=error,
                     )
             print(
-                f"  done: {dtype} logits x{logit_scale:g} "
-                f"({time.perf_counter() - started:.0f} s)",
+                f"  done: {dtype} logits x{logit_scale:g} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
 
@@ -246,7 +244,9 @@ def run_honest(
             number = start + offset
             cell.rollouts += 1
             cell.tokens += len(rollout.claim.completion_ids)
-            reasons = [f"{c.name.value}:{c.reason.value if c.reason else '?'}" for c in report.failed]
+            reasons = [
+                f"{c.name.value}:{c.reason.value if c.reason else '?'}" for c in report.failed
+            ]
             sampling = report.check(CheckName.SAMPLING).figures
             cell.worst_margin = min(cell.worst_margin, float(sampling["min_margin"]))
             cell.worst_fraction = min(cell.worst_fraction, float(sampling["min_margin_fraction"]))
@@ -288,8 +288,9 @@ def print_report(
     errors: dict[tuple[str, float], ErrorRow],
     elapsed: float,
 ) -> None:
+    scales = "/".join(f"{s:g}" for s in LOGIT_SCALES)
     print(
-        f"\n# rollnet temperature calibration (tiny model, logits x{'/'.join(f'{s:g}' for s in LOGIT_SCALES)}, "
+        f"\n# rollnet temperature calibration (tiny model, logits x{scales}, "
         f"max_new_tokens={args.max_new_tokens}, torch {torch.__version__}, CPU, "
         f"load {os.getloadavg()[0]:.1f})"
     )

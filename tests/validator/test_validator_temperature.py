@@ -73,9 +73,7 @@ async def generate(
         environment="arithmetic",
         prompt_ids=[p + number for p in PROMPTS],
         samples_per_prompt=SAMPLES,
-        sampling=common_pb2.SamplingParams(
-            temperature=temperature, max_new_tokens=MAX_NEW_TOKENS
-        ),
+        sampling=common_pb2.SamplingParams(temperature=temperature, max_new_tokens=MAX_NEW_TOKENS),
         checkpoint_step=1,
     )
     lease = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)

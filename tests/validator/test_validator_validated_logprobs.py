@@ -1,7 +1,7 @@
 """End to end on the tiny model: a worker shades its behaviour log-probabilities by half the
-error model's floor (within every token's tolerance; issue 19, item 4: every check passes), a real validator accepts the job,
-and the trainer's stream carries the validator's own log-probabilities — equal to its prefill's,
-not the worker's."""
+error model's floor (within every token's tolerance; issue 19, item 4: every check passes), a
+real validator accepts the job, and the trainer's stream carries the validator's own
+log-probabilities — equal to its prefill's, not the worker's."""
 
 from __future__ import annotations
 

@@ -22,12 +22,12 @@ from rollnet.sdk.proofs.report import (
     VerificationReport,
 )
 from rollnet.sdk.proofs.sampling import (
+    LogprobBounds,
     check_sampling,
     check_sampling_batch,
     gumbel_noise,
     gumbel_scores,
     noise_bits,
-    LogprobBounds,
     sampling_margins,
     token_logprob_bounds,
     token_logprobs,

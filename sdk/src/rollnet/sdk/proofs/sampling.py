@@ -18,8 +18,8 @@ validator re-derives the same mask from its logits; a margin near the mask bound
 same tolerance treatment as the argmax). Temperature must be > 0.
 
 Tolerances follow the error model of :mod:`rollnet.sdk.proofs.thresholds`: per token, a margin
-may be as low as ``-logit_tolerance / T`` (:func:`~rollnet.sdk.proofs.thresholds.sampling_tolerances`),
-and a behaviour log-probability must lie in the interval :func:`token_logprob_bounds` gives.
+may be as low as ``-logit_tolerance / T`` (``thresholds.sampling_tolerances``), and a behaviour
+log-probability must lie in the interval :func:`token_logprob_bounds` gives.
 """
 
 from __future__ import annotations
@@ -389,7 +389,9 @@ def check_sampling_batch(
             "min_margin": float(own.min()) if length else 0.0,
             "final_margin": float(own[-1]) if length else 0.0,
             "final_tolerance": float(tolerances[start + length - 1]) if length else 0.0,
-            "min_margin_fraction": float(fractions[start : start + length].min()) if length else 0.0,
+            "min_margin_fraction": (
+                float(fractions[start : start + length].min()) if length else 0.0
+            ),
             "violations": count,
             "tokens": length,
         }

@@ -62,7 +62,8 @@ class Thresholds:
     logit_error_floor: float
     """Error model: honest ``|Δ(z_i − z_j)|`` at any magnitude (logit units)."""
     min_eos_probability: float
-    """Termination: least validator probability (at the sampling temperature) of a final EOS."""
+    """Termination: least probability (at the sampling temperature) of a final EOS that did not
+    clearly win its draw, compared with the highest the error model allows."""
 
 
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24

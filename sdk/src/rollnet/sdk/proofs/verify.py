@@ -107,12 +107,14 @@ def verify_rollouts(
         if claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids:
             key = (assignment.temperature, assignment.eos_token_ids)
             eos_groups.setdefault(key, []).append(number)
-    eos_probability: dict[int, tuple[float, float]] = {}
+    eos_probability: dict[int, float] = {}
+    eos_probability_upper: dict[int, float] = {}
     for (temperature, eos_ids), numbers in eos_groups.items():
         if len({scores[n].shape[1] for n in numbers}) == 1:
             last = np.stack([scores[n][-1] for n in numbers])
             low, high = eos_probability_bounds(last, eos_ids, temperature, thresholds)
-            eos_probability.update(zip(numbers, zip(low.tolist(), high.tolist()), strict=True))
+            eos_probability.update(zip(numbers, low.tolist(), strict=True))
+            eos_probability_upper.update(zip(numbers, high.tolist(), strict=True))
     reports = []
     for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
         length = len(claim.completion_ids)
@@ -135,8 +137,8 @@ def verify_rollouts(
             last_logits=scores[number][-1] if length else np.zeros(0),
             temperature=assignment.temperature,
             thresholds=thresholds,
-            eos_probability=eos_probability.get(number, (None, None))[0],
-            eos_probability_upper=eos_probability.get(number, (None, None))[1],
+            eos_probability=eos_probability.get(number),
+            eos_probability_upper=eos_probability_upper.get(number),
             eos_margin=_final_margin(sampling[number]),
         )
         reports.append(
