@@ -46,6 +46,8 @@ from rollnet.sdk.proofs.report import CheckName
 from rollnet.sdk.proofs.sampling import token_logprob_bounds
 from rollnet.sdk.proofs.thresholds import logit_tolerances
 
+FIXED_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.05}
+"""The tolerance before the error model: score units for the margins, nats for log-probs."""
 TEMPERATURES = (0.001, 0.01, 0.05, 0.1, 0.13, 0.2, 0.5, 1.0, 1.5, 2.0)
 LOGIT_SCALES = (1.0, 8.0, 48.0)
 DTYPES = ("float32", "bfloat16")
@@ -76,6 +78,8 @@ class Cell:
     worst_logprob_fraction: float = 0.0
     eos_endings: int = 0
     eos_won_clearly: int = 0
+    fixed_rule_rejects: int = 0
+    """Rollouts the fixed tolerances of before (1e-3 fp32, 0.05 bf16) would have rejected."""
 
 
 @dataclass
@@ -136,19 +140,19 @@ def main() -> None:
             path = str(work / f"tiny-x{logit_scale:g}")
 
             worker = RecordingBackend()
-            worker.load(path, dtype=dtype)  # type: ignore[arg-type]
+            worker.load(path, dtype=dtype)
             validator = TorchBackend()
-            validator.load(path, dtype=dtype)  # type: ignore[arg-type]
+            validator.load(path, dtype=dtype)
             eos = worker.eos_token_ids
             no_cache = RecordingBackend(use_kv_cache=False)
-            no_cache.attach(worker.model, dtype=dtype, eos_token_ids=eos)  # type: ignore[arg-type]
+            no_cache.attach(worker.model, dtype=dtype, eos_token_ids=eos)
             eager_model: Any = AutoModelForCausalLM
             eager = RecordingBackend()
             eager.attach(
                 eager_model.from_pretrained(
                     path, attn_implementation="eager", dtype=getattr(torch, dtype)
                 ),
-                dtype=dtype,  # type: ignore[arg-type]
+                dtype=dtype,
                 eos_token_ids=eos,
             )
             # (name, worker, rollouts, generation batch, validator batch, threads)
@@ -176,6 +180,7 @@ def main() -> None:
                         validator_batch=validator_batch,
                         threads=threads,
                         thresholds=thresholds,
+                        dtype=dtype,
                         cell=cell,
                         error=error,
                     )
@@ -197,6 +202,7 @@ def run_honest(
     validator_batch: int,
     threads: int,
     thresholds: calibrated.Thresholds,
+    dtype: str,
     cell: Cell,
     error: ErrorRow,
 ) -> None:
@@ -207,9 +213,9 @@ def run_honest(
         generated = []
         decode_logits: list[np.ndarray] = []
         for start in range(0, len(slot_list), batch):
-            chunk = slot_list[start : start + batch]
+            slot_chunk = slot_list[start : start + batch]
             worker.steps = []
-            part = factory.generate(worker, chunk, batch_size=batch)
+            part = factory.generate(worker, slot_chunk, batch_size=batch)
             steps = worker.steps
             for row, item in enumerate(part):
                 n = len(item[0].completion_ids)
@@ -264,6 +270,19 @@ def run_honest(
             claimed = behaviour[number]
             if not bounds.contains(claimed).all():
                 reasons.append("behaviour_logprobs:LOGPROBS_MISMATCH")
+            fixed = FIXED_TOLERANCE[dtype]
+            eos_probability = termination.get("eos_probability")
+            fixed_eos_reject = (
+                eos_probability is not None
+                and float(sampling["final_margin"]) < fixed
+                and float(eos_probability) < thresholds.min_eos_probability
+            )
+            if (
+                float(sampling["min_margin"]) < -fixed
+                or float(np.abs(claimed - bounds.values).max()) > fixed
+                or fixed_eos_reject
+            ):
+                cell.fixed_rule_rejects += 1
             cell.worst_logprob_fraction = max(
                 cell.worst_logprob_fraction, float(bounds.excess(claimed).max())
             )
@@ -308,9 +327,10 @@ def print_report(
     print("\n## Honest rollouts per dtype x temperature (calibrated thresholds)")
     print(
         "| dtype | T | rollouts | tokens | false rejects | worst margin (score units) | "
-        "worst margin / tolerance | worst log-prob / tolerance | EOS endings (won clearly) |"
+        "worst margin / tolerance | worst log-prob / tolerance | EOS endings (won clearly) | "
+        "fixed tolerance of before: rejects |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     totals: dict[str, tuple[int, int, int]] = {}
     for (dtype, temperature), c in cells.items():
         rejected = sum(c.rejects.values())
@@ -319,7 +339,7 @@ def print_report(
             f"| {dtype} | {temperature:g} | {c.rollouts} | {c.tokens} | "
             f"{rejected}{' ' + reasons if reasons else ''} | {c.worst_margin:.3g} | "
             f"{c.worst_fraction:.3f} | {c.worst_logprob_fraction:.3f} | "
-            f"{c.eos_endings} ({c.eos_won_clearly}) |"
+            f"{c.eos_endings} ({c.eos_won_clearly}) | {c.fixed_rule_rejects} |"
         )
         r, t, f = totals.get(dtype, (0, 0, 0))
         totals[dtype] = (r + c.rollouts, t + c.tokens, f + rejected)
