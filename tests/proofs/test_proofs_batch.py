@@ -225,6 +225,6 @@ def test_verify_rollouts_equals_verify_rollout() -> None:
         assignments[3:4],
         hidden_states=hidden[3:4],
         logits=logits[3:4],
-        thresholds=FLOAT32,
+        thresholds=thresholds,  # the last of the loop: figures depend on the thresholds
     )
     assert alone[0] == batched[3]
