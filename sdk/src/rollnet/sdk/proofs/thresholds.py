@@ -178,6 +178,12 @@ def logprob_bounds(
     with np.errstate(invalid="ignore"):
         lower = -softplus(lower_arg)
         upper = -softplus(upper_arg)
-    lower -= LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(lower)
-    upper += LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(upper)
+    # Slack on finite bounds only: an infinite bound (a probability of exactly 0 in float64)
+    # stays infinite rather than turning into NaN.
+    lower -= LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(_finite(lower))
+    upper += LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(_finite(upper))
     return lower, upper
+
+
+def _finite(values: FloatArray) -> FloatArray:
+    return np.asarray(np.where(np.isinf(values), 0.0, values), dtype=np.float64)
