@@ -37,7 +37,6 @@ from rollnet.sdk.proofs.thresholds import (
     Thresholds,
     logit_tolerances,
     logprob_bounds,
-    sampling_tolerances,
 )
 
 MASK32 = 0xFFFFFFFF
@@ -225,18 +224,24 @@ def token_logprob_bounds(
         raise ValueError("logits must be [tokens, vocabulary], one row per completion token")
     values = np.empty(ids.size, dtype=np.float64)
     others = np.empty(ids.size, dtype=np.float64)
+    tolerance = np.empty(ids.size, dtype=np.float64)
     step = max(1, _MARGIN_CHUNK_ELEMENTS // max(1, z.shape[1]))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for start in range(0, ids.size, step):
-            block = log_softmax(z[start : start + step].astype(np.float64) / temperature)
+            raw = z[start : start + step]
+            chosen_ids = ids[start : start + step]
+            tolerance[start : start + step] = logit_tolerances(raw, thresholds) / temperature
+            # log_softmax's arithmetic, step by step (the values equal token_logprobs'), with
+            # the exponentials reused for L = log(sum over the other tokens of e^(s_j - s_c)).
+            block = raw.astype(np.float64) / temperature
+            block -= block.max(axis=-1, keepdims=True)
             rows = np.arange(block.shape[0])
-            chosen = block[rows, ids[start : start + step]]
-            values[start : start + step] = chosen
-            # L = logsumexp over the other tokens of (s_j - s_c): from the log-softmax row
-            # (every entry <= 0, so the sum cannot overflow) without the chosen entry.
-            block[rows, ids[start : start + step]] = -np.inf
-            others[start : start + step] = np.log(np.exp(block).sum(axis=1)) - chosen
-        tolerance = sampling_tolerances(z, temperature, thresholds) if ids.size else others
+            chosen = block[rows, chosen_ids]
+            np.exp(block, out=block)
+            total = block.sum(axis=-1)
+            block[rows, chosen_ids] = 0.0
+            values[start : start + step] = chosen - np.log(total)
+            others[start : start + step] = np.log(block.sum(axis=-1)) - chosen
         lower, upper = logprob_bounds(others, tolerance)
     return LogprobBounds(values, lower, upper)
 

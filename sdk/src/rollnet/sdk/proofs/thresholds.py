@@ -140,7 +140,8 @@ def logit_tolerances(logits: npt.ArrayLike, thresholds: Thresholds) -> FloatArra
     """Per row of ``logits`` (``[..., V]``): the honest bound on ``|Δ(z_i − z_j)|`` in logit
     units. NaN for a row holding NaN (a check compares with it so that NaN fails)."""
     z = np.asarray(logits)
-    magnitude = np.abs(z).max(axis=-1).astype(np.float64)
+    # max |z| as two reductions, without an |z| temporary the size of the logits.
+    magnitude = np.maximum(z.max(axis=-1), -z.min(axis=-1)).astype(np.float64)
     return np.asarray(
         thresholds.logit_error_relative * magnitude + thresholds.logit_error_floor,
         dtype=np.float64,
