@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 # The plain HTTP cache put in front of a relay origin in the broadcast tests (Debian's nginx).
 NGINX ?= /usr/sbin/nginx
 
-.PHONY: help dev dev-cpu browser sandbox-tools http-cache demo test lint codegen check-codegen screenshot clean
+.PHONY: help dev dev-cpu browser sandbox-tools http-cache demo test test-fast lint codegen check-codegen screenshot clean
 
 help: ## list the targets
 	@echo "rollnet: make TARGET"
@@ -78,7 +78,10 @@ demo: $(STAMP) ## the main job: a local swarm on this machine
 	$(BIN)/rollnet demo --data-dir .data/demo
 
 test: $(STAMP) browser sandbox-tools http-cache ## the test suite (what CI runs)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
+
+test-fast: $(STAMP) ## the edit-test loop: everything but the slow and PostgreSQL tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not postgres"
 
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict
 	$(BIN)/ruff check .

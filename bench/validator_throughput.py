@@ -14,13 +14,21 @@ the best round of each counts, so a change in machine load hits both. It prints 
 ratio (the target is ≥ 10×), and how many validators a swarm needs per worker when every
 commitment is validated (new nodes) and at the coordinator's spot-check floor for trusted nodes.
 
+Then the validator against its physical limit, the bare prefill of the same tokens (the
+worker's FLOPs, which verification must redo): per job, ``TorchBackend.prefill_batch`` of every
+rollout alone, ``validate_job`` end to end (blob digest and decoding, every check, the reward
+sandbox, the verdict's messages), and ``validate_job`` under a post-commitment challenge of
+``--challenged`` rollouts, taking turns for ``--repeats`` rounds; it prints the ratios (target:
+end to end <= 1.25x the bare prefill) and the swarm-level figure, validator-seconds needed per
+worker-second at the spot-check floor, with and without the challenge.
+
 Then it runs 1 and 2 validators at once, each a separate process (as ``rollnet validator`` is)
 with the same torch thread count, judging disjoint halves of the jobs, and prints the aggregate
 validated tokens/s of each. Network time (GetBlob, SubmitVerdict: a few ms per job on loopback)
 is not included; it is per job, so it shrinks relative to the work as tasks grow.
 
     .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4] \
-        [--threads 1] [--repeats 3] [--parallel-rounds 5]
+        [--threads 1] [--repeats 3] [--parallel-rounds 5] [--challenged 8]
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 
 import torch
 
+from rollnet.reference.coordinator.config import DEFAULT_CHALLENGED_ROLLOUTS
 from rollnet.reference.envs import load_environment
 from rollnet.reference.inference.base import SamplingParams
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
@@ -43,10 +52,12 @@ from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
 from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
 from rollnet.reference.worker import encode_prompt
+from rollnet.sdk import Identity
 from rollnet.sdk.commitments import seal_batch
 from rollnet.sdk.proofs import (
     LeaseBinding,
     derive_sampling_seed,
+    sign_challenge,
     thresholds_for,
 )
 from rollnet.v1 import commitment_pb2, common_pb2, rollout_pb2, task_pb2, validation_pb2
@@ -73,6 +84,12 @@ def main() -> None:
         "--hidden-size", type=int, default=0, help="widen the tiny model (default: its own 64)"
     )
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: 2)")
+    parser.add_argument(
+        "--challenged",
+        type=int,
+        default=DEFAULT_CHALLENGED_ROLLOUTS,
+        help="rollouts per job checked in full under a challenge (the coordinator's default)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -141,6 +158,35 @@ def main() -> None:
     )
 
     print(
+        f"\nvalidator vs the bare prefill of the same tokens "
+        f"(per job, best of {args.repeats} rounds taking turns):"
+    )
+    limit = physical_limit(model, environments, jobs, args.repeats, args.challenged)
+    prefill = limit["prefill"]
+    rollouts_per_job = args.prompts * args.samples
+    for name, label in (
+        ("prefill", "bare prefill (every rollout)"),
+        ("end_to_end", "validate_job, every rollout checked"),
+        ("challenged", f"validate_job, challenge: {args.challenged} of {rollouts_per_job}"),
+    ):
+        wall, cpu = limit[name]
+        print(
+            f"  {label:44s} {wall * 1000:8.1f} ms wall ({wall / prefill[0]:.2f}x)  "
+            f"{cpu * 1000:8.1f} ms CPU ({cpu / prefill[1]:.2f}x)"
+        )
+    print(
+        f"  end to end / bare prefill: {limit['end_to_end'][0] / prefill[0]:.2f}x (target <= 1.25x)"
+    )
+    job_generate = generate_seconds / len(jobs)
+    for name, label in (("end_to_end", "every rollout"), ("challenged", "challenged")):
+        per_worker = limit[name][0] / job_generate
+        print(
+            f"  validator-seconds per worker-second ({label}): {per_worker:.3f} when every "
+            f"commitment is checked, {per_worker * floor:.4f} at the spot-check floor "
+            f"{floor:g} (1 validator per {1 / (per_worker * floor):.0f} workers)"
+        )
+
+    print(
         f"\nvalidators at once (processes, {args.threads} torch thread(s) each, CPUs here: "
         f"{multiprocessing.cpu_count()}):"
     )
@@ -157,6 +203,80 @@ def main() -> None:
             f"  {count} validator(s): {rate:10.0f} completion tokens/s "
             f"({rate / rates[1]:.2f}x one; {rate / generated_rate:.1f}x one worker)"
         )
+
+
+def physical_limit(
+    model: CheckpointModel,
+    environments: EnvironmentCache,
+    jobs: Sequence[tuple[validation_pb2.ValidationJob, bytes]],
+    repeats: int,
+    challenged: int,
+) -> dict[str, tuple[float, float]]:
+    """Per job, best (wall, CPU) seconds of: the bare batched prefill of every rollout, the
+    validator end to end, and the validator under a challenge of ``challenged`` rollouts;
+    the three take turns, job by job, for ``repeats`` rounds."""
+    coordinator = Identity.from_seed(bytes(range(32, 64)))
+    pairs = []
+    signed = []
+    for job, blob in jobs:
+        batch = rollout_pb2.RolloutBatch.FromString(blob)
+        # Sorted by length, as the validator prefills them: the least padding.
+        pairs.append(
+            sorted(
+                ((list(r.prompt_token_ids), list(r.completion_token_ids)) for r in batch.rollouts),
+                key=lambda pair: len(pair[0]) + len(pair[1]),
+            )
+        )
+        challenge_job = validation_pb2.ValidationJob()
+        challenge_job.CopyFrom(job)
+        rollouts = len(batch.rollouts)
+        challenge_job.challenged_rollouts = min(challenged, rollouts)
+        challenge_job.challenge = sign_challenge(
+            coordinator.sign,
+            job.network_id,
+            job.commitment.commitment_id,
+            job.commitment.binding_digest,
+            rollouts,
+            challenge_job.challenged_rollouts,
+        )
+        signed.append((challenge_job, blob))
+    key = coordinator.public_key
+
+    def bare(index: int) -> None:
+        model.backend.prefill_batch(pairs[index])
+
+    def end_to_end(index: int) -> None:
+        job, blob = jobs[index]
+        outcome = validate_job(job, blob, model, environments)
+        outcome.to_request(job.job_id, "lease", 1, "request").SerializeToString()
+        if not outcome.accepted:
+            raise SystemExit(f"honest job {index} was rejected: {outcome.reject_reason}")
+
+    def challenge(index: int) -> None:
+        job, blob = signed[index]
+        outcome = validate_job(job, blob, model, environments, key)
+        outcome.to_request(job.job_id, "lease", 1, "request").SerializeToString()
+        if not outcome.accepted:
+            raise SystemExit(f"honest job {index} was rejected: {outcome.reject_reason}")
+
+    variants = {"prefill": bare, "end_to_end": end_to_end, "challenged": challenge}
+    for run in variants.values():
+        run(0)  # warm-up
+    best = {name: (float("inf"), float("inf")) for name in variants}
+    for _ in range(repeats):
+        spent = dict.fromkeys(variants, (0.0, 0.0))
+        for index in range(len(jobs)):
+            for name, run in variants.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                run(index)
+                total = spent[name]
+                spent[name] = (
+                    total[0] + time.perf_counter() - wall,
+                    total[1] + time.process_time() - cpu,
+                )
+        for name, (wall, cpu) in spent.items():
+            best[name] = (min(best[name][0], wall / len(jobs)), min(best[name][1], cpu / len(jobs)))
+    return best
 
 
 def load_validator_model(model_dir: Path) -> CheckpointModel:

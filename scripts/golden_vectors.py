@@ -55,6 +55,13 @@ from rollnet.sdk.proofs import (
     token_logprobs,
     tokens_digest,
 )
+from rollnet.sdk.proofs.binding import domain_digest
+from rollnet.sdk.proofs.challenge import (
+    CHALLENGE_DRAW_DOMAIN,
+    challenge_message,
+    challenged_rollouts,
+    sign_challenge,
+)
 from rollnet.sdk.proofs.sampling import uniforms_from_bits
 from rollnet.sdk.proofs.toploc import bf16_bits, build_proof, encode_windows
 from rollnet.sdk.signing import body_digest
@@ -406,6 +413,34 @@ def receipt() -> dict[str, Any]:
     }
 
 
+def validation_challenge() -> dict[str, Any]:
+    coordinator = Identity.from_seed(COORDINATOR_SEED)
+    commitment_id = "c0ffee0123456789abcdef01"
+    binding_digest = bytes(range(100, 132))
+    rollouts, challenged = 32, 8
+    message = challenge_message(NETWORK, commitment_id, binding_digest, rollouts, challenged)
+    challenge = sign_challenge(
+        coordinator.sign, NETWORK, commitment_id, binding_digest, rollouts, challenged
+    )
+    return {
+        "spec": "docs/protocol.md, Post-commitment challenges",
+        "coordinator_private_key_seed": COORDINATOR_SEED.hex(),
+        "coordinator_public_key": coordinator.public_key.hex(),
+        "network_id": NETWORK,
+        "commitment_id": commitment_id,
+        "binding_digest": binding_digest.hex(),
+        "rollouts": rollouts,
+        "challenged_rollouts": challenged,
+        "signed_bytes": message.hex(),
+        "challenge": challenge.hex(),
+        "draw_keys": [
+            domain_digest(CHALLENGE_DRAW_DOMAIN, [challenge, index]).hex()
+            for index in range(rollouts)
+        ],
+        "challenged_indexes": list(challenged_rollouts(challenge, rollouts, challenged)),
+    }
+
+
 def checkpoint_manifest() -> dict[str, Any]:
     trainer = Identity.from_seed(TRAINER_SEED)
     config = b'{"model_type": "qwen2"}'
@@ -715,6 +750,7 @@ def build() -> dict[str, Any]:
         "sampling_token": sampling_token(),
         "rollout_batch": rollout_batch(),
         "receipt": receipt(),
+        "validation_challenge": validation_challenge(),
         "checkpoint_manifest": checkpoint_manifest(),
         "checkpoint_delta": checkpoint_delta(),
         "checkpoint_paths": checkpoint_paths(),

@@ -25,6 +25,7 @@ from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.challenge import verify_challenge
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -240,6 +241,18 @@ async def test_full_loop_credit_slash_eject_and_verify(
             validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
         )
         assert job.job.commitment.commitment_id == submitted.commitment.commitment_id
+        # The post-commitment challenge: the coordinator's signature over the commitment it
+        # recorded (its id did not exist before SubmitCommitment), checkable by anyone.
+        assert job.job.challenged_rollouts == min(count, 8)
+        assert verify_challenge(
+            coordinator.ctx.identity.public_key,
+            job.job.challenge,
+            job.job.network_id,
+            submitted.commitment.commitment_id,
+            submitted.commitment.binding_digest,
+            count,
+            job.job.challenged_rollouts,
+        )
         rewards = [common_pb2.Reward(task_reward=1.0, total=1.0)] * count
         verdict = await validator.validation.submit_verdict(
             validation_service_pb2.SubmitVerdictRequest(

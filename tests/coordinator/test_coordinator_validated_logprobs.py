@@ -176,6 +176,20 @@ async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Swarm) -> Non
     assert verdict_rows(engine) == 2
 
 
+async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Swarm) -> None:
+    # A validator prefills only the rollouts the job's challenge draws: it sends an empty
+    # entry for the others, and the trainer gets no validated values for them.
+    trainer, validator, client, worker, engine = swarm
+    await request_tasks(trainer, 1, samples_per_prompt=2)
+    await pull_and_commit(client, worker, tokenizer=True)
+    job = await pull_job(validator)
+    drawn = [-0.5, -0.25, -1.0]
+    await validator.validation.submit_verdict(verdict_on(job, logprobs([], drawn)))
+    rollouts = await streamed(trainer, 2)
+    assert [list(r.validated_logprobs) for r in rollouts] == [[], drawn]
+    assert verdict_rows(engine) == 1
+
+
 async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
     swarm: Swarm,
 ) -> None:

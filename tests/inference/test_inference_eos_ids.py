@@ -3,21 +3,20 @@
 Chat checkpoints (Llama-3-Instruct, Qwen2.5-Instruct) list their end-of-turn token only in
 ``generation_config.json``; a backend that read ``config.json`` alone would disagree with the
 validator about where honest completions end. vLLM is not installed here: its backend is loaded
-against a stand-in ``vllm`` module that records what the backend asks of it.
+against the CPU stand-in for vLLM (``vllm_standin``), which stops where vLLM 0.33.0 would.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import types
-from collections.abc import Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+import vllm_standin
 
 from rollnet.reference.inference import SamplingParams
 from rollnet.reference.inference import torch_backend as torch_backend_module
@@ -109,44 +108,15 @@ def test_the_torch_backend_uses_the_shared_helper(
     assert calls == [(backend.model.config, backend.model.generation_config)]
 
 
-class _FakeLLM:
-    """What VllmBackend touches of ``vllm.LLM``; ``hf_config`` has config.json's EOS only."""
-
-    def __init__(self, model: str, **kwargs: Any) -> None:
-        self.requests: list[tuple[list[dict[str, Any]], Any]] = []
-        self.completions: list[tuple[int, ...]] = []
-        config = SimpleNamespace(eos_token_id=base_eos(Path(model)))
-        norm = SimpleNamespace(register_forward_hook=lambda hook: None)
-        runner = SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(norm=norm)))
-        self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
-            model_config=SimpleNamespace(hf_config=config),
-        )
-
-    def generate(self, prompts: list[dict[str, Any]], params: Any, use_tqdm: bool) -> list[Any]:
-        self.requests.append((prompts, params))
-        return [
-            SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(tokens))])
-            for tokens in self.completions[: len(prompts)]
-        ]
-
-
-class _FakeSamplingParams:
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs = kwargs
-
-
 @pytest.fixture
-def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("vllm")
-    module.LLM = _FakeLLM  # type: ignore[attr-defined]
-    module.SamplingParams = _FakeSamplingParams  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv("VLLM_USE_V1", "0")
+def vllm_standin_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    precision = torch.get_float32_matmul_precision()
+    vllm_standin.install(monkeypatch)
+    yield
+    torch.set_float32_matmul_precision(precision)
 
 
-@pytest.mark.usefixtures("fake_vllm")
+@pytest.mark.usefixtures("vllm_standin_module")
 def test_the_vllm_backend_has_the_torch_backends_eos_set_and_stops_on_it(chat_dir: Path) -> None:
     reference = TorchBackend()
     reference.load(str(chat_dir))
@@ -154,18 +124,31 @@ def test_the_vllm_backend_has_the_torch_backends_eos_set_and_stops_on_it(chat_di
     backend.load(str(chat_dir))
     assert backend.eos_token_ids == reference.eos_token_ids == {base_eos(chat_dir), EXTRA_EOS}
 
-    llm: _FakeLLM = backend._llm
-    ends: Sequence[tuple[int, ...]] = [(9, 10, EXTRA_EOS), (9, 10, base_eos(chat_dir)), (9, 10)]
-    llm.completions = list(ends)
-    generations = backend.generate(
-        [[1, 2], [1, 3], [1, 4]],
-        SamplingParams(temperature=1.0, max_new_tokens=3, seeds=[1, 2, 3], proofs=False),
+    # Seeds whose rollouts (by the validator's backend) end on the extra EOS, on the base EOS,
+    # and at the length limit: the vLLM backend must end each the same way.
+    limit, prompt = 8, [1, 2]
+    candidates = reference.generate(
+        [prompt] * 96, SamplingParams(max_new_tokens=limit, seeds=range(96), proofs=False)
     )
-    assert [g.finish_reason for g in generations] == ["eos", "eos", "length"]
-    (_, params), *_ = llm.requests
-    for param in params:
-        assert param.kwargs["stop_token_ids"] == sorted(reference.eos_token_ids)
-        assert param.kwargs["ignore_eos"] is True  # the tokenizer's own EOS stops nothing extra
+    ends = {EXTRA_EOS: None, base_eos(chat_dir): None, None: None}
+    for seed, generation in enumerate(candidates):
+        last = generation.completion_ids[-1]
+        key = last if last in reference.eos_token_ids else None
+        if ends.get(key, 0) is None:
+            ends[key] = seed
+    seeds = [seed for seed in ends.values() if seed is not None]
+    assert ends[EXTRA_EOS] is not None, "some rollout ends on the extra EOS"
+    params = SamplingParams(max_new_tokens=limit, seeds=seeds, proofs=False)
+    generations = backend.generate([prompt] * len(seeds), params)
+    expected = [candidates[seed] for seed in seeds]
+    assert [g.completion_ids for g in generations] == [g.completion_ids for g in expected]
+    assert [g.finish_reason for g in generations] == [g.finish_reason for g in expected]
+    assert generations[0].completion_ids[-1] == EXTRA_EOS
+    assert generations[0].finish_reason == "eos"
+    llm: vllm_standin.LLM = backend._llm
+    for _, sent in llm.requests_seen:
+        assert sent.stop_token_ids == sorted(reference.eos_token_ids)
+        assert sent.ignore_eos is True  # the tokenizer's own EOS stops nothing extra
 
 
 def test_a_checkpoints_eos_set_is_what_its_files_name_not_the_model_class_default(

@@ -50,6 +50,14 @@ from rollnet.sdk.proofs import (
     tokens_digest,
     verify_proof,
 )
+from rollnet.sdk.proofs.binding import domain_digest
+from rollnet.sdk.proofs.challenge import (
+    CHALLENGE_DRAW_DOMAIN,
+    challenge_message,
+    challenged_rollouts,
+    sign_challenge,
+    verify_challenge,
+)
 from rollnet.sdk.proofs.sampling import uniforms_from_bits
 from rollnet.sdk.proofs.toploc import bf16_bits, build_proof, encode_windows
 from rollnet.v1 import (
@@ -254,6 +262,32 @@ def test_the_rollout_batch_blob_and_its_commitment(vectors: dict[str, Any]) -> N
     batch = rollout_pb2.RolloutBatch.FromString(bytes.fromhex(case["batch"]))
     assert list(batch.rollouts) == rollouts
     assert expected.rollout_batch.size == len(sealed.batch)
+
+
+def test_validation_challenge(vectors: dict[str, Any]) -> None:
+    case = vectors["validation_challenge"]
+    coordinator = Identity.from_seed(bytes.fromhex(case["coordinator_private_key_seed"]))
+    assert coordinator.public_key.hex() == case["coordinator_public_key"]
+    fields = (
+        case["network_id"],
+        case["commitment_id"],
+        bytes.fromhex(case["binding_digest"]),
+        case["rollouts"],
+        case["challenged_rollouts"],
+    )
+    assert challenge_message(*fields).hex() == case["signed_bytes"]
+    challenge = bytes.fromhex(case["challenge"])
+    assert sign_challenge(coordinator.sign, *fields) == challenge
+    assert verify_challenge(coordinator.public_key, challenge, *fields)
+    assert [
+        domain_digest(CHALLENGE_DRAW_DOMAIN, [challenge, index]).hex()
+        for index in range(case["rollouts"])
+    ] == case["draw_keys"]
+    drawn = challenged_rollouts(challenge, case["rollouts"], case["challenged_rollouts"])
+    assert list(drawn) == case["challenged_indexes"]
+    # The rule in words: the indexes of the smallest draw keys, ascending.
+    smallest = sorted(range(case["rollouts"]), key=lambda i: case["draw_keys"][i])
+    assert sorted(smallest[: case["challenged_rollouts"]]) == case["challenged_indexes"]
 
 
 def test_receipts(vectors: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from rollnet.v1 import common_pb2 as rollnet_dot_v1_dot_common__pb2
 from rollnet.v1 import task_pb2 as rollnet_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/validation.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1brollnet/v1/commitment.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/task.proto\"\xa3\x01\n\rValidationJob\x12\x15\n\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x36\n\ncommitment\x18\x02 \x01(\x0b\x32\x16.rollnet.v1.CommitmentR\ncommitment\x12$\n\x04task\x18\x03 \x01(\x0b\x32\x10.rollnet.v1.TaskR\x04task\x12\x1d\n\nnetwork_id\x18\x04 \x01(\tR\tnetworkId\"\x8b\x02\n\x0b\x43heckResult\x12\x14\n\x05\x63heck\x18\x01 \x01(\tR\x05\x63heck\x12\x16\n\x06passed\x18\x02 \x01(\x08R\x06passed\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\x12>\n\x07\x66igures\x18\x04 \x03(\x0b\x32$.rollnet.v1.CheckResult.FiguresEntryR\x07\x66igures\x12(\n\rrollout_index\x18\x05 \x01(\rH\x00R\x0crolloutIndex\x88\x01\x01\x1a:\n\x0c\x46iguresEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\x42\x10\n\x0e_rollout_index\"\x8d\x04\n\x07Verdict\x12\x1d\n\nverdict_id\x18\x01 \x01(\tR\tverdictId\x12\x15\n\x06job_id\x18\x02 \x01(\tR\x05jobId\x12#\n\rcommitment_id\x18\x03 \x01(\tR\x0c\x63ommitmentId\x12*\n\x11validator_node_id\x18\x04 \x01(\tR\x0fvalidatorNodeId\x12\x38\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1c.rollnet.v1.Verdict.DecisionR\x08\x64\x65\x63ision\x12#\n\rreject_reason\x18\x06 \x01(\tR\x0crejectReason\x12/\n\x06\x63hecks\x18\x07 \x03(\x0b\x32\x17.rollnet.v1.CheckResultR\x06\x63hecks\x12?\n\x11validated_rewards\x18\x08 \x03(\x0b\x32\x12.rollnet.v1.RewardR\x10validatedRewards\x12\x1d\n\nwork_units\x18\t \x01(\x03R\tworkUnits\x12;\n\x0brecorded_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nrecordedAt\"N\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45\x43ISION_ACCEPT\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REJECT\x10\x02\"/\n\x11ValidatedLogprobs\x12\x1a\n\x08logprobs\x18\x01 \x03(\x02R\x08logprobsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brollnet/v1/validation.proto\x12\nrollnet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1brollnet/v1/commitment.proto\x1a\x17rollnet/v1/common.proto\x1a\x15rollnet/v1/task.proto\"\xf2\x01\n\rValidationJob\x12\x15\n\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x36\n\ncommitment\x18\x02 \x01(\x0b\x32\x16.rollnet.v1.CommitmentR\ncommitment\x12$\n\x04task\x18\x03 \x01(\x0b\x32\x10.rollnet.v1.TaskR\x04task\x12\x1d\n\nnetwork_id\x18\x04 \x01(\tR\tnetworkId\x12\x1c\n\tchallenge\x18\x05 \x01(\x0cR\tchallenge\x12/\n\x13\x63hallenged_rollouts\x18\x06 \x01(\rR\x12\x63hallengedRollouts\"\x8b\x02\n\x0b\x43heckResult\x12\x14\n\x05\x63heck\x18\x01 \x01(\tR\x05\x63heck\x12\x16\n\x06passed\x18\x02 \x01(\x08R\x06passed\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\x12>\n\x07\x66igures\x18\x04 \x03(\x0b\x32$.rollnet.v1.CheckResult.FiguresEntryR\x07\x66igures\x12(\n\rrollout_index\x18\x05 \x01(\rH\x00R\x0crolloutIndex\x88\x01\x01\x1a:\n\x0c\x46iguresEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\x42\x10\n\x0e_rollout_index\"\x8d\x04\n\x07Verdict\x12\x1d\n\nverdict_id\x18\x01 \x01(\tR\tverdictId\x12\x15\n\x06job_id\x18\x02 \x01(\tR\x05jobId\x12#\n\rcommitment_id\x18\x03 \x01(\tR\x0c\x63ommitmentId\x12*\n\x11validator_node_id\x18\x04 \x01(\tR\x0fvalidatorNodeId\x12\x38\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1c.rollnet.v1.Verdict.DecisionR\x08\x64\x65\x63ision\x12#\n\rreject_reason\x18\x06 \x01(\tR\x0crejectReason\x12/\n\x06\x63hecks\x18\x07 \x03(\x0b\x32\x17.rollnet.v1.CheckResultR\x06\x63hecks\x12?\n\x11validated_rewards\x18\x08 \x03(\x0b\x32\x12.rollnet.v1.RewardR\x10validatedRewards\x12\x1d\n\nwork_units\x18\t \x01(\x03R\tworkUnits\x12;\n\x0brecorded_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nrecordedAt\"N\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45\x43ISION_ACCEPT\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REJECT\x10\x02\"/\n\x11ValidatedLogprobs\x12\x1a\n\x08logprobs\x18\x01 \x03(\x02R\x08logprobsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,15 +38,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKRESULT_FIGURESENTRY']._loaded_options = None
   _globals['_CHECKRESULT_FIGURESENTRY']._serialized_options = b'8\001'
   _globals['_VALIDATIONJOB']._serialized_start=154
-  _globals['_VALIDATIONJOB']._serialized_end=317
-  _globals['_CHECKRESULT']._serialized_start=320
-  _globals['_CHECKRESULT']._serialized_end=587
-  _globals['_CHECKRESULT_FIGURESENTRY']._serialized_start=511
-  _globals['_CHECKRESULT_FIGURESENTRY']._serialized_end=569
-  _globals['_VERDICT']._serialized_start=590
-  _globals['_VERDICT']._serialized_end=1115
-  _globals['_VERDICT_DECISION']._serialized_start=1037
-  _globals['_VERDICT_DECISION']._serialized_end=1115
-  _globals['_VALIDATEDLOGPROBS']._serialized_start=1117
-  _globals['_VALIDATEDLOGPROBS']._serialized_end=1164
+  _globals['_VALIDATIONJOB']._serialized_end=396
+  _globals['_CHECKRESULT']._serialized_start=399
+  _globals['_CHECKRESULT']._serialized_end=666
+  _globals['_CHECKRESULT_FIGURESENTRY']._serialized_start=590
+  _globals['_CHECKRESULT_FIGURESENTRY']._serialized_end=648
+  _globals['_VERDICT']._serialized_start=669
+  _globals['_VERDICT']._serialized_end=1194
+  _globals['_VERDICT_DECISION']._serialized_start=1116
+  _globals['_VERDICT_DECISION']._serialized_end=1194
+  _globals['_VALIDATEDLOGPROBS']._serialized_start=1196
+  _globals['_VALIDATEDLOGPROBS']._serialized_end=1243
 # @@protoc_insertion_point(module_scope)

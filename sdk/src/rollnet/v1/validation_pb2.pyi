@@ -33,10 +33,27 @@ class ValidationJob(_message.Message):
     COMMITMENT_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     NETWORK_ID_FIELD_NUMBER: _builtins.int
+    CHALLENGE_FIELD_NUMBER: _builtins.int
+    CHALLENGED_ROLLOUTS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id."""
     network_id: _builtins.str
     """The network id bound into the commitment's binding digest."""
+    challenge: _builtins.bytes
+    """The post-commitment challenge: the coordinator's Ed25519 signature (64 bytes, its
+    RegisterNodeResponse.coordinator_public_key) of the 32-byte BLAKE3 digest of domain
+    "rollnet/v1/validation-challenge", network_id, commitment.commitment_id,
+    commitment.binding_digest, the batch's rollout count and challenged_rollouts
+    (docs/protocol.md, "Post-commitment challenges"). Drawn after the commitment was recorded,
+    so the worker could not know which rollouts it selects. Empty: no challenge, every rollout
+    is checked in full.
+    """
+    challenged_rollouts: _builtins.int
+    """How many rollouts the validator checks in full (prefill, TOPLOC, sampling, termination,
+    log-probabilities): those with the smallest BLAKE3 draw keys under the challenge. 0, or at
+    least the batch's rollout count: every rollout. Every rollout's integrity, binding,
+    assigned data and reward are checked whatever its value.
+    """
     @_builtins.property
     def commitment(self) -> _commitment_pb2.Commitment:
         """The commitment to check."""
@@ -54,10 +71,12 @@ class ValidationJob(_message.Message):
         commitment: _commitment_pb2.Commitment | None = ...,
         task: _task_pb2.Task | None = ...,
         network_id: _builtins.str = ...,
+        challenge: _builtins.bytes = ...,
+        challenged_rollouts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["commitment", b"commitment", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitment", b"commitment", "job_id", b"job_id", "network_id", b"network_id", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenge", b"challenge", "challenged_rollouts", b"challenged_rollouts", "commitment", b"commitment", "job_id", b"job_id", "network_id", b"network_id", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,6 +33,9 @@ SAMPLE_CONFIG = "docs/coordinator.toml"
 #: Network ids: what signed calls name as their audience, printed in logs and file names.
 NETWORK_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX = re.compile(r"[0-9a-f]+")
+#: Rollouts of a batch a validator checks in full under a post-commitment challenge: the
+#: figures behind the choice are in docs/verification.md, "Post-commitment challenges".
+DEFAULT_CHALLENGED_ROLLOUTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,10 @@ class CoordinatorConfig:
     eject_after_rejects: int = 3
     trusted_streak: int = 10
     min_validation_rate: float = 0.1
+    #: Rollouts of a batch a validator checks in full (prefill, TOPLOC, sampling), drawn by the
+    #: job's post-commitment challenge; 0 checks every rollout. docs/verification.md,
+    #: "Post-commitment challenges", has the detection rates it gives.
+    challenged_rollouts: int = DEFAULT_CHALLENGED_ROLLOUTS
     signature_skew: timedelta = timedelta(seconds=60)
     max_message_bytes: int = 16 * 1024 * 1024
     #: Calls gRPC may hold before the server code takes them; beyond it gRPC starts refusing new
@@ -271,6 +278,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("eject_after_rejects", _positive_int, "rejected commitments that eject a node"),
     Option("trusted_streak", _positive_int, "accepted streak after which spot checks thin out"),
     Option("min_validation_rate", _fraction, "least share of a trusted node's work validated"),
+    Option(
+        "challenged_rollouts",
+        _non_negative_int,
+        "rollouts per batch a validator checks in full, drawn after the commitment (0: all)",
+    ),
     Option("signature_skew", _seconds, "accepted clock skew of signed calls, seconds"),
     Option("max_message_bytes", _positive_int, "largest gRPC message, bytes"),
     Option(

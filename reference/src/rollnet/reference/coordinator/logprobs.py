@@ -44,7 +44,8 @@ def check_decision(
 def check_shape(
     entries: Sequence[validation_pb2.ValidatedLogprobs], completion_tokens: Sequence[int]
 ) -> None:
-    """One entry per rollout of the batch, one value per completion token of that rollout;
+    """One entry per rollout of the batch, with one value per completion token of that rollout
+    or none (a rollout the job's challenge did not draw, which the validator did not prefill);
     raises INVALID_FIELDS naming every entry that is off."""
     if not entries:
         return
@@ -59,10 +60,10 @@ def check_shape(
     v = Violations()
     for index, (entry, tokens) in enumerate(zip(entries, completion_tokens, strict=True)):
         v.require(
-            len(entry.logprobs) == tokens,
+            len(entry.logprobs) in (0, tokens),
             f"{FIELD}[{index}].logprobs",
             f"length {len(entry.logprobs)}, but rollout {index} has {tokens} completion "
-            "tokens: one value per token",
+            "tokens: one value per token (none for a rollout the challenge did not draw)",
         )
     v.raise_if_any()
 

@@ -59,6 +59,7 @@ from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, recei
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.challenge import sign_challenge
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -772,13 +773,27 @@ class WorkDesk:
                 to_state=TaskState.VALIDATING,
                 now=now,
             )
+            record = commitment_to_proto(session, commitment)
+            rollouts = len(task.prompt_ids) * int(task.sampling["samples_per_prompt"])
+            challenged = min(config.challenged_rollouts, rollouts)
             job = validation_pb2.ValidationJob(
                 job_id=leased.job_id,
-                commitment=commitment_to_proto(session, commitment),
+                commitment=record,
                 task=task_to_proto(
                     task, state=task_pb2.Task.STATE_VALIDATING, attempt=task.attempt
                 ),
                 network_id=config.network_id,
+                # Signed now, after the commitment was recorded: the worker could not know
+                # which rollouts it selects. Deterministic, so every lease of the job gets it.
+                challenge=sign_challenge(
+                    self.ctx.identity.sign,
+                    config.network_id,
+                    record.commitment_id,
+                    record.binding_digest,
+                    rollouts,
+                    challenged,
+                ),
+                challenged_rollouts=challenged,
             )
             return validation_service_pb2.PullValidationJobResponse(
                 job=job,

@@ -9,6 +9,7 @@ from rollnet.reference.validator.checkpoints import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
 from rollnet.reference.validator.node import Validator, ValidatorConfig, ValidatorFatalError
 from rollnet.reference.validator.pipeline import (
+    ChallengeInvalid,
     CheckpointModel,
     EnvironmentCache,
     JobOutcome,
@@ -19,6 +20,7 @@ from rollnet.reference.validator.pipeline import (
 )
 
 __all__ = [
+    "ChallengeInvalid",
     "CheckpointModel",
     "CheckpointModels",
     "EnvironmentCache",

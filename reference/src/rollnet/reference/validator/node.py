@@ -44,6 +44,7 @@ from rollnet.reference.logs import get_logger
 from rollnet.reference.validator.checkpoints import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
 from rollnet.reference.validator.pipeline import (
+    ChallengeInvalid,
     EnvironmentCache,
     JobOutcome,
     JobUncheckable,
@@ -387,14 +388,21 @@ class Validator:
             loaded = time.monotonic()
             try:
                 outcome = await asyncio.to_thread(
-                    validate_job, job, blob, model, self._environments
+                    validate_job,
+                    job,
+                    blob,
+                    model,
+                    self._environments,
+                    self.session.coordinator_public_key,
                 )
             except Exception as error:
                 # A fault on this side (the task's environment or prompts cannot be rebuilt
                 # here, the reward sandbox cannot build the environment, a bug): no verdict.
                 # The lease expires and the job goes back to the queue, for another validator.
                 reason = "check_error"
-                if isinstance(error, JobUncheckable):
+                if isinstance(error, ChallengeInvalid):
+                    reason = "challenge_invalid"
+                elif isinstance(error, JobUncheckable):
                     reason = "environment_unavailable"
                 elif isinstance(error, SandboxError):
                     reason = "reward_sandbox"

@@ -10,8 +10,12 @@ validator downloaded and a loaded checkpoint (:class:`CheckpointModel`), and ret
    ``(prompt_index, sample_index)`` order for the task's prompt ids, and the commitment's
    per-rollout digests (seed, proof digest, completion length) match the rollouts;
 3. per rollout, the proofs library's checks (:func:`rollnet.sdk.proofs.verify_rollout`): binding,
-   assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every rollout's
-   *assigned* prompt followed by its claimed completion;
+   assigned data, termination, TOPLOC, sampling — fed by ONE batched prefill of every
+   *challenged* rollout's assigned prompt followed by its claimed completion. The job's
+   post-commitment challenge (:mod:`rollnet.sdk.proofs.challenge`, signed by the coordinator
+   after the commitment was recorded) names ``challenged_rollouts`` of the batch; the others
+   get the checks that need no model (binding, assigned data): their tokens and proofs are
+   bound by the commitment, so a bad one is caught whenever the challenge draws it;
 4. per rollout that passed every check above, **reward**: the environment's verifier on the
    completion, run in a :class:`~rollnet.reference.envs.RewardSandbox` (a child process with a
    hard time limit per completion), must give exactly the claimed reward (tolerance 0; rewards
@@ -27,7 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -62,6 +68,7 @@ from rollnet.sdk.proofs import (
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
+from rollnet.sdk.proofs.challenge import challenged_rollouts, verify_challenge
 from rollnet.sdk.proofs.sampling import MAX_SEED
 from rollnet.v1 import (
     commitment_pb2,
@@ -100,6 +107,12 @@ class ValidatorReason(StrEnum):
 class JobUncheckable(Exception):
     """This validator cannot judge the job for a reason that is not the worker's (the task's
     environment or prompts cannot be rebuilt here): give no verdict, let another try."""
+
+
+class ChallengeInvalid(JobUncheckable):
+    """The job's challenge is not the coordinator's signature of it (or there is no key to
+    check it against): which rollouts to check is unknown, and none of that is the worker's
+    doing, so there is no verdict."""
 
 
 class PrefillBackend(Protocol):
@@ -166,8 +179,13 @@ class JobOutcome:
     decode_tokens: int = 0
     validated_logprobs: list[npt.NDArray[np.float64]] = field(default_factory=list)
     """Per rollout in batch order, this validator's log-probability of each completion token
-    under the task's sampling distribution (its prefill's; set when every rollout was
-    prefilled and its log-probability check ran). Sent with an ACCEPT, as float32."""
+    under the task's sampling distribution (its prefill's; set when every challenged rollout
+    was prefilled and its log-probability check ran; empty for a rollout the challenge did not
+    draw). Sent with an ACCEPT, as float32."""
+    challenged: tuple[int, ...] = ()
+    """The rollouts checked in full (prefilled), by batch index."""
+    prefill_seconds: float = 0.0
+    """Wall seconds spent in the backend's prefills (the floor of the job's cost)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable details of batch-level failures (for logs; not sent)."""
 
@@ -222,13 +240,21 @@ class JobOutcome:
         )
 
 
+_NUMBERS = (int, float)
+"""Figure values the wire keeps (bool is an int: it becomes 0.0 / 1.0)."""
+
+
 def _figures(values: Mapping[str, Any]) -> dict[str, float]:
     # The wire keeps numbers only; labels (strings) stay in the logs.
     out: dict[str, float] = {}
+    isfinite = math.isfinite
     for key, value in values.items():
-        # bool is an int: it becomes 0.0 / 1.0.
-        if isinstance(value, int | float) and math.isfinite(float(value)):
-            out[key] = float(value)
+        # A tuple, not int | float: this runs for every figure of every check (~1,500 per
+        # 32-rollout job), and isinstance against a tuple is about twice as fast.
+        if isinstance(value, _NUMBERS):
+            number = float(value)
+            if isfinite(number):
+                out[key] = number
     return out
 
 
@@ -239,9 +265,12 @@ def _result(
     figures: Mapping[str, Any] | None = None,
     rollout_index: int | None = None,
 ) -> validation_pb2.CheckResult:
-    result = validation_pb2.CheckResult(
-        check=check, passed=passed, reason="" if passed else reason, figures=_figures(figures or {})
-    )
+    result = validation_pb2.CheckResult(check=check, passed=passed, reason="" if passed else reason)
+    # Item by item: a dict handed to the constructor goes through the generic (pure Python)
+    # MutableMapping.update, twice as slow per ~7 checks x N rollouts of every job.
+    stored = result.figures
+    for key, number in _figures(figures or {}).items():
+        stored[key] = number
     if rollout_index is not None:
         result.rollout_index = rollout_index
     return result
@@ -296,11 +325,16 @@ def validate_job(
     blob: bytes,
     model: CheckpointModel,
     environments: EnvironmentCache,
+    coordinator_public_key: bytes = b"",
 ) -> JobOutcome:
-    """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs."""
+    """Run every check on ``job`` whose rollout blob is ``blob``; see the module docs.
+
+    A job with a ``challenge`` needs ``coordinator_public_key`` to check it
+    (:class:`ChallengeInvalid` when it does not verify)."""
     oversized = refuse_oversized(job)
     if oversized is not None:
         return oversized
+    challenged = job_challenge(job, coordinator_public_key)
     outcome = JobOutcome()
     commitment = job.commitment
     expected = commitment.rollout_batch
@@ -329,14 +363,48 @@ def validate_job(
             ValidatorCheck.BATCH,
             not problems,
             ValidatorReason.BATCH_MISMATCH,
-            {"rollouts": len(batch.rollouts), "problems": len(problems)},
+            {
+                "rollouts": len(batch.rollouts),
+                "problems": len(problems),
+                "challenged_rollouts": len(challenged),
+            },
         )
     )
     if problems:
         outcome.notes.extend(problems)
         return outcome
+    outcome.challenged = challenged
     _validate_rollouts(job, batch, model, environments, outcome)
     return outcome
+
+
+def job_challenge(
+    job: validation_pb2.ValidationJob, coordinator_public_key: bytes
+) -> tuple[int, ...]:
+    """The batch indexes ``job``'s challenge draws for full checks (every index when the job
+    has none); :class:`ChallengeInvalid` when the challenge is not the coordinator's signature."""
+    task = job.task
+    rollouts = len(task.prompt_ids) * task.samples_per_prompt
+    if not job.challenge:
+        return tuple(range(rollouts))
+    commitment = job.commitment
+    if not coordinator_public_key:
+        raise ChallengeInvalid("the job has a challenge and no coordinator key to check it")
+    if not verify_challenge(
+        coordinator_public_key,
+        job.challenge,
+        job.network_id,
+        commitment.commitment_id,
+        commitment.binding_digest,
+        rollouts,
+        job.challenged_rollouts,
+    ):
+        raise ChallengeInvalid(
+            f"challenge of job {job.job_id} is not the coordinator's signature of commitment "
+            f"{commitment.commitment_id} ({rollouts} rollouts, {job.challenged_rollouts} "
+            "challenged)"
+        )
+    return challenged_rollouts(job.challenge, rollouts, job.challenged_rollouts)
 
 
 def refuse_oversized(job: validation_pb2.ValidationJob) -> JobOutcome | None:
@@ -373,6 +441,8 @@ class _Slot:
     checks: list[validation_pb2.CheckResult] = field(default_factory=list)
     logprobs: npt.NDArray[np.float64] | None = None
     """The validator's log-probability of each completion token, once its check computed them."""
+    challenged: bool = True
+    """Whether the job's challenge drew it for the checks that need the model."""
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -417,6 +487,7 @@ def _validate_rollouts(
             f"{type(error).__name__}: {error}"
         ) from error
 
+    challenged = frozenset(outcome.challenged)
     slots: list[_Slot] = []
     for index, rollout in enumerate(batch.rollouts):
         problem, assigned = assigned_prompts[int(rollout.prompt_id)]
@@ -448,48 +519,87 @@ def _validate_rollouts(
         )
         completion = slot.claim.completion_ids
         # Guards before the model runs: a token outside the vocabulary cannot be embedded.
-        out_of_vocabulary = sum(1 for t in completion if t >= vocab)
+        # (Counted only when there is one: max() runs in C, the count per token in Python.)
+        out_of_vocabulary = (
+            sum(1 for t in completion if t >= vocab)
+            if completion and max(completion) >= vocab
+            else 0
+        )
         # A seed outside the 63-bit range cannot be derived, hashed into a digest or used for
         # noise: judged without the model, so a hostile batch cannot crash the validator.
         if out_of_vocabulary or not 0 <= rollout.sampling_seed <= MAX_SEED:
             slot.checks.extend(_unprefillable(slot, out_of_vocabulary))
             slot.assignment = None
+        elif index not in challenged:
+            # Its tokens and proof are bound by the commitment digest checked here; whether
+            # the model produced them is checked only when a challenge draws it.
+            slot.challenged = False
+            slot.checks.extend(_unprefillable(slot, 0))
+            slot.assignment = None
 
-    # Batched prefills over every checkable rollout (assigned prompt + claimed completion), then
-    # every check, the numeric ones vectorized across the rollouts of a group. Groups hold at
-    # most LOGITS_BUDGET logits (one rollout at least): a job's logits are tokens x vocabulary,
-    # 40 GB for 64 rollouts of 1,024 tokens at a 152k vocabulary, and only a group's are held.
-    # Sorted by length, so the backend's right-padded chunks waste few positions on padding.
+    # Batched prefills over every challenged rollout (assigned prompt + claimed completion),
+    # then every check, the numeric ones vectorized across the rollouts of a group. Two groups
+    # are held at once (one checked while the next is prefilled), each within half of
+    # LOGITS_BUDGET (one rollout at least): a job's logits are tokens x vocabulary, 40 GB for 64
+    # rollouts of 1,024 tokens at a 152k vocabulary. Sorted by length, so the backend's
+    # right-padded chunks waste few positions on padding.
     ready = sorted(
         (s for s in slots if s.assignment is not None),
         key=lambda s: len(s.claim.prompt_ids) + len(s.claim.completion_ids),
     )
-    for group in _logit_groups(ready, vocab):
-        _check_group(group, backend, temperature, model.thresholds)
+    unchallenged = [s for s in slots if not s.challenged and _scorable(s)]
+    with _RewardScorer(environment, environments.sandbox, model.tokenizer) as scorer:
+        # Rollouts the challenge left out are scored while the others are prefilled.
+        scorer.submit(unchallenged)
+        outcome.prefill_seconds = _check_pipelined(
+            _logit_groups(ready, vocab, PIPELINE_ROLLOUTS),
+            backend,
+            temperature,
+            model.thresholds,
+            scorer,
+        )
+        rewards = scorer.results()
     # The work this job's checks covered: the rollouts that were prefilled (all of them in an
-    # honest batch; a padded, refused rollout must not count as validated tokens).
-    outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in ready)
-    outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in ready)
-    _reward_checks(slots, environment, environments.sandbox, model.tokenizer, outcome)
+    # honest batch; a padded, refused rollout must not count as validated tokens), and those
+    # the challenge left out whose commitment binds them (the challenge vouches for them: a
+    # batch with bad ones among them is rejected whenever it draws one).
+    vouched = [*ready, *unchallenged]
+    outcome.prefill_tokens = sum(len(s.claim.prompt_ids) for s in vouched)
+    outcome.decode_tokens = sum(len(s.claim.completion_ids) for s in vouched)
+    _reward_checks(slots, rewards, environment, outcome)
     for slot in slots:
         outcome.checks.extend(slot.checks)
-    computed = [slot.logprobs for slot in slots]
-    if all(values is not None for values in computed):
-        outcome.validated_logprobs = [values for values in computed if values is not None]
+    if all(slot.logprobs is not None or not slot.challenged for slot in slots):
+        outcome.validated_logprobs = [
+            slot.logprobs if slot.logprobs is not None else _NO_LOGPROBS for slot in slots
+        ]
+
+
+_NO_LOGPROBS: npt.NDArray[np.float64] = np.zeros(0)
+"""The validated log-probabilities of a rollout the challenge did not draw: none."""
 
 
 LOGITS_BUDGET = 1 << 28
-"""Logits (completion tokens x vocabulary) a group of rollouts may hold at once: 1 GiB of
-float32. The tiny model's whole job fits; at a 152k vocabulary a group is ~1,700 tokens."""
+"""Logits (completion tokens x vocabulary) the validator may hold at once: 1 GiB of float32.
+Two groups are held at once (one checked while the next is prefilled), so a group holds at
+most half. The tiny model's whole job fits; at a 152k vocabulary a group is ~850 tokens."""
+
+PIPELINE_ROLLOUTS = 64
+"""Rollouts per pipeline group at most: the checks of one group run while the next is
+prefilled. Smaller groups would hide more of the checks where a core is free, but on a busy
+host (measured: 2 cores at load 14-23) the hand-offs cost more than they hide (groups of 16:
+1.73x a bare prefill, one group: 1.41x), so a job is split where the logits budget splits it
+(real vocabularies: long prefills per group), and the tiny model's jobs are one group."""
 
 
-def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
-    """Consecutive groups of ``slots`` within :data:`LOGITS_BUDGET` (one rollout at least)."""
+def _logit_groups(slots: Sequence[_Slot], vocab: int, most: int | None = None) -> list[list[_Slot]]:
+    """Consecutive groups of ``slots`` within half of :data:`LOGITS_BUDGET` and of at most
+    ``most`` rollouts (one rollout at least)."""
     groups: list[list[_Slot]] = []
     held = 0
     for slot in slots:
         size = len(slot.claim.completion_ids) * vocab
-        if not groups or held + size > LOGITS_BUDGET:
+        if not groups or held + size > LOGITS_BUDGET // 2 or len(groups[-1]) == most:
             groups.append([])
             held = 0
         groups[-1].append(slot)
@@ -497,18 +607,68 @@ def _logit_groups(slots: Sequence[_Slot], vocab: int) -> list[list[_Slot]]:
     return groups
 
 
-def _check_group(
-    group: Sequence[_Slot], backend: PrefillBackend, temperature: float, thresholds: Thresholds
-) -> None:
-    """Prefill a group of rollouts and run the proofs library's checks and the log-probability
-    check on each; the prefill (hidden states, logits) is dropped when done."""
+def _check_pipelined(
+    groups: Sequence[Sequence[_Slot]],
+    backend: PrefillBackend,
+    temperature: float,
+    thresholds: Thresholds,
+    scorer: _RewardScorer,
+) -> float:
+    """Prefill each group on this thread while the previous group is checked on another (and
+    its rewards scored on a third, in the sandbox's child process): the prefill is the floor of
+    a job's cost, and the checks and the verifier run beside it rather than after it. At most
+    two groups' prefills are held at once. Returns the prefills' wall seconds."""
+    prefill_seconds = 0.0
+    if len(groups) == 1:
+        # Nothing to overlap the checks with: no hand-off to another thread.
+        started = time.perf_counter()
+        prefills = _prefill(groups[0], backend)
+        prefill_seconds = time.perf_counter() - started
+        _check_group(groups[0], prefills, temperature, thresholds, scorer)
+        return prefill_seconds
+    with ThreadPoolExecutor(1, thread_name_prefix="validator-checks") as checker:
+        checking: Future[None] | None = None
+        try:
+            for group in groups:
+                started = time.perf_counter()
+                prefills = _prefill(group, backend)
+                prefill_seconds += time.perf_counter() - started
+                if checking is not None:
+                    checking.result()
+                checking = checker.submit(
+                    _check_group, group, prefills, temperature, thresholds, scorer
+                )
+            if checking is not None:
+                checking.result()
+        finally:
+            if checking is not None:
+                checking.cancel()
+    return prefill_seconds
+
+
+def _prefill(group: Sequence[_Slot], backend: PrefillBackend) -> list[Prefill]:
+    """One batched prefill of a group's assigned prompts and claimed completions."""
     pairs = []
+    for slot in group:
+        assert slot.assignment is not None
+        pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
+    return backend.prefill_batch(pairs)
+
+
+def _check_group(
+    group: Sequence[_Slot],
+    prefills: Sequence[Prefill],
+    temperature: float,
+    thresholds: Thresholds,
+    scorer: _RewardScorer,
+) -> None:
+    """Run the proofs library's checks and the log-probability check on each rollout of a
+    prefilled group, then hand those that passed to ``scorer``; the prefill (hidden states,
+    logits) is dropped when done."""
     assignments = []
     for slot in group:
         assert slot.assignment is not None
         assignments.append(slot.assignment)
-        pairs.append((slot.assignment.assigned_prompt_ids, slot.claim.completion_ids))
-    prefills = backend.prefill_batch(pairs)
     reports = verify_rollouts(
         [s.claim for s in group],
         assignments,
@@ -520,6 +680,7 @@ def _check_group(
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
             slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
+    scorer.submit([slot for slot in group if _scorable(slot)])
 
 
 def _oversized(
@@ -543,7 +704,8 @@ def _oversized(
 
 def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.CheckResult]:
     """Checks for a rollout the model will not run on (a token outside the vocabulary, a seed
-    outside the 63-bit range): binding and assigned data still apply."""
+    outside the 63-bit range, a rollout the challenge did not draw): binding and assigned data
+    still apply."""
     assert slot.assignment is not None
     claim, assignment = slot.claim, slot.assignment
     if 0 <= claim.sampling_seed <= MAX_SEED:
@@ -619,28 +781,64 @@ def _logprobs_check(
     return _result(ValidatorCheck.LOGPROBS, True, "", figures, slot.index)
 
 
+def _scorable(slot: _Slot) -> bool:
+    """Whether a rollout's reward is recomputed: it passed every other check (one that failed
+    rejects the job anyway, and its completion is text the worker chose, which must not get to
+    make the validator's verifier work up to its time limit)."""
+    return slot.problem is not None and all(c.passed for c in slot.checks)
+
+
+class _RewardScorer:
+    """Recomputes rewards with the environment's verifier in the reward sandbox on a thread of
+    its own, a batch of rollouts per :meth:`submit` in order, so the sandbox's child process
+    scores one group while the validator prefills and checks the next."""
+
+    def __init__(
+        self, environment: Environment, sandbox: RewardSandbox, tokenizer: CheckpointTokenizer
+    ) -> None:
+        self._environment = environment
+        self._sandbox = sandbox
+        self._tokenizer = tokenizer
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="validator-rewards")
+        self._batches: list[tuple[list[int], Future[list[RewardResult]]]] = []
+
+    def submit(self, slots: Sequence[_Slot]) -> None:
+        """Score ``slots`` (which passed every other check) after those submitted before."""
+        if not slots:
+            return
+        items = []
+        for slot in slots:
+            assert slot.problem is not None
+            completion = list(slot.claim.completion_ids)
+            text = self._tokenizer.decode(completion, skip_special_tokens=True)
+            items.append((slot.problem, text, len(completion)))
+        future = self._pool.submit(self._sandbox.rewards, self._environment, items)
+        self._batches.append(([slot.index for slot in slots], future))
+
+    def results(self) -> dict[int, RewardResult]:
+        """Every submitted rollout's result by batch index (raises what the sandbox raised)."""
+        rewards: dict[int, RewardResult] = {}
+        for indexes, future in self._batches:
+            rewards.update(zip(indexes, future.result(), strict=True))
+        return rewards
+
+    def __enter__(self) -> _RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, future in self._batches:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+
 def _reward_checks(
     slots: Sequence[_Slot],
+    rewards: Mapping[int, RewardResult],
     environment: Environment,
-    sandbox: RewardSandbox,
-    tokenizer: CheckpointTokenizer,
     outcome: JobOutcome,
 ) -> None:
-    """Recompute the rewards with the environment's verifier; each claim must equal its value.
-
-    Only rollouts that passed every other check are scored: the others already reject the job,
-    and a completion the model did not sample is text the worker chose, which must not get to
-    make the validator's verifier work up to its time limit. One sandbox call for the job.
-    """
-    scored = [s for s in slots if s.problem is not None and all(c.passed for c in s.checks)]
-    items = []
-    for slot in scored:
-        assert slot.problem is not None
-        completion = list(slot.claim.completion_ids)
-        text = tokenizer.decode(completion, skip_special_tokens=True)
-        items.append((slot.problem, text, len(completion)))
-    results = sandbox.rewards(environment, items) if items else []
-    rewards = dict(zip((s.index for s in scored), results, strict=True))
+    """Each scored claim must equal the recomputed reward (:func:`_reward_check`); the
+    validated rewards, one per rollout in batch order (zero where none was computed)."""
     for slot in slots:
         result = rewards.get(slot.index)
         if result is None:
@@ -715,6 +913,7 @@ def _encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[in
 
 
 __all__ = [
+    "ChallengeInvalid",
     "CheckpointModel",
     "EnvironmentCache",
     "JobOutcome",
@@ -722,6 +921,7 @@ __all__ = [
     "PrefillBackend",
     "ValidatorCheck",
     "ValidatorReason",
+    "job_challenge",
     "refuse_oversized",
     "validate_job",
 ]
