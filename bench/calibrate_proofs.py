@@ -30,7 +30,8 @@ from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
 from rollnet.sdk.proofs import thresholds as calibrated
 from rollnet.sdk.proofs.report import CheckName, VerificationReport
-from rollnet.sdk.proofs.thresholds import Thresholds
+from rollnet.sdk.proofs.sampling import sampling_margins, token_logprob_bounds
+from rollnet.sdk.proofs.thresholds import Thresholds, sampling_tolerances
 
 LOOSE = Thresholds(
     max_exp_mismatches=10**6,
@@ -39,11 +40,15 @@ LOOSE = Thresholds(
     max_sign_mismatches=10**6,
     max_unexplained_mismatches=10**6,
     min_boundary_distance=1e-3,
-    sampling_tolerance=math.inf,
+    logit_error_relative=0.0,
+    logit_error_floor=math.inf,
     min_eos_probability=0.0,
 )
 
 STATS = ("exp", "mean", "median", "sign", "unexpl", "margin", "eos_p", "drift")
+TOLERANCE_STATS = ("margin_frac", "drift_frac")
+"""Honest rollouts only: the worst sampling margin and log-prob distance of a rollout as a
+fraction of its token's tolerance under the calibrated error model (-1 / 1 are the limits)."""
 
 
 @dataclass
@@ -68,7 +73,7 @@ def collect(
     behaviour: Sequence[Sequence[float]] | None = None,
 ) -> Scenario:
     """Verify ``rollouts`` with loose thresholds and keep every figure."""
-    figures: dict[str, list[float]] = {key: [] for key in STATS}
+    figures: dict[str, list[float]] = {key: [] for key in (*STATS, *TOLERANCE_STATS)}
     reports = harness.validate(validator, rollouts, LOOSE, batch_size=validator_batch)
     for report in reports:
         toploc = report.check(CheckName.TOPLOC).figures
@@ -86,12 +91,19 @@ def collect(
         prefills = validator.prefill_batch(
             [(r.assignment.assigned_prompt_ids, r.claim.completion_ids) for r in rollouts]
         )
+        chosen_thresholds = calibrated.thresholds_for(dtype.removesuffix("-cross"))
         for rollout, prefill, logprobs in zip(rollouts, prefills, behaviour, strict=True):
-            scaled = prefill.logits.astype(np.float64) / rollout.assignment.temperature
-            scaled -= scaled.max(axis=1, keepdims=True)
-            log_softmax = scaled - np.log(np.exp(scaled).sum(axis=1, keepdims=True))
-            chosen = log_softmax[np.arange(len(logprobs)), list(rollout.claim.completion_ids)]
-            figures["drift"].append(float(np.abs(chosen - np.asarray(logprobs)).max()))
+            temperature = rollout.assignment.temperature
+            ids = list(rollout.claim.completion_ids)
+            bounds = token_logprob_bounds(prefill.logits, ids, temperature, chosen_thresholds)
+            # The wire format is float32 (`repeated float behaviour_logprobs`).
+            claimed = np.asarray(logprobs, dtype=np.float32).astype(np.float64)
+            figures["drift"].append(float(np.abs(bounds.values - claimed).max()))
+            figures["drift_frac"].append(float(bounds.excess(claimed).max()))
+            seed = rollout.claim.sampling_seed
+            margins = sampling_margins(prefill.logits, ids, seed, temperature)
+            tolerances = sampling_tolerances(prefill.logits, temperature, chosen_thresholds)
+            figures["margin_frac"].append(float((margins / tolerances).min()))
     return Scenario(name, dtype, honest, figures, reports)
 
 
@@ -142,11 +154,16 @@ def print_thresholds(scenarios: Sequence[Scenario]) -> None:
             margin = "n/a" if limit is None else f"{float(limit) - value:.3g}"
             print(f"| {dtype} | {label} (max) | {value:.3g} | {limit} | {margin} |")
         margin_min = worst("margin", lowest=True)
+        fraction = worst("margin_frac", lowest=True)
         print(
-            f"| {dtype} | sampling margin (min) | {margin_min:.3g} | "
-            f"-{chosen.sampling_tolerance} | {margin_min + chosen.sampling_tolerance:.3g} |"
+            f"| {dtype} | sampling margin (min; / its tolerance) | {margin_min:.3g} "
+            f"({fraction:.3g}) | -1 x tolerance | {fraction + 1:.3g} x tolerance |"
         )
-        print(f"| {dtype} | log-prob drift (max) | {worst('drift'):.3g} | - | - |")
+        drift_fraction = worst("drift_frac")
+        print(
+            f"| {dtype} | log-prob drift (max; / its tolerance) | {worst('drift'):.3g} "
+            f"({drift_fraction:.3g}) | 1 x tolerance | {1 - drift_fraction:.3g} x tolerance |"
+        )
         eos_min = worst("eos_p", lowest=True)
         print(
             f"| {dtype} | final EOS probability (min) | {eos_min:.3g} | "

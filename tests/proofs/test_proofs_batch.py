@@ -24,7 +24,7 @@ from rollnet.sdk.proofs import (
     verify_rollout,
     verify_rollouts,
 )
-from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, Thresholds
+from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, Thresholds, sampling_tolerances
 
 VOCAB = 101
 EOS = 0
@@ -114,7 +114,8 @@ def reference_check(
     logits: npt.NDArray[np.float32], ids: list[int], seed: int, thresholds: Thresholds
 ) -> tuple[float, int]:
     margins = sampling.sampling_margins(logits, ids, seed, 0.8)
-    return float(margins.min()), int((margins < -thresholds.sampling_tolerance).sum())
+    tolerances = sampling_tolerances(logits, 0.8, thresholds)
+    return float(margins.min()), int((margins < -tolerances).sum())
 
 
 @pytest.mark.parametrize("block", [None, VOCAB * 7 + 3, 1])
@@ -224,6 +225,6 @@ def test_verify_rollouts_equals_verify_rollout() -> None:
         assignments[3:4],
         hidden_states=hidden[3:4],
         logits=logits[3:4],
-        thresholds=FLOAT32,
+        thresholds=thresholds,  # the last of the loop: figures depend on the thresholds
     )
     assert alone[0] == batched[3]

@@ -1,7 +1,7 @@
-"""End to end on the tiny model: a worker shades its behaviour log-probabilities by 0.9 × the
-validator's tolerance (issue 19, item 4: every check passes), a real validator accepts the job,
-and the trainer's stream carries the validator's own log-probabilities — equal to its prefill's,
-not the worker's."""
+"""End to end on the tiny model: a worker shades its behaviour log-probabilities by half the
+error model's floor (within every token's tolerance; issue 19, item 4: every check passes), a
+real validator accepts the job, and the trainer's stream carries the validator's own
+log-probabilities — equal to its prefill's, not the worker's."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from rollnet.sdk.proofs import FLOAT32, token_logprobs
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import rollout_pb2, task_pb2
 
-SHADE = 0.9 * FLOAT32.sampling_tolerance
+SHADE = 0.5 * FLOAT32.logit_error_floor
 
 
 class ShadingGenerator(InferenceGenerator):

@@ -29,12 +29,14 @@ from rollnet.sdk.proofs.report import (
     VerificationReport,
 )
 from rollnet.sdk.proofs.sampling import (
+    LogprobBounds,
     check_sampling,
     check_sampling_batch,
     gumbel_noise,
     gumbel_scores,
     noise_bits,
     sampling_margins,
+    token_logprob_bounds,
     token_logprobs,
 )
 from rollnet.sdk.proofs.termination import (
@@ -43,6 +45,7 @@ from rollnet.sdk.proofs.termination import (
     check_termination,
     checkpoint_eos_token_ids,
     eos_probabilities,
+    eos_probability_bounds,
     eos_token_ids,
     finish_reason,
 )
@@ -51,6 +54,9 @@ from rollnet.sdk.proofs.thresholds import (
     FLOAT32,
     TOPLOC_PAPER,
     Thresholds,
+    logit_tolerances,
+    logprob_bounds,
+    sampling_tolerances,
     thresholds_for,
 )
 from rollnet.sdk.proofs.toploc import (
@@ -87,6 +93,7 @@ __all__ = [
     "CheckName",
     "CheckResult",
     "LeaseBinding",
+    "LogprobBounds",
     "ProofFormatError",
     "Reason",
     "RolloutAssignment",
@@ -111,17 +118,22 @@ __all__ = [
     "detection_probability",
     "encode_windows",
     "eos_probabilities",
+    "eos_probability_bounds",
     "eos_token_ids",
     "finish_reason",
     "gumbel_noise",
     "gumbel_scores",
+    "logit_tolerances",
+    "logprob_bounds",
     "noise_bits",
     "parse_proof",
     "proof_digest",
     "proof_size",
     "sampling_margins",
+    "sampling_tolerances",
     "sign_challenge",
     "thresholds_for",
+    "token_logprob_bounds",
     "token_logprobs",
     "tokens_digest",
     "use_compiled_kernel",

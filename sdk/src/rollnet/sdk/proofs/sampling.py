@@ -16,19 +16,28 @@ rollout's seed; the validator recomputes the scores from its own logits. Top-k /
 compose by setting the scores of excluded tokens to ``-inf`` on both sides before the argmax (the
 validator re-derives the same mask from its logits; a margin near the mask boundary needs the
 same tolerance treatment as the argmax). Temperature must be > 0.
+
+Tolerances follow the error model of :mod:`rollnet.sdk.proofs.thresholds`: per token, a margin
+may be as low as ``-logit_tolerance / T`` (``thresholds.sampling_tolerances``), and a behaviour
+log-probability must lie in the interval :func:`token_logprob_bounds` gives.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
-from rollnet.sdk.proofs.thresholds import Thresholds
+from rollnet.sdk.proofs.thresholds import (
+    Thresholds,
+    logit_tolerances,
+    logprob_bounds,
+)
 
 MASK32 = 0xFFFFFFFF
 SEED_KEY = 0x243F6A88  # first digits of pi: separates the seed words from a zero input
@@ -171,6 +180,72 @@ def token_logprobs(
     return out
 
 
+@dataclass(frozen=True)
+class LogprobBounds:
+    """Per token: the validator's log-probability and the honest interval around it."""
+
+    values: npt.NDArray[np.float64]
+    """``log_softmax(logits / T)`` of the token (:func:`token_logprobs`'s numbers)."""
+    lower: npt.NDArray[np.float64]
+    """The lowest log-probability an honest worker can report (error model and slack)."""
+    upper: npt.NDArray[np.float64]
+    """The highest."""
+
+    def contains(self, claimed: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Per token: the claimed value lies in the interval (False for NaN anywhere)."""
+        value = np.asarray(claimed, dtype=np.float64)
+        return np.asarray((value >= self.lower) & (value <= self.upper), dtype=np.bool_)
+
+    def excess(self, claimed: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """Per token: how far outside the interval the claimed value is, as a fraction of the
+        interval's half-width on that side (``<= 1`` inside: the log-prob analogue of "margin
+        as a fraction of the tolerance")."""
+        value = np.asarray(claimed, dtype=np.float64)
+        below = (self.values - value) / np.maximum(self.values - self.lower, 1e-300)
+        above = (value - self.values) / np.maximum(self.upper - self.values, 1e-300)
+        return np.asarray(np.maximum(below, above), dtype=np.float64)
+
+
+def token_logprob_bounds(
+    logits: npt.ArrayLike,
+    completion_ids: Sequence[int],
+    temperature: float,
+    thresholds: Thresholds,
+) -> LogprobBounds:
+    """Per token: the validator's log-probability of the chosen token at ``temperature`` and
+    the interval an honest worker's value lies in, from the error model
+    (:func:`~rollnet.sdk.proofs.thresholds.logprob_bounds`), a bounded block of rows at a time.
+    NaN logits give NaN bounds, which no value lies within."""
+    if not temperature > 0:
+        raise ValueError("log-probabilities need a temperature > 0")
+    z = np.asarray(logits)
+    ids = np.asarray(completion_ids, dtype=np.int64)
+    if z.ndim != 2 or z.shape[0] != ids.size:
+        raise ValueError("logits must be [tokens, vocabulary], one row per completion token")
+    values = np.empty(ids.size, dtype=np.float64)
+    others = np.empty(ids.size, dtype=np.float64)
+    tolerance = np.empty(ids.size, dtype=np.float64)
+    step = max(1, _MARGIN_CHUNK_ELEMENTS // max(1, z.shape[1]))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for start in range(0, ids.size, step):
+            raw = z[start : start + step]
+            chosen_ids = ids[start : start + step]
+            tolerance[start : start + step] = logit_tolerances(raw, thresholds) / temperature
+            # log_softmax's arithmetic, step by step (the values equal token_logprobs'), with
+            # the exponentials reused for L = log(sum over the other tokens of e^(s_j - s_c)).
+            block = raw.astype(np.float64) / temperature
+            block -= block.max(axis=-1, keepdims=True)
+            rows = np.arange(block.shape[0])
+            chosen = block[rows, chosen_ids]
+            np.exp(block, out=block)
+            total = block.sum(axis=-1)
+            block[rows, chosen_ids] = 0.0
+            values[start : start + step] = chosen - np.log(total)
+            others[start : start + step] = np.log(block.sum(axis=-1)) - chosen
+        lower, upper = logprob_bounds(others, tolerance)
+    return LogprobBounds(values, lower, upper)
+
+
 def check_sampling(
     logits: npt.ArrayLike,
     completion_ids: Sequence[int],
@@ -211,11 +286,14 @@ def _batch_margins(
     seeds: Int64Array,
     positions: Int64Array,
     temperature: float,
-) -> npt.NDArray[np.float64]:
+    thresholds: Thresholds,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """:func:`sampling_margins` for the rows of many sequences stacked end to end (row-wise
-    identical), a bounded block of rows at a time: the logits are never copied whole."""
+    identical), a bounded block of rows at a time: the logits are never copied whole. Also
+    each row's sampling tolerance (score units), from the same block."""
     total = int(chosen.size)
     margins = np.empty(total, dtype=np.float64)
+    tolerances = np.empty(total, dtype=np.float64)
     offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
     vocab = arrays[0].shape[1]
     step = max(1, _MARGIN_CHUNK_ELEMENTS // vocab)
@@ -223,14 +301,16 @@ def _batch_margins(
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, total, step):
             stop = min(start + step, total)
-            scores = _stacked_rows(arrays, offsets, start, stop) / temperature
+            scores = _stacked_rows(arrays, offsets, start, stop)
+            tolerances[start:stop] = logit_tolerances(scores, thresholds) / temperature
+            scores /= temperature
             scores += gumbel_noise(seeds[start:stop], positions[start:stop], vocab)
             rows = np.arange(stop - start)
             ids = chosen[start:stop]
             chosen_score = scores[rows, ids]
             scores[rows, ids] = -np.inf
             margins[start:stop] = chosen_score - scores.max(axis=1)
-    return margins
+    return margins, tolerances
 
 
 def check_sampling_batch(
@@ -276,14 +356,19 @@ def check_sampling_batch(
     checked = np.repeat(~out_of_vocabulary, lengths)
     rows = np.flatnonzero(checked)
     margins = np.zeros(ids.size, dtype=np.float64)
+    tolerances = np.ones(ids.size, dtype=np.float64)
     if rows.size:
         kept = [z for z, skip in zip(arrays, out_of_vocabulary.tolist(), strict=True) if not skip]
         seed_rows = np.repeat(np.asarray(seeds, dtype=np.int64), lengths)[rows]
         positions = (np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths))[rows]
-        margins[rows] = _batch_margins(kept, ids[rows], seed_rows, positions, temperature)
+        margins[rows], tolerances[rows] = _batch_margins(
+            kept, ids[rows], seed_rows, positions, temperature, thresholds
+        )
     # Written so that NaN fails: a margin that is not a finite number >= -tolerance (logits that
-    # overflowed or hold NaN) proves nothing and must not pass.
-    violating = ~(np.isfinite(margins) & (margins >= -thresholds.sampling_tolerance))
+    # overflowed or hold NaN, or a NaN tolerance) proves nothing and must not pass.
+    violating = ~(np.isfinite(margins) & (margins >= -tolerances))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fractions = margins / tolerances
     violations = per_rollout(violating)
     first_violations = np.flatnonzero(violating)
     results: list[CheckResult] = []
@@ -305,22 +390,24 @@ def check_sampling_batch(
         if count:
             first = int(first_violations[np.searchsorted(first_violations, start)]) - start
         own = margins[start : start + length]
-        minimum = float(own.min()) if length else 0.0
-        final = float(own[-1]) if length else 0.0
+        figures: dict[str, Figure] = {
+            "min_margin": float(own.min()) if length else 0.0,
+            "final_margin": float(own[-1]) if length else 0.0,
+            "final_tolerance": float(tolerances[start + length - 1]) if length else 0.0,
+            "min_margin_fraction": (
+                float(fractions[start : start + length].min()) if length else 0.0
+            ),
+            "violations": count,
+            "tokens": length,
+        }
         non_finite = int(length - np.isfinite(own).sum())
-        results.append(_judge(minimum, final, non_finite, count, length, first))
+        results.append(_judge(figures, non_finite, count, first))
     return results
 
 
 def _judge(
-    minimum: float, final: float, non_finite: int, violations: int, tokens: int, first: int | None
+    figures: dict[str, Figure], non_finite: int, violations: int, first: int | None
 ) -> CheckResult:
-    figures: dict[str, Figure] = {
-        "min_margin": minimum,
-        "final_margin": final,
-        "violations": violations,
-        "tokens": tokens,
-    }
     if non_finite:
         figures["non_finite_margins"] = non_finite
     if first is not None:

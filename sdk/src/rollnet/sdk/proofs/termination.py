@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
 from rollnet.sdk.proofs.sampling import log_softmax
-from rollnet.sdk.proofs.thresholds import Thresholds
+from rollnet.sdk.proofs.thresholds import Thresholds, logprob_bounds, sampling_tolerances
 
 FINISH_EOS = "eos"
 """Finish reason: the last token is an end-of-sequence token."""
@@ -106,6 +106,25 @@ def eos_probabilities(
     return np.asarray(np.exp(logprobs[..., list(eos_token_ids)]).sum(axis=-1), dtype=np.float64)
 
 
+def eos_probability_bounds(
+    last_logits: npt.ArrayLike,
+    eos_token_ids: Collection[int],
+    temperature: float,
+    thresholds: Thresholds,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per row of logits ``[N, V]``: the EOS set's probability at ``temperature`` and the highest
+    probability an honest worker's logits could have given it under the error model
+    (:func:`~rollnet.sdk.proofs.thresholds.logprob_bounds`, every EOS logit raised by the
+    row's tolerance against every other token)."""
+    rows = np.atleast_2d(np.asarray(last_logits, dtype=np.float64))
+    probability = eos_probabilities(rows, eos_token_ids, temperature)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # L = log(P(not EOS) / P(EOS)); log1p keeps a small EOS probability exact.
+        others = np.log1p(-probability) - np.log(probability)
+        _, upper = logprob_bounds(others, sampling_tolerances(rows, temperature, thresholds))
+    return probability, np.exp(np.minimum(upper, 0.0))
+
+
 def check_termination(
     completion_ids: Sequence[int],
     *,
@@ -116,20 +135,26 @@ def check_termination(
     temperature: float,
     thresholds: Thresholds,
     eos_probability: float | None = None,
+    eos_probability_upper: float | None = None,
     eos_margin: float | None = None,
 ) -> CheckResult:
     """The rollout ends with a probable EOS, or at exactly the length limit; no EOS before the end.
 
     ``last_logits`` are the validator's logits [V] at the row that chose the final token;
-    ``eos_probability``, when given, is :func:`eos_probabilities` of them, computed in advance
-    (for many rollouts at once) and used instead.
+    ``eos_probability`` and ``eos_probability_upper``, when given, are
+    :func:`eos_probability_bounds` of them, computed in advance (for many rollouts at once) and
+    used instead.
 
     ``eos_margin`` is the final token's seeded Gumbel-max margin from the sampling check, when
-    known. A final EOS that won that draw by at least the sampling tolerance was sampled, and
-    honest sampling draws an EOS of any probability now and then: the probability floor then
-    does not apply (it would reject honest rollouts at a rate of up to one per
+    known. A final EOS that won that draw by at least its row's sampling tolerance
+    (:func:`~rollnet.sdk.proofs.thresholds.sampling_tolerances`) was sampled, and honest
+    sampling draws an EOS of any probability now and then: the probability floor then does not
+    apply (it would reject honest rollouts at a rate of up to one per
     ``1 / min_eos_probability`` EOS draws). It applies where the sampling check cannot tell
-    (the EOS won within the tolerance, or no margin is given).
+    (the EOS won within the tolerance, or no margin is given), to the highest EOS probability
+    the error model allows: an EOS the worker's logits made probable enough is not rejected
+    because the validator's, within honest noise, make it less so (at a tiny temperature that
+    noise moves probabilities by orders of magnitude).
     """
     length = len(completion_ids)
     figures: dict[str, Figure] = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
@@ -147,15 +172,18 @@ def check_termination(
         return fail(Reason.EOS_BEFORE_END, "EOS inside the completion")
     ends_with_eos = completion_ids[-1] in eos_token_ids
     if ends_with_eos:
-        if eos_probability is None:
-            eos_probability = float(eos_probabilities(last_logits, eos_token_ids, temperature))
-        eos_prob = eos_probability
-        figures["eos_probability"] = eos_prob
+        if eos_probability is None or eos_probability_upper is None:
+            low, high = eos_probability_bounds(last_logits, eos_token_ids, temperature, thresholds)
+            eos_probability, eos_probability_upper = float(low[0]), float(high[0])
+        figures["eos_probability"] = eos_probability
+        figures["eos_probability_upper"] = eos_probability_upper
         if finish_reason != FINISH_EOS:
             return fail(Reason.FINISH_REASON_MISMATCH, "ends with EOS but claims another reason")
-        sampled = eos_margin is not None and eos_margin >= thresholds.sampling_tolerance
-        # Written so that NaN fails (an EOS probability that is not a number proves nothing).
-        if not sampled and not eos_prob >= thresholds.min_eos_probability:
+        tolerance = float(sampling_tolerances(last_logits, temperature, thresholds))
+        # Written so that NaN fails (a margin, tolerance or probability that is not a number
+        # proves nothing).
+        sampled = eos_margin is not None and eos_margin >= tolerance
+        if not sampled and not eos_probability_upper >= thresholds.min_eos_probability:
             return fail(Reason.EOS_IMPROBABLE, "final EOS is improbable under the model")
         return CheckResult(CheckName.TERMINATION, True, None, figures)
     if length < max_new_tokens:

@@ -12,7 +12,7 @@ from rollnet.sdk.proofs.assigned import check_assigned_data
 from rollnet.sdk.proofs.binding import LeaseBinding, check_binding
 from rollnet.sdk.proofs.report import CheckResult, VerificationReport
 from rollnet.sdk.proofs.sampling import check_sampling_batch
-from rollnet.sdk.proofs.termination import check_termination, eos_probabilities
+from rollnet.sdk.proofs.termination import check_termination, eos_probability_bounds
 from rollnet.sdk.proofs.thresholds import Thresholds
 from rollnet.sdk.proofs.toploc import check_toploc_batch
 
@@ -108,11 +108,13 @@ def verify_rollouts(
             key = (assignment.temperature, assignment.eos_token_ids)
             eos_groups.setdefault(key, []).append(number)
     eos_probability: dict[int, float] = {}
+    eos_probability_upper: dict[int, float] = {}
     for (temperature, eos_ids), numbers in eos_groups.items():
         if len({scores[n].shape[1] for n in numbers}) == 1:
             last = np.stack([scores[n][-1] for n in numbers])
-            probabilities = eos_probabilities(last, eos_ids, temperature).tolist()
-            eos_probability.update(zip(numbers, probabilities, strict=True))
+            low, high = eos_probability_bounds(last, eos_ids, temperature, thresholds)
+            eos_probability.update(zip(numbers, low.tolist(), strict=True))
+            eos_probability_upper.update(zip(numbers, high.tolist(), strict=True))
     reports = []
     for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
         length = len(claim.completion_ids)
@@ -136,6 +138,7 @@ def verify_rollouts(
             temperature=assignment.temperature,
             thresholds=thresholds,
             eos_probability=eos_probability.get(number),
+            eos_probability_upper=eos_probability_upper.get(number),
             eos_margin=_final_margin(sampling[number]),
         )
         reports.append(
