@@ -202,14 +202,19 @@ async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> N
     assert outcome.reject_reason == "COMMITMENT_DIGEST_MISMATCH"
 
 
-async def test_rollouts_rebound_to_another_lease_fail_sampling(bench: Bench) -> None:
-    # Another node's valid tokens and proofs, re-signed for the thief's own lease with the
-    # thief's derived seeds: binding holds, but the tokens were not drawn with those seeds.
+async def test_rollouts_rebound_to_another_task_fail_sampling(bench: Bench) -> None:
+    # Another node's valid tokens and proofs, re-signed for the thief's own lease on another
+    # task with the same prompts (a fresh copy after a reject, another demand) with that task's
+    # seeds: binding holds, but the tokens were not drawn with those seeds. (On the same task
+    # the seeds are the same; the coordinator's duplicate index refuses that copy instead.)
     task, lease, rollouts = await generate(bench, None)
-    thief = LeaseBinding(lease.network_id, "thief", lease.task_id, "thief-lease", 2)
+    copy = task_pb2.Task()
+    copy.CopyFrom(task)
+    copy.task_id = task.task_id + "-copy"
+    thief = LeaseBinding(lease.network_id, "thief", copy.task_id, "thief-lease", 2)
     for index, rollout in enumerate(rollouts):
-        rollout.sampling_seed = derive_sampling_seed(thief, index)
-    job, blob = seal_job(task, thief, rollouts)
+        rollout.sampling_seed = derive_sampling_seed(thief.network_id, thief.task_id, index)
+    job, blob = seal_job(copy, thief, rollouts)
     outcome = judge(bench, job, blob)
     assert outcome.failed_checks == {"sampling"}
     assert outcome.reject_reason == "TOKEN_NOT_SAMPLED"
