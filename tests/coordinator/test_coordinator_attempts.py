@@ -227,6 +227,12 @@ async def test_copies_are_refused_and_honest_repeats_are_not(
         # rejected task's fresh copy (and anyone) may produce it honestly.
         verdict = await judge_next_job(validator, accept=False, reason="TOKEN_NOT_SAMPLED")
         assert verdict.verdict.commitment_id == original_id
+        rejected = await coordinator.ctx.run_read(
+            lambda s: [
+                (x.node_id, x.outcome, x.reason) for x in attempts_of_task(s, first.task.task_id)
+            ]
+        )
+        assert rejected == [(original.node_id, AttemptOutcome.REJECTED, "TOKEN_NOT_SAMPLED")]
         fresh = await _lease(c)
         repeat = _with_completion(
             make_work(third, fresh.task, fresh.lease), 0, IMPROBABLE, IMPROBABLE_LOGPROBS

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import bindparam, or_, select, type_coerce
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
 from rollnet.ledger.enums import TaskState
-from rollnet.ledger.models import Commitment, RolloutFingerprint, Task
+from rollnet.ledger.models import Commitment, RolloutFingerprint, Task, table_of
+from rollnet.ledger.prepared import Prepared, prepared_insert
 
 #: Task states whose commitments count as originals: not rejected, not failed.
 _LIVE_STATES = (TaskState.SUBMITTED, TaskState.VALIDATING, TaskState.ACCEPTED)
@@ -50,12 +52,11 @@ class Original:
 def record_fingerprints(
     session: Session, commitment_id: str, node_id: str, prints: Sequence[Fingerprint]
 ) -> None:
-    """Index the rollouts of a commitment just recorded."""
-    if not prints:
-        return
-    session.execute(
-        insert(RolloutFingerprint),
-        [
+    """Index the rollouts of a commitment just recorded (one prepared INSERT a rollout: on the
+    commitment's hot path, ~10 times cheaper than an ORM executemany)."""
+    for p in prints:
+        _INSERT.run(
+            session,
             {
                 "commitment_id": commitment_id,
                 "rollout_index": p.rollout_index,
@@ -63,10 +64,8 @@ def record_fingerprints(
                 "tokens_blake3": p.tokens_blake3,
                 "completion_blake3": p.completion_blake3,
                 "logprob_sum": p.logprob_sum,
-            }
-            for p in prints
-        ],
-    )
+            },
+        )
 
 
 def find_originals(session: Session, prints: Sequence[Fingerprint]) -> list[Original]:
@@ -74,34 +73,48 @@ def find_originals(session: Session, prints: Sequence[Fingerprint]) -> list[Orig
     digest with ``prints`` (two index probes per rollout)."""
     if not prints:
         return []
-    tokens = sorted({p.tokens_blake3 for p in prints})
-    completions = sorted({p.completion_blake3 for p in prints})
-    fp = RolloutFingerprint
-    rows = session.execute(
-        select(
-            fp.commitment_id,
-            fp.node_id,
-            fp.rollout_index,
-            fp.tokens_blake3,
-            fp.completion_blake3,
-            fp.logprob_sum,
-        )
-        .join(Commitment, Commitment.id == fp.commitment_id)
-        .join(Task, Task.id == Commitment.task_id)
-        .where(
-            or_(fp.tokens_blake3.in_(tokens), fp.completion_blake3.in_(completions)),
-            Task.state.in_(_LIVE_STATES),
-        )
-        .order_by(fp.commitment_id, fp.rollout_index)
-    ).all()
+    rows = _FIND.rows(
+        session,
+        {
+            "tokens": sorted({p.tokens_blake3 for p in prints}),
+            "completions": sorted({p.completion_blake3 for p in prints}),
+            "live": list(_LIVE_STATES),
+        },
+    )
     return [
         Original(
-            commitment_id=row.commitment_id,
-            node_id=row.node_id,
-            rollout_index=int(row.rollout_index),
-            tokens_blake3=bytes(row.tokens_blake3),
-            completion_blake3=bytes(row.completion_blake3),
-            logprob_sum=float(row.logprob_sum),
+            commitment_id=str(commitment_id),
+            node_id=str(node_id),
+            rollout_index=int(rollout_index),
+            tokens_blake3=bytes(tokens),
+            completion_blake3=bytes(completion),
+            logprob_sum=float(logprob_sum),
         )
-        for row in rows
+        for commitment_id, node_id, rollout_index, tokens, completion, logprob_sum in rows
     ]
+
+
+_FINGERPRINTS = table_of(RolloutFingerprint)
+_INSERT = prepared_insert(_FINGERPRINTS)
+_FIND = Prepared(
+    select(
+        _FINGERPRINTS.c.commitment_id,
+        _FINGERPRINTS.c.node_id,
+        _FINGERPRINTS.c.rollout_index,
+        _FINGERPRINTS.c.tokens_blake3,
+        _FINGERPRINTS.c.completion_blake3,
+        # Untyped: the driver returns a float on both engines, and psycopg's Float result
+        # processor cannot be built without a cursor (Prepared builds them ahead).
+        type_coerce(_FINGERPRINTS.c.logprob_sum, NullType()),
+    )
+    .join(Commitment, Commitment.id == _FINGERPRINTS.c.commitment_id)
+    .join(Task, Task.id == Commitment.task_id)
+    .where(
+        or_(
+            _FINGERPRINTS.c.tokens_blake3.in_(bindparam("tokens", expanding=True)),
+            _FINGERPRINTS.c.completion_blake3.in_(bindparam("completions", expanding=True)),
+        ),
+        Task.state.in_(bindparam("live", expanding=True)),
+    )
+    .order_by(_FINGERPRINTS.c.commitment_id, _FINGERPRINTS.c.rollout_index)
+)

@@ -57,6 +57,11 @@ def fingerprint(index: int, rollout: rollout_pb2.Rollout) -> Fingerprint:
     )
 
 
+def fingerprints(batch: rollout_pb2.RolloutBatch) -> list[Fingerprint]:
+    """The fingerprint of every rollout of ``batch``, in order."""
+    return [fingerprint(index, rollout) for index, rollout in enumerate(batch.rollouts)]
+
+
 def find_copies(prints: Sequence[Fingerprint], originals: Sequence[Original]) -> list[Copy]:
     """The rollouts of ``prints`` that are copies of ``originals`` or of an earlier rollout of
     the same batch, in rollout order (at most one finding per rollout)."""
