@@ -111,10 +111,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_COMMITMENT_NOT_FOUND: _ErrorReason.ValueType  # 62
     """NOT_FOUND: the commitment does not exist."""
     ERROR_REASON_ROLLOUT_DUPLICATE: _ErrorReason.ValueType  # 63
-    """ALREADY_EXISTS: a rollout repeats, token for token, an improbable completion already
-    committed (by any node, in work not rejected) or earlier in the same batch: a copy. The
-    message names the rollout index and the original; the lease is taken back
-    (docs/verification.md, "Copies across identities").
+    """A rollout repeats, token for token, an improbable completion already committed (by any
+    node, in work not rejected) or earlier in the same batch. The message names the rollout
+    index and the original; the lease is taken back (docs/verification.md, "Copies across
+    identities").
+    ALREADY_EXISTS: a rollout is a copy of an improbable completion already committed.
     """
     ERROR_REASON_JOB_NOT_FOUND: _ErrorReason.ValueType  # 70
     """NOT_FOUND: the validation job does not exist or is not leased by the caller."""
@@ -225,10 +226,11 @@ ERROR_REASON_ROLLOUT_BATCH_INVALID: ErrorReason.ValueType  # 61
 ERROR_REASON_COMMITMENT_NOT_FOUND: ErrorReason.ValueType  # 62
 """NOT_FOUND: the commitment does not exist."""
 ERROR_REASON_ROLLOUT_DUPLICATE: ErrorReason.ValueType  # 63
-"""ALREADY_EXISTS: a rollout repeats, token for token, an improbable completion already
-committed (by any node, in work not rejected) or earlier in the same batch: a copy. The
-message names the rollout index and the original; the lease is taken back
-(docs/verification.md, "Copies across identities").
+"""A rollout repeats, token for token, an improbable completion already committed (by any
+node, in work not rejected) or earlier in the same batch. The message names the rollout
+index and the original; the lease is taken back (docs/verification.md, "Copies across
+identities").
+ALREADY_EXISTS: a rollout is a copy of an improbable completion already committed.
 """
 ERROR_REASON_JOB_NOT_FOUND: ErrorReason.ValueType  # 70
 """NOT_FOUND: the validation job does not exist or is not leased by the caller."""
