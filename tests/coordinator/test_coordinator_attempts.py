@@ -277,3 +277,34 @@ async def test_a_task_re_leased_after_a_give_back_is_not_a_copy(
         for client in (trainer, one, two):
             await client.close()
         await coordinator.stop(grace=0.5)
+
+
+async def test_seeds_other_than_the_tasks_are_refused_at_intake(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    # Unchecked work is credited, so the coordinator checks the seeds itself: a worker on the
+    # former lease-derived rule (or choosing its own) is refused, told the expected derivation.
+    coordinator = await _started(coordinator_config)
+    worker = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    client = connect(coordinator.address, worker)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1)
+        await request_tasks(trainer, 1, samples_per_prompt=2)
+        pulled = await _lease(client)
+        work = make_work(worker, pulled.task, pulled.lease)
+        expected = work.rollouts[1].sampling_seed
+        work.rollouts[1].sampling_seed = expected ^ 1
+        batch = rollout_pb2.RolloutBatch.FromString(work.batch)
+        batch.rollouts[1].sampling_seed = expected ^ 1
+        work.batch = batch.SerializeToString()
+        refused = await _refused(client, worker, work)
+        assert refused.reason == ErrorReason.ROLLOUT_BATCH_INVALID
+        assert f"rollouts[1].sampling_seed is not the task's seed {expected}" in refused.message
+        assert "rollnet/v1/task-sampling-seed" in refused.message
+    finally:
+        for c in (trainer, client):
+            await c.close()
+        await coordinator.stop(grace=0.5)

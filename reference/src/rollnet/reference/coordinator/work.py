@@ -67,7 +67,7 @@ from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.binding import SEED_DOMAIN, derive_sampling_seed, proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -472,6 +472,7 @@ class WorkDesk:
             problems.append("commitment lists a different number of rollouts than the batch")
         max_new_tokens = int(spec["max_new_tokens"])
         samples = int(spec["samples_per_prompt"])
+        network_id, task_id = self.ctx.config.network_id, request.task_id
         prompt_tokens: list[int] | None = spec.get(PROMPT_TOKENS)
         for index, (rollout, digest) in enumerate(
             zip(batch.rollouts, request.rollouts, strict=False)
@@ -500,6 +501,14 @@ class WorkDesk:
                 problems.append(f"rollouts[{index}].proof_blake3 does not match the batch")
             if rollout.sampling_seed != digest.sampling_seed:
                 problems.append(f"rollouts[{index}].sampling_seed does not match the batch")
+            elif rollout.sampling_seed != derive_sampling_seed(network_id, task_id, index):
+                # Checked here too, not only by a validator: unchecked work is credited.
+                problems.append(
+                    f"rollouts[{index}].sampling_seed is not the task's seed "
+                    f"{derive_sampling_seed(network_id, task_id, index)}: BLAKE3("
+                    f'"{SEED_DOMAIN}", network id, task id, rollout index)[:8] >> 1 '
+                    "(docs/verification.md, Binding)"
+                )
             if len(rollout.completion_token_ids) != digest.completion_tokens:
                 problems.append(f"rollouts[{index}].completion_tokens does not match the batch")
             if len(problems) > 8:
