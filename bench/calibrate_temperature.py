@@ -231,7 +231,7 @@ def run_honest(
             generation.completion_ids,
             finish_reason=generation.finish_reason,
             proof=generation.proof,
-            seed=derive_sampling_seed(lease_binding, index),
+            seed=derive_sampling_seed(lease_binding.network_id, lease_binding.task_id, index),
             lease_binding=lease_binding,
             rollout_index=index,
         )

@@ -39,7 +39,7 @@ from google.protobuf import duration_pb2
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.sdk import Identity, RequestSigner
 from rollnet.sdk.commitments import batch_binding_digest
-from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -558,7 +558,7 @@ def _cycle_messages(
                 prompt_token_ids=[1, 2, 3],
                 completion_token_ids=[4, 5],
                 behaviour_logprobs=[-0.5, -0.5],
-                sampling_seed=1,
+                sampling_seed=derive_sampling_seed(NETWORK, task_id, 0),
                 finish_reason=rollout_pb2.FINISH_REASON_EOS,
             )
         ],
@@ -572,7 +572,9 @@ def _cycle_messages(
         rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
         rollouts=[
             commitment_pb2.RolloutDigest(
-                sampling_seed=1, proof_blake3=proof_digest(b""), completion_tokens=2
+                sampling_seed=derive_sampling_seed(NETWORK, task_id, 0),
+                proof_blake3=proof_digest(b""),
+                completion_tokens=2,
             )
         ],
         binding_digest=batch_binding_digest(

@@ -309,7 +309,7 @@ def generate_jobs(
         problems = [environment.prompt(int(p)) for p in task.prompt_ids]
         prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
         slots = [(p, s) for p in range(args.prompts) for s in range(args.samples)]
-        seeds = [derive_sampling_seed(lease, index) for index in range(len(slots))]
+        seeds = [derive_sampling_seed(NETWORK, task.task_id, index) for index in range(len(slots))]
         generations = worker.generate(
             [prompts[p] for p, _ in slots],
             SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seeds=seeds),

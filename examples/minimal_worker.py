@@ -266,8 +266,9 @@ def domain_digest(domain: str, *fields: str | bytes | int) -> bytes:
     return digest
 
 
-def sampling_seed(network: str, node: str, task: str, lease: str, token: int, index: int) -> int:
-    digest = domain_digest("rollnet/v1/sampling-seed", network, node, task, lease, token, index)
+def sampling_seed(network: str, task: str, index: int) -> int:
+    """verification.md, *Binding*: the seed depends on the task, never on who leases it."""
+    digest = domain_digest("rollnet/v1/task-sampling-seed", network, task, index)
     return int.from_bytes(digest[:8], "big") >> 1
 
 
@@ -798,14 +799,7 @@ class Worker:
             prompt_id = task.prompt_ids[prompt_index]
             prompt, answer, target = arithmetic_problem(config, prompt_id)
             prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-            seed = sampling_seed(
-                self.network_id,
-                self.key.node_id,
-                task.task_id,
-                lease.lease_id,
-                lease.fencing_token,
-                i,
-            )
+            seed = sampling_seed(self.network_id, task.task_id, i)
             completion, logprobs, hidden = await asyncio.to_thread(
                 generate, model, prompt_ids, seed, temperature, task.sampling.max_new_tokens, eos
             )

@@ -196,13 +196,18 @@ def lease_json(lease: LeaseBinding) -> dict[str, Any]:
 def binding() -> dict[str, Any]:
     proof = bytes([1, 2])
     blob = bytes(range(32))
-    seed = derive_sampling_seed(LEASE, 0)
+    seed = derive_sampling_seed(LEASE.network_id, LEASE.task_id, 0)
     return {
         "spec": "docs/verification.md, Binding: byte layout",
         "sampling_seeds": {
-            "lease": lease_json(LEASE),
+            "note": "rollnet/v1/task-sampling-seed: network id, task id, rollout index only",
+            "network_id": LEASE.network_id,
+            "task_id": LEASE.task_id,
             "seeds": [
-                {"rollout_index": index, "seed": str(derive_sampling_seed(LEASE, index))}
+                {
+                    "rollout_index": index,
+                    "seed": str(derive_sampling_seed(LEASE.network_id, LEASE.task_id, index)),
+                }
                 for index in (0, 1, 2, 63)
             ],
         },
@@ -350,7 +355,6 @@ def rollout_batch() -> dict[str, Any]:
         compute_dtype=common_pb2.COMPUTE_DTYPE_FLOAT32,
     )
     lease = task_pb2.Lease(lease_id="lease-7", fencing_token=2)
-    binding_ = LeaseBinding(NETWORK, worker.node_id, task.task_id, lease.lease_id, 2)
     proof = build_proof(stream_floats("rollnet toploc rollout", 40 * 4, 8.0).reshape(40, 4))
     rollouts = []
     for index in range(4):
@@ -364,7 +368,7 @@ def rollout_batch() -> dict[str, Any]:
                 prompt_token_ids=[21, 22, 23, 24],
                 completion_token_ids=completion,
                 behaviour_logprobs=[-0.5] * len(completion),
-                sampling_seed=derive_sampling_seed(binding_, index),
+                sampling_seed=derive_sampling_seed(NETWORK, task.task_id, index),
                 finish_reason=(
                     rollout_pb2.FINISH_REASON_LENGTH
                     if index == 3

@@ -33,7 +33,7 @@ from rollnet.sdk import (
 )
 from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -215,7 +215,9 @@ def make_work(
             prompt_token_ids=prompts[prompt_index],
             completion_token_ids=[4, 5, 0],
             behaviour_logprobs=[-0.1, -0.2, -0.3],
-            sampling_seed=7 + sample,
+            sampling_seed=derive_sampling_seed(
+                NETWORK, task.task_id, prompt_index * task.samples_per_prompt + sample
+            ),
             finish_reason=rollout_pb2.FINISH_REASON_EOS,
             toploc_proof=b"\x00" * 258,
         )

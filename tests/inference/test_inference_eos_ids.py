@@ -209,7 +209,7 @@ def test_an_eos_at_exactly_the_length_limit_is_eos_for_worker_and_validator(
     eos = backend.eos_token_ids
     lease = LeaseBinding("rollnet-test", "node-a", "task-1", "lease-1", 1)
     count, limit, prompt = 48, 3, [30, 31, 32]
-    seeds = [derive_sampling_seed(lease, index) for index in range(count)]
+    seeds = [derive_sampling_seed(lease.network_id, lease.task_id, index) for index in range(count)]
     generations = backend.generate(
         [prompt] * count, SamplingParams(temperature=1.0, max_new_tokens=limit, seeds=seeds)
     )

@@ -36,6 +36,8 @@ EXPECTED_TABLES = {
     "step_rewards",
     "idempotency_records",
     "request_nonces",
+    "task_attempts",
+    "rollout_fingerprints",
 }
 
 

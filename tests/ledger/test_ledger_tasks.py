@@ -14,6 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import LeaseOutcome, NewTask, TaskState, lease_next_task, submit_task
+from rollnet.ledger.attempts import attempts_of_node, attempts_of_task
+from rollnet.ledger.enums import AttemptOutcome
 from rollnet.ledger.tasks import (
     _CANDIDATES,
     LeaseRequest,
@@ -412,3 +414,63 @@ def test_a_large_demand_leaves_postgres_leasing_by_index(
         plan = "\n".join(row[0] for row in session.execute(text(f"EXPLAIN {sql}")))
     assert "Index Scan using ix_tasks_state_created_at_id" in plan, plan
     assert "Sort" not in plan, plan
+
+
+def test_every_lease_that_ends_without_credit_is_recorded(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    worker, other = add_nodes(2)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(1), now=T0)
+        first = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+        assert first is not None
+        assert (
+            give_back_task(
+                session,
+                task_id=first.task_id,
+                lease_id=first.lease_id,
+                fencing_token=first.fencing_token,
+                node_id=worker,
+                now=T0,
+                max_attempts=5,
+                reason="FAIL_REASON_DEADLINE",
+                detail="x" * 500,
+            )
+            is LeaseOutcome.OK
+        )
+        second = lease_next_task(session, node_id=other, now=T0, lease_duration=LEASE)
+        assert second is not None
+        late = T0 + 2 * LEASE
+        expired = requeue_expired_leases(session, now=late, max_attempts=5)
+        assert [e.lease_id for e in expired.ended] == [second.lease_id]
+        third = lease_next_task(session, node_id=worker, now=late, lease_duration=LEASE)
+        assert third is not None
+        taken = requeue_leases_of_node(session, worker, now=late, max_attempts=5)
+        assert [(e.node_id, e.fencing_token) for e in taken.ended] == [(worker, 3)]
+        # A failed give-back (the lease is gone) records nothing.
+        assert (
+            give_back_task(
+                session,
+                task_id=third.task_id,
+                lease_id=third.lease_id,
+                fencing_token=third.fencing_token,
+                node_id=worker,
+                now=late,
+                max_attempts=5,
+            )
+            is not LeaseOutcome.OK
+        )
+        rows = [
+            (a.node_id, a.lease_id, a.fencing_token, a.outcome, a.reason, len(a.detail), a.ended_at)
+            for a in attempts_of_task(session, first.task_id)
+        ]
+        assert rows == [
+            (worker, first.lease_id, 1, AttemptOutcome.GIVEN_BACK, "FAIL_REASON_DEADLINE", 200, T0),
+            (other, second.lease_id, 2, AttemptOutcome.EXPIRED, "", 0, late),
+            (worker, third.lease_id, 3, AttemptOutcome.TAKEN_BACK, "", 0, late),
+        ]
+        assert attempts_of_node(session, worker) == {
+            AttemptOutcome.GIVEN_BACK: 1,
+            AttemptOutcome.TAKEN_BACK: 1,
+        }
+        assert attempts_of_node(session, worker, since=late) == {AttemptOutcome.TAKEN_BACK: 1}

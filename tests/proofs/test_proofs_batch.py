@@ -172,7 +172,7 @@ def test_verify_rollouts_equals_verify_rollout() -> None:
     for index in range(12):
         length = int(rng.integers(1, 70))
         z = rng.standard_normal((length, VOCAB)).astype(np.float32)
-        seed = derive_sampling_seed(lease, index)
+        seed = derive_sampling_seed(lease.network_id, lease.task_id, index)
         ids = sampling.gumbel_scores(z, seed, 1.0).argmax(axis=1).tolist()
         ids = [t if t != EOS else 1 for t in ids[:-1]] + [EOS if index % 2 else 5]
         h = rng.standard_normal((length, 64)).astype(np.float32)

@@ -38,23 +38,40 @@ def test_domain_digest_is_blake3_of_the_encoding() -> None:
     assert binding.domain_digest("rollnet/v1/x", [7, "y"]) == expected
 
 
-def test_seed_is_derived_from_every_lease_field_and_the_index() -> None:
-    seed = binding.derive_sampling_seed(LEASE, 0)
+def _seed(lease: binding.LeaseBinding, index: int) -> int:
+    return binding.derive_sampling_seed(lease.network_id, lease.task_id, index)
+
+
+def test_seed_is_derived_from_network_task_and_index_only() -> None:
+    seed = _seed(LEASE, 0)
     assert 0 <= seed < 2**63
-    assert seed == binding.derive_sampling_seed(LEASE, 0)
-    assert seed != binding.derive_sampling_seed(LEASE, 1)
+    assert seed == _seed(LEASE, 0)
+    assert seed != _seed(LEASE, 1)
     for field in dataclasses.fields(LEASE):
         value: Any = getattr(LEASE, field.name)
         new_value: Any = value + 1 if isinstance(value, int) else value + "x"
         changed = dataclasses.replace(LEASE, **{field.name: new_value})
-        assert binding.derive_sampling_seed(changed, 0) != seed, field.name
+        # Who leases the task, and how often, cannot change its seeds: no re-rolling.
+        if field.name in ("network_id", "task_id"):
+            assert _seed(changed, 0) != seed, field.name
+        else:
+            assert _seed(changed, 0) == seed, field.name
+    expected = blake3.blake3(
+        binding.encode_field("rollnet/v1/task-sampling-seed")
+        + binding.encode_field(LEASE.network_id)
+        + binding.encode_field(LEASE.task_id)
+        + binding.encode_field(0)
+    ).digest()
+    assert seed == int.from_bytes(expected[:8], "big") >> 1
+    with pytest.raises(ValueError, match="rollout_index"):
+        binding.derive_sampling_seed(LEASE.network_id, LEASE.task_id, -1)
 
 
 def _digest(**overrides: object) -> bytes:
     args: dict[str, object] = {
         "blob_blake3": BLOB,
         "rollout_index": 0,
-        "sampling_seed": binding.derive_sampling_seed(LEASE, 0),
+        "sampling_seed": _seed(LEASE, 0),
         "prompt_ids": [1, 2],
         "completion_ids": [3, 4],
         "proof": b"p",
@@ -93,12 +110,21 @@ def _check(lease: binding.LeaseBinding, seed: int, digest: bytes) -> proofs.Chec
 
 
 def test_check_binding_reasons() -> None:
-    seed = binding.derive_sampling_seed(LEASE, 0)
+    seed = _seed(LEASE, 0)
     assert _check(LEASE, seed, _digest()).passed
     stolen = _check(dataclasses.replace(LEASE, node_id="thief"), seed, _digest())
     assert stolen.reason is Reason.COMMITMENT_DIGEST_MISMATCH
     chosen_seed = _check(LEASE, 5, _digest(sampling_seed=5))
     assert chosen_seed.reason is Reason.SEED_NOT_DERIVED
+    # The message says what the expected derivation is, for a worker on the old rule.
+    assert "rollnet/v1/task-sampling-seed" in chosen_seed.detail
+    old_rule = binding.domain_digest(
+        "rollnet/v1/sampling-seed",
+        [LEASE.network_id, LEASE.node_id, LEASE.task_id, LEASE.lease_id, LEASE.fencing_token, 0],
+    )
+    old_seed = int.from_bytes(old_rule[:8], "big") >> 1
+    old = _check(LEASE, old_seed, _digest(sampling_seed=old_seed))
+    assert old.reason is Reason.SEED_NOT_DERIVED
 
 
 def test_assigned_data() -> None:
@@ -173,7 +199,7 @@ def test_an_honestly_sampled_improbable_eos_is_accepted() -> None:
     vocab, eos, rows = 40, 0, 300_000
     logits = rng.standard_normal((rows, vocab))
     logits[:, eos] = -6.0
-    seed = binding.derive_sampling_seed(LEASE, 0)
+    seed = _seed(LEASE, 0)
     winners = np.argmax(proofs.gumbel_scores(logits, seed, 1.0), axis=1)
     end = int(np.flatnonzero(winners == eos)[0])
     completion = winners[: end + 1].tolist()
@@ -207,7 +233,7 @@ def test_verify_rollout_end_to_end_on_synthetic_tensors() -> None:
     prompt = [1, 2, 3]
     logits = rng.standard_normal((40, 10)).astype(np.float32) * 3
     hidden = rng.standard_normal((40, 64)).astype(np.float32)
-    seed = binding.derive_sampling_seed(LEASE, 2)
+    seed = _seed(LEASE, 2)
     tokens = proofs.gumbel_scores(logits, seed, 1.0).argmax(axis=1)
     tokens[tokens == 0] = 1  # keep EOS (id 0) out; fix the logits so these still win
     logits[np.arange(40), tokens] += 100
@@ -263,8 +289,8 @@ def test_public_exports() -> None:
 def test_golden_vectors_documented_in_verification_md() -> None:
     # docs/verification.md quotes these values; a change here is a protocol change.
     lease = binding.LeaseBinding("rollnet-main", "node-a", "task-1", "lease-1", 3)
-    seed = binding.derive_sampling_seed(lease, 0)
-    assert seed == 3189537440843486103
+    seed = _seed(lease, 0)
+    assert seed == 6915462183822903976
     assert (
         binding.tokens_digest([1, 2, 3], [4, 5]).hex()
         == "76672e1c2e5410fe7538ae47fe415cb409d0ca9058a8317686604a50e0c8bfec"
@@ -278,7 +304,7 @@ def test_golden_vectors_documented_in_verification_md() -> None:
         completion_ids=[4, 5],
         proof=b"\x01\x02",
     )
-    assert digest.hex() == "a36fdc5e6ec6ddd311b93c087fdfee5b02b2e2acefcdfc3c7e8abedb11d98584"
+    assert digest.hex() == "bd090591302f0fd0458ff79eef4c60213dcafa3884025358dda2d3488afef49e"
     assert proofs.noise_bits([42], [7], 4)[0].tolist() == [
         0x9EA086CB,
         0x53881BF6,

@@ -144,9 +144,8 @@ def test_request_signing(vectors: dict[str, Any]) -> None:
 def test_binding_digests_and_seeds(vectors: dict[str, Any]) -> None:
     section = vectors["binding"]
     seeds = section["sampling_seeds"]
-    lease = lease_of(seeds["lease"])
     for item in seeds["seeds"]:
-        seed = derive_sampling_seed(lease, item["rollout_index"])
+        seed = derive_sampling_seed(seeds["network_id"], seeds["task_id"], item["rollout_index"])
         assert str(seed) == item["seed"]
         assert seed < 2**63
     tokens = section["tokens_digest"]

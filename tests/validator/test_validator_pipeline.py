@@ -202,14 +202,19 @@ async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> N
     assert outcome.reject_reason == "COMMITMENT_DIGEST_MISMATCH"
 
 
-async def test_rollouts_rebound_to_another_lease_fail_sampling(bench: Bench) -> None:
-    # Another node's valid tokens and proofs, re-signed for the thief's own lease with the
-    # thief's derived seeds: binding holds, but the tokens were not drawn with those seeds.
+async def test_rollouts_rebound_to_another_task_fail_sampling(bench: Bench) -> None:
+    # Another node's valid tokens and proofs, re-signed for the thief's own lease on another
+    # task with the same prompts (a fresh copy after a reject, another demand) with that task's
+    # seeds: binding holds, but the tokens were not drawn with those seeds. (On the same task
+    # the seeds are the same; the coordinator's duplicate index refuses that copy instead.)
     task, lease, rollouts = await generate(bench, None)
-    thief = LeaseBinding(lease.network_id, "thief", lease.task_id, "thief-lease", 2)
+    copy = task_pb2.Task()
+    copy.CopyFrom(task)
+    copy.task_id = task.task_id + "-copy"
+    thief = LeaseBinding(lease.network_id, "thief", copy.task_id, "thief-lease", 2)
     for index, rollout in enumerate(rollouts):
-        rollout.sampling_seed = derive_sampling_seed(thief, index)
-    job, blob = seal_job(task, thief, rollouts)
+        rollout.sampling_seed = derive_sampling_seed(thief.network_id, thief.task_id, index)
+    job, blob = seal_job(copy, thief, rollouts)
     outcome = judge(bench, job, blob)
     assert outcome.failed_checks == {"sampling"}
     assert outcome.reject_reason == "TOKEN_NOT_SAMPLED"
@@ -408,7 +413,19 @@ async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
     longest = max(len(r.completion_token_ids) for r in rollouts)
     monkeypatch.setattr(pipeline, "LOGITS_BUDGET", longest * backend.vocab_size)
     grouped = judge(bench, job, blob)
-    assert calls == [1] * len(rollouts)
+    # Greedy over the rollouts by length, as the pipeline groups them: short ones may share.
+    ordered = sorted(rollouts, key=lambda r: len(r.prompt_token_ids) + len(r.completion_token_ids))
+    expected: list[int] = []
+    held = 0
+    for rollout in ordered:
+        size = len(rollout.completion_token_ids)
+        if not expected or held + size > longest:
+            expected.append(0)
+            held = 0
+        expected[-1] += 1
+        held += size
+    assert calls == expected
+    assert len(calls) > 1
     # Prefills of other groupings pad differently, which moves the last bits of some figures.
     assert len(grouped.checks) == len(whole.checks)
     for one, other in zip(grouped.checks, whole.checks, strict=True):

@@ -49,6 +49,23 @@ class TaskState(StrEnum):
     FAILED = "failed"
 
 
+class AttemptOutcome(StrEnum):
+    """How a task's lease ended without credit (a row of ``task_attempts``)."""
+
+    #: The holder gave the task back (FailTask).
+    GIVEN_BACK = "given_back"
+    #: The lease deadline passed without a commitment.
+    EXPIRED = "expired"
+    #: Its holder went offline, was ejected or banned, or deregistered.
+    TAKEN_BACK = "taken_back"
+    #: A validator rejected the commitment made under the lease.
+    REJECTED = "rejected"
+    #: No validator could check the commitment (its validation was given up).
+    UNVALIDATED = "unvalidated"
+    #: The commitment was refused at intake as a copy of another node's rollouts.
+    DUPLICATE = "duplicate"
+
+
 class ValidationJobState(StrEnum):
     """Lifecycle of a validation job (leased to validators like tasks are leased to workers)."""
 

@@ -6,8 +6,8 @@ natural keys. Enum-valued columns hold short strings (see :mod:`rollnet.ledger.e
 
 Tables: ``nodes``, ``tasks``, ``blobs``, ``commitments``, ``validation_jobs``, ``verdicts``,
 ``checkpoints``, ``ledger_entries``, ``ledger_chain_tip`` (one row: the head every append
-serialises on), ``ledger_signed_heads``, ``step_rewards``, ``idempotency_records`` and
-``request_nonces``.
+serialises on), ``ledger_signed_heads``, ``step_rewards``, ``idempotency_records``,
+``request_nonces``, ``task_attempts`` and ``rollout_fingerprints``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from sqlalchemy.types import TypeDecorator
 
 from rollnet.ledger._columns import UTCDateTime
 from rollnet.ledger.enums import (
+    AttemptOutcome,
     EntryKind,
     NodeRole,
     NodeState,
@@ -198,6 +199,35 @@ class Task(Base):
     updated_at: Mapped[datetime]
 
 
+class TaskAttempt(Base):
+    """One lease of a task that ended without credit, and why: the give-back history.
+
+    Given back (FailTask), expired, taken back from a node that left, rejected, unvalidated or
+    refused as a copy. Seeds derive from the task alone, so retrying never re-rolls them; this
+    history says who retried what, how often, and why (GetTask, the dashboard, metrics).
+    """
+
+    __tablename__ = "task_attempts"
+    __table_args__ = (
+        _one_of("outcome", AttemptOutcome),
+        CheckConstraint("fencing_token >= 1", name="fencing_token_positive"),
+        Index(None, "task_id", "fencing_token"),
+        Index(None, "node_id", "ended_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"))
+    lease_id: Mapped[str] = mapped_column(String(64))
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    outcome: Mapped[AttemptOutcome] = mapped_column(StrEnumColumn(AttemptOutcome))
+    #: The FailReason name of a give-back, or the reject reason (empty when none applies).
+    reason: Mapped[str] = mapped_column(String(64))
+    #: The worker's message, or other detail, cut to 200 characters.
+    detail: Mapped[str] = mapped_column(Text)
+    ended_at: Mapped[datetime]
+
+
 class Blob(Base):
     """A content-addressed blob (rollouts, proofs), named by its BLAKE3 hex digest."""
 
@@ -246,6 +276,30 @@ class Commitment(Base):
     #: The commitment as received (a serialized ``rollnet.v1.Commitment``, per-rollout digests
     #: included), so validators see exactly what the worker committed to.
     record: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class RolloutFingerprint(Base):
+    """One committed rollout's token digests, indexed so the coordinator finds the same
+    completion committed by another node (a copy) in one index probe per rollout."""
+
+    __tablename__ = "rollout_fingerprints"
+    __table_args__ = (
+        _length_is("tokens_blake3", HASH_LENGTH),
+        _length_is("completion_blake3", HASH_LENGTH),
+        Index(None, "tokens_blake3"),
+        Index(None, "completion_blake3"),
+    )
+
+    commitment_id: Mapped[str] = mapped_column(ForeignKey("commitments.id"), primary_key=True)
+    rollout_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"))
+    #: :func:`rollnet.sdk.proofs.tokens_digest` of the prompt and completion ids.
+    tokens_blake3: Mapped[bytes] = mapped_column(LargeBinary(HASH_LENGTH))
+    #: The same digest of the completion alone (an empty prompt).
+    completion_blake3: Mapped[bytes] = mapped_column(LargeBinary(HASH_LENGTH))
+    #: The sum of the rollout's behaviour log-probabilities as its worker claimed them: how
+    #: likely an honest second sample is to repeat the completion.
+    logprob_sum: Mapped[float] = mapped_column(Float)
 
 
 class ValidationJob(Base):

@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy import Integer, bindparam, case, func, select, text, update
 from sqlalchemy.orm import Session
 
+from rollnet.ledger.attempts import EndedLease, record_attempts
 from rollnet.ledger.engine import is_postgresql
-from rollnet.ledger.enums import TaskState
+from rollnet.ledger.enums import AttemptOutcome, TaskState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Node, Task, table_of
 from rollnet.ledger.prepared import Prepared
@@ -60,6 +61,8 @@ class RequeueResult:
 
     requeued: list[str]
     failed: list[str]
+    #: The leases taken back (recorded in ``task_attempts``).
+    ended: list[EndedLease] = field(default_factory=list)
 
 
 #: On PostgreSQL, queueing at least this many tasks at once refreshes the table's statistics.
@@ -440,8 +443,15 @@ def give_back_task(
     node_id: str,
     now: datetime,
     max_attempts: int,
+    reason: str = "",
+    detail: str = "",
+    outcome: AttemptOutcome = AttemptOutcome.GIVEN_BACK,
 ) -> LeaseOutcome:
-    """The holder gives its lease back (FailTask): requeue, or fail once ``max_attempts`` used."""
+    """The holder gives its lease back (FailTask): requeue, or fail once ``max_attempts`` used.
+
+    The lease is recorded in ``task_attempts`` with ``outcome``, ``reason`` (the FailReason
+    name) and ``detail`` (the worker's message).
+    """
     result = session.execute(
         update(Task)
         .where(
@@ -453,6 +463,8 @@ def give_back_task(
         .execution_options(synchronize_session=False)
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
+        ended = EndedLease(task_id, node_id, lease_id, fencing_token)
+        record_attempts(session, [ended], outcome=outcome, now=now, reason=reason, detail=detail)
         return LeaseOutcome.OK
     return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
 
@@ -467,14 +479,20 @@ def _requeue_state(max_attempts: int) -> Any:
 
 def requeue_expired_leases(session: Session, *, now: datetime, max_attempts: int) -> RequeueResult:
     """Take back every lease whose deadline has passed: requeue, or fail after the cap."""
-    return _requeue_where(session, Task.lease_deadline <= now, now=now, max_attempts=max_attempts)
+    result = _requeue_where(session, Task.lease_deadline <= now, now=now, max_attempts=max_attempts)
+    record_attempts(session, result.ended, outcome=AttemptOutcome.EXPIRED, now=now)
+    return result
 
 
 def requeue_leases_of_node(
     session: Session, node_id: str, *, now: datetime, max_attempts: int
 ) -> RequeueResult:
     """Take back every lease ``node_id`` holds (it went offline or was ejected)."""
-    return _requeue_where(session, Task.lease_holder == node_id, now=now, max_attempts=max_attempts)
+    result = _requeue_where(
+        session, Task.lease_holder == node_id, now=now, max_attempts=max_attempts
+    )
+    record_attempts(session, result.ended, outcome=AttemptOutcome.TAKEN_BACK, now=now)
+    return result
 
 
 def _requeue_where(
@@ -484,12 +502,18 @@ def _requeue_where(
         update(Task)
         .where(Task.state == TaskState.LEASED, condition)
         .values(state=_requeue_state(max_attempts), updated_at=now)
-        .returning(Task.id, Task.state)
+        .returning(Task.id, Task.state, Task.lease_holder, Task.lease_id, Task.fencing_token)
         .execution_options(synchronize_session=False)
     ).all()
     requeued = sorted(row.id for row in rows if row.state is TaskState.QUEUED)
     failed = sorted(row.id for row in rows if row.state is TaskState.FAILED)
-    return RequeueResult(requeued=requeued, failed=failed)
+    # The lease columns are left as they were (a requeue only changes the state): they name
+    # the lease that ended.
+    ended = [
+        EndedLease(row.id, row.lease_holder, row.lease_id, int(row.fencing_token))
+        for row in sorted(rows, key=lambda row: str(row.id))
+    ]
+    return RequeueResult(requeued=requeued, failed=failed, ended=ended)
 
 
 def transition_task(

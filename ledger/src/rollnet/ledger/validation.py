@@ -21,7 +21,8 @@ from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks
-from rollnet.ledger.enums import TaskState, ValidationJobState
+from rollnet.ledger.attempts import EndedLease, record_attempts
+from rollnet.ledger.enums import AttemptOutcome, TaskState, ValidationJobState
 from rollnet.ledger.leases import LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Blob, Commitment, ValidationJob, Verdict, table_of
 from rollnet.ledger.prepared import prepared_insert
@@ -253,19 +254,24 @@ def settle_failed_jobs(session: Session, job_ids: Sequence[str], *, now: datetim
     """
     fresh: list[str] = []
     for job_id in job_ids:
-        task_id = session.scalar(
-            select(Commitment.task_id)
+        commitment = session.scalars(
+            select(Commitment)
             .join(ValidationJob, ValidationJob.commitment_id == Commitment.id)
             .where(ValidationJob.id == job_id, ValidationJob.state == ValidationJobState.FAILED)
-        )
-        if task_id is None:
+        ).one_or_none()
+        if commitment is None:
             continue
+        task_id = commitment.task_id
         if any(
             tasks.transition_task(
                 session, task_id, from_state=state, to_state=TaskState.FAILED, now=now
             )
             for state in (TaskState.SUBMITTED, TaskState.VALIDATING)
         ):
+            ended = EndedLease(
+                task_id, commitment.node_id, commitment.lease_id, commitment.fencing_token
+            )
+            record_attempts(session, [ended], outcome=AttemptOutcome.UNVALIDATED, now=now)
             new_task_id = secrets.token_hex(12)
             tasks.requeue_copy(session, task_id, new_task_id=new_task_id, now=now)
             fresh.append(new_task_id)

@@ -94,7 +94,7 @@ def seal_batch(
             raise ValueError(f"rollout {index} is out of (prompt_index, sample_index) order")
         if rollout.prompt_id != task.prompt_ids[prompt_index]:
             raise ValueError(f"rollout {index} answers the wrong prompt id")
-        if rollout.sampling_seed != derive_sampling_seed(binding, index):
+        if rollout.sampling_seed != derive_sampling_seed(network_id, task.task_id, index):
             raise ValueError(f"rollout {index} was not sampled with its derived seed")
     batch = rollout_pb2.RolloutBatch(
         task_id=task.task_id,

@@ -110,6 +110,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT: the rollout blob cannot be decoded or does not match the task."""
     ERROR_REASON_COMMITMENT_NOT_FOUND: _ErrorReason.ValueType  # 62
     """NOT_FOUND: the commitment does not exist."""
+    ERROR_REASON_ROLLOUT_DUPLICATE: _ErrorReason.ValueType  # 63
+    """A rollout repeats, token for token, an improbable completion already committed (by any
+    node, in work not rejected) or earlier in the same batch. The message names the rollout
+    index and the original; the lease is taken back (docs/verification.md, "Copies across
+    identities").
+    ALREADY_EXISTS: a rollout is a copy of an improbable completion already committed.
+    """
     ERROR_REASON_JOB_NOT_FOUND: _ErrorReason.ValueType  # 70
     """NOT_FOUND: the validation job does not exist or is not leased by the caller."""
     ERROR_REASON_VERDICT_ALREADY_RECORDED: _ErrorReason.ValueType  # 71
@@ -218,6 +225,13 @@ ERROR_REASON_ROLLOUT_BATCH_INVALID: ErrorReason.ValueType  # 61
 """INVALID_ARGUMENT: the rollout blob cannot be decoded or does not match the task."""
 ERROR_REASON_COMMITMENT_NOT_FOUND: ErrorReason.ValueType  # 62
 """NOT_FOUND: the commitment does not exist."""
+ERROR_REASON_ROLLOUT_DUPLICATE: ErrorReason.ValueType  # 63
+"""A rollout repeats, token for token, an improbable completion already committed (by any
+node, in work not rejected) or earlier in the same batch. The message names the rollout
+index and the original; the lease is taken back (docs/verification.md, "Copies across
+identities").
+ALREADY_EXISTS: a rollout is a copy of an improbable completion already committed.
+"""
 ERROR_REASON_JOB_NOT_FOUND: ErrorReason.ValueType  # 70
 """NOT_FOUND: the validation job does not exist or is not leased by the caller."""
 ERROR_REASON_VERDICT_ALREADY_RECORDED: ErrorReason.ValueType  # 71

@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if args.backend == "vllm" else "cpu")
     # Before registering: a worker that cannot run its backend would lease tasks and fail each.
     node_options.check_backend(args.backend, device)
+    refuse_math_mode(args.dtype, device)
     identity = node_options.start_node("worker", args)
     if identity is None:
         return 2
@@ -167,3 +168,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         generator.close()
     return 0
+
+
+def refuse_math_mode(dtype: str, device: str) -> None:
+    """Refuse to start under a math mode the network's dtype rejects (TF32, bfloat16 GEMMs on
+    a float32 network). PyTorch's own default lets cuDNN use TF32, which no environment
+    variable turns off: on a CUDA device that one is turned off here, the rest is refused."""
+    from rollnet.reference.inference.base import DType
+    from rollnet.reference.inference.math_mode import math_mode_problems, refuse_message
+
+    if dtype == "float32" and device.startswith("cuda"):
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+    network: DType = "float32" if dtype == "float32" else "bfloat16"
+    problems = math_mode_problems(network, device)
+    if problems:
+        raise CliError(f"--dtype {dtype}: {refuse_message(network, problems)}")

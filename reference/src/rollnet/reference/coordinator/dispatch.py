@@ -616,6 +616,8 @@ class Dispatcher:
                 node_id=caller.node_id,
                 now=now,
                 max_attempts=config.max_attempts,
+                reason=task_service_pb2.FailReason.Name(request.reason),
+                detail=request.message,
             )
             if outcome is not LeaseOutcome.OK:
                 refuse_unless_in_standing(session, caller)  # ejected, banned: say so
@@ -624,6 +626,7 @@ class Dispatcher:
             return task_service_pb2.FailTaskResponse(requeued=row.state == "queued")
 
         response = await self.ctx.run_in_transaction(work)
+        self.ctx.metrics.attempts_ended.labels(caller.node_id, "given_back").inc()
         if response.requeued:
             self.ctx.signals.fire(self.ctx.signals.work_available)
         return response

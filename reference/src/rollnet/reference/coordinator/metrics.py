@@ -39,6 +39,18 @@ class CoordinatorMetrics:
             "Expired or revoked leases whose task went back to the queue",
             registry=self.registry,
         )
+        self.attempts_ended = Counter(
+            "rollnet_task_attempts_ended_total",
+            "Task leases that ended without credit, by node and outcome (given_back, expired,"
+            " taken_back, rejected, unvalidated, duplicate): the give-back history, counted",
+            ["node", "outcome"],
+            registry=self.registry,
+        )
+        self.duplicate_rollouts = Counter(
+            "rollnet_duplicate_rollouts_total",
+            "Rollouts refused at intake as copies of an improbable completion already committed",
+            registry=self.registry,
+        )
         self.validation_failed = Counter(
             "rollnet_validation_jobs_failed_total",
             "Validation jobs given up after max_validation_attempts leases (tasks queued again)",

@@ -296,7 +296,10 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
     now = ctx.clock()
     interval = config.heartbeat_interval
 
+    ended: list[tuple[str, str]] = []  # (node, outcome) of every lease taken back
+
     def work(session: Session) -> tuple[int, int, list[str]]:
+        ended.clear()  # a retried transaction starts over
         stale = node_repo.mark_stale_nodes(
             session,
             suspect_before=now - interval * config.suspect_after_missed,
@@ -310,6 +313,7 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
                 session, node_id, now=now, max_attempts=config.max_attempts
             )
             requeued += len(result.requeued)
+            ended.extend((lease.node_id, "taken_back") for lease in result.ended)
             taken = job_repo.requeue_validation_jobs_of_node(
                 session, node_id, now=now, max_attempts=config.max_validation_attempts
             )
@@ -319,6 +323,7 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
             session, now=now, max_attempts=config.max_attempts
         )
         requeued += len(expired.requeued)
+        ended.extend((lease.node_id, "expired") for lease in expired.ended)
         taken = job_repo.requeue_expired_validation_jobs(
             session, now=now, max_attempts=config.max_validation_attempts
         )
@@ -332,6 +337,8 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
     requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
     if requeued:
         ctx.metrics.leases_requeued.inc(requeued)
+    for node_id, outcome in ended:
+        ctx.metrics.attempts_ended.labels(node_id, outcome).inc()
     if requeued or failed_jobs:  # a given-up job's task was queued again
         ctx.signals.fire(ctx.signals.work_available)
     if jobs:

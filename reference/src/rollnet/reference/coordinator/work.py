@@ -17,15 +17,24 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, chain, nodes, overview, tasks, validation
+from rollnet.ledger import (
+    artifacts,
+    attempts,
+    chain,
+    fingerprints,
+    nodes,
+    overview,
+    tasks,
+    validation,
+)
 from rollnet.ledger.artifacts import NewCommitment
 from rollnet.ledger.chain import NewEntry
 from rollnet.ledger.engine import read_only_session
-from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState
+from rollnet.ledger.enums import AttemptOutcome, EntryKind, NodeRole, NodeState, TaskState
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Commitment
 from rollnet.ledger.tasks import TaskTerms
-from rollnet.reference.coordinator import logprobs
+from rollnet.reference.coordinator import copies, logprobs
 from rollnet.reference.coordinator.blobstore import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -58,7 +67,7 @@ from rollnet.reference.coordinator.uploads import QuotaExceeded, has_room
 from rollnet.sdk.commitments import batch_binding_digest, max_batch_bytes, receipt_message
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.proofs.binding import proof_digest
+from rollnet.sdk.proofs.binding import SEED_DOMAIN, derive_sampling_seed, proof_digest
 from rollnet.sdk.proofs.challenge import sign_challenge
 from rollnet.v1 import (
     blob_service_pb2,
@@ -110,6 +119,9 @@ def _task_and_repeat(
 
 _PRECHECKED_BYTES = 1 << 20
 """Rollout blobs above this size are read only for a caller whose lease may submit them."""
+_FINGERPRINT_INLINE_BYTES = 64 << 10
+"""Batches up to this size are fingerprinted on the event loop (a few ms at most), larger ones
+on a thread."""
 
 _ROLLOUTS_FIELD = 6
 """``RolloutBatch.rollouts``' field number."""
@@ -183,6 +195,14 @@ def spot_check_draw(seed: int, commitment_id: str) -> float:
 
 _DRAIN_SECONDS = 30.0
 """Longest a refused upload's remaining bytes are read before the refusal is sent."""
+
+
+class _Copied(Refusal):
+    """A commitment refused as a copy: the lease is taken back after the rollback."""
+
+    def __init__(self, found: list[copies.Copy]) -> None:
+        super().__init__(ErrorReason.ROLLOUT_DUPLICATE, copies.refusal_message(found))
+        self.copies = found
 
 
 async def _drain(chunks: AsyncIterator[bytes], limit: int, seconds: float) -> None:
@@ -453,6 +473,7 @@ class WorkDesk:
             problems.append("commitment lists a different number of rollouts than the batch")
         max_new_tokens = int(spec["max_new_tokens"])
         samples = int(spec["samples_per_prompt"])
+        network_id, task_id = self.ctx.config.network_id, request.task_id
         prompt_tokens: list[int] | None = spec.get(PROMPT_TOKENS)
         for index, (rollout, digest) in enumerate(
             zip(batch.rollouts, request.rollouts, strict=False)
@@ -481,6 +502,14 @@ class WorkDesk:
                 problems.append(f"rollouts[{index}].proof_blake3 does not match the batch")
             if rollout.sampling_seed != digest.sampling_seed:
                 problems.append(f"rollouts[{index}].sampling_seed does not match the batch")
+            elif rollout.sampling_seed != derive_sampling_seed(network_id, task_id, index):
+                # Checked here too, not only by a validator: unchecked work is credited.
+                problems.append(
+                    f"rollouts[{index}].sampling_seed is not the task's seed "
+                    f"{derive_sampling_seed(network_id, task_id, index)}: BLAKE3("
+                    f'"{SEED_DOMAIN}", network id, task id, rollout index)[:8] >> 1 '
+                    "(docs/verification.md, Binding)"
+                )
             if len(rollout.completion_token_ids) != digest.completion_tokens:
                 problems.append(f"rollouts[{index}].completion_tokens does not match the batch")
             if len(problems) > 8:
@@ -548,6 +577,11 @@ class WorkDesk:
             receipt_message(commitment_id, request.binding_digest, now)
         )
         blob_location = self.ctx.blobs.location_of(request.rollout_batch.blake3)
+        if batch_size <= _FINGERPRINT_INLINE_BYTES:
+            prints = copies.fingerprints(batch)  # ~16 us a rollout of 42 tokens
+        else:
+            # ~0.35 ms a rollout of 700 tokens: a large batch's would stall the event loop.
+            prints = await asyncio.to_thread(copies.fingerprints, batch)
 
         def check_batch(task: TaskTerms) -> None:
             if batch_size != request.rollout_batch.size:
@@ -590,6 +624,9 @@ class WorkDesk:
             if task is None:
                 return refused_or_repeated(session)
             check_batch(task)
+            found = copies.find_copies(prints, fingerprints.find_originals(session, prints))
+            if found:
+                raise _Copied(found)  # rolls the submission back; the lease is taken below
             artifacts.record_blob(
                 session,
                 blake3_hex=request.rollout_batch.blake3.hex(),
@@ -633,6 +670,7 @@ class WorkDesk:
                 ),
                 now=now,
             )
+            fingerprints.record_fingerprints(session, commitment_id, caller.node_id, prints)
             node = nodes.get_standing(session, caller.node_id)
             assert node is not None
             refuse_unusable(node)  # rolls the submission back
@@ -667,10 +705,45 @@ class WorkDesk:
             )
             return self._receipted(record, request.binding_digest, signature, now), check
 
-        response, queued = await self.ctx.run_in_transaction(work)
+        try:
+            response, queued = await self.ctx.run_in_transaction(work)
+        except _Copied as copied:
+            await self._take_back_copy(caller, request, copied)
+            raise copied.with_traceback(None) from None
         # Recorded: the batch is no longer its uploader's to answer for, nor an orphan.
         self.ctx.uploads.settle((request.rollout_batch.blake3,))
         return response, queued
+
+    async def _take_back_copy(
+        self,
+        caller: Caller,
+        request: commitment_service_pb2.SubmitCommitmentRequest,
+        copied: _Copied,
+    ) -> None:
+        """End the copier's lease (the task is queued again, same seeds) and record why."""
+        now = self.ctx.clock()
+        max_attempts = self.ctx.config.max_attempts
+
+        def work(session: Session) -> LeaseOutcome:
+            return tasks.give_back_task(
+                session,
+                task_id=request.task_id,
+                lease_id=request.lease_id,
+                fencing_token=request.fencing_token,
+                node_id=caller.node_id,
+                now=now,
+                max_attempts=max_attempts,
+                reason=ErrorReason.ROLLOUT_DUPLICATE.value,
+                detail=copied.message,
+                outcome=AttemptOutcome.DUPLICATE,
+            )
+
+        outcome = await self.ctx.run_in_transaction(work)
+        metrics = self.ctx.metrics
+        metrics.duplicate_rollouts.inc(len(copied.copies))
+        if outcome is LeaseOutcome.OK:
+            metrics.attempts_ended.labels(caller.node_id, AttemptOutcome.DUPLICATE.value).inc()
+            self.ctx.signals.fire(self.ctx.signals.work_available)
 
     def _response(
         self, session: Session, row: Commitment, binding_digest: bytes
@@ -839,6 +912,7 @@ class WorkDesk:
         verdict_id = secrets.token_hex(12)
         accepted = request.decision == accept
         ejected: list[str] = []  # the worker, when this reject ejects it
+        rejected: list[str] = []  # the worker, when this is a reject
 
         def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
             refuse_unless_in_standing(session, caller)
@@ -944,6 +1018,21 @@ class WorkDesk:
                     to_state=TaskState.REJECTED,
                     now=now,
                 )
+                attempts.record_attempts(
+                    session,
+                    [
+                        attempts.EndedLease(
+                            task.id,
+                            commitment.node_id,
+                            commitment.lease_id,
+                            commitment.fencing_token,
+                        )
+                    ],
+                    outcome=AttemptOutcome.REJECTED,
+                    now=now,
+                    reason=request.reject_reason,
+                )
+                rejected[:] = [commitment.node_id]
                 # The prompts still need honest rollouts: queue a fresh copy of the task.
                 tasks.requeue_copy(session, task.id, new_task_id=secrets.token_hex(12), now=now)
                 entries.append(
@@ -1011,6 +1100,8 @@ class WorkDesk:
             metrics.work_units.inc(verdict.work_units)
             signals.fire(signals.rollouts_accepted)
         else:
+            for node_id in rejected:
+                metrics.attempts_ended.labels(node_id, AttemptOutcome.REJECTED.value).inc()
             signals.fire(signals.work_available)
         return response
 

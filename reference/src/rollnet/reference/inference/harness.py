@@ -117,7 +117,9 @@ class RolloutFactory:
         fed = list(generation_prompts) if generation_prompts is not None else [s[2] for s in slots]
         for start in range(0, len(slots), batch_size):
             chunk = slots[start : start + batch_size]
-            seeds = [derive_sampling_seed(lb, index) for lb, index, _ in chunk]
+            seeds = [
+                derive_sampling_seed(lb.network_id, lb.task_id, index) for lb, index, _ in chunk
+            ]
             sampling = SamplingParams(
                 temperature=self.temperature, max_new_tokens=self.max_new_tokens, seeds=seeds
             )
@@ -141,7 +143,7 @@ class RolloutFactory:
                 generation.completion_ids,
                 finish_reason=generation.finish_reason,
                 proof=generation.proof,
-                seed=derive_sampling_seed(lb, index),
+                seed=derive_sampling_seed(lb.network_id, lb.task_id, index),
                 lease_binding=lb,
                 rollout_index=index,
             )
@@ -347,7 +349,7 @@ class AttackBench:
                 generation.completion_ids,
                 finish_reason=generation.finish_reason,
                 proof=generation.proof,
-                seed=derive_sampling_seed(lease_binding, index),
+                seed=derive_sampling_seed(lease_binding.network_id, lease_binding.task_id, index),
                 lease_binding=lease_binding,
                 rollout_index=index,
             )
@@ -389,13 +391,19 @@ class AttackBench:
         return out
 
     def proof_rebound(self, slots: Sequence[Slot]) -> list[Rollout]:
-        """8': another node's tokens and proof, re-signed for the thief's own lease and seed."""
+        """8': another node's tokens and proof, re-signed for the thief's own lease and seed on
+        another task with the same prompts (on the same task the seeds are equal by design: the
+        coordinator's duplicate index refuses that copy, docs/verification.md)."""
         out = []
         for rollout in self.factory.honest(self.honest, slots):
             original = rollout.assignment.lease
-            thief = replace(original, node_id=original.node_id + "-thief")
+            thief = replace(
+                original, node_id=original.node_id + "-thief", task_id=original.task_id + "-copy"
+            )
             assignment = replace(rollout.assignment, lease=thief, blob_blake3=blob_hash(thief))
-            seed = derive_sampling_seed(thief, rollout.claim.rollout_index)
+            seed = derive_sampling_seed(
+                thief.network_id, thief.task_id, rollout.claim.rollout_index
+            )
             moved = Rollout(replace(rollout.claim, sampling_seed=seed), assignment)
             out.append(self._reseal(moved))
         return out
@@ -415,7 +423,7 @@ class AttackBench:
                 generation.completion_ids,
                 finish_reason=generation.finish_reason,
                 proof=generation.proof,
-                seed=derive_sampling_seed(lease_binding, index),
+                seed=derive_sampling_seed(lease_binding.network_id, lease_binding.task_id, index),
                 lease_binding=lease_binding,
                 rollout_index=index,
             )
@@ -433,7 +441,7 @@ ATTACKS: tuple[tuple[str, str, str], ...] = (
     ("cheap_then_prefill", "sampling", "6. cheaper model generates, honest prefill proves"),
     ("truncated", "termination", "7. generation truncated early"),
     ("proof_reused", "binding", "8. valid proof reused (other node / other rollout)"),
-    ("proof_rebound", "sampling", "8'. reused tokens+proof re-signed for the thief's lease"),
+    ("proof_rebound", "sampling", "8'. reused tokens+proof re-signed for the thief's task"),
     ("easier_prompts", "assigned_data", "9. prompts swapped for easier ones"),
 )
 """(method of AttackBench, check expected to fail, description) for each attack."""

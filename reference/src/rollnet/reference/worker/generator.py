@@ -28,6 +28,7 @@ from rollnet.reference.envs import (
     load_environment,
 )
 from rollnet.reference.inference.base import DType, Generation, InferenceBackend, SamplingParams
+from rollnet.reference.inference.math_mode import math_mode_problems, refuse_message
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import RollnetClient
@@ -181,6 +182,15 @@ class InferenceGenerator(RolloutGenerator):
             lease.cancel(
                 f"task {task.task_id} is to be generated in {wanted}; this worker runs "
                 f"{self.dtype} (--dtype)",
+                give_back=task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED,
+            )
+            raise LeaseLost(lease.cancel_reason)
+        problems = math_mode_problems(self.dtype, self.device)
+        if problems:
+            # Checked per task, not only at start: code in this process (a library, the
+            # caller) may change the math mode after the worker started.
+            lease.cancel(
+                refuse_message(self.dtype, problems),
                 give_back=task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED,
             )
             raise LeaseLost(lease.cancel_reason)

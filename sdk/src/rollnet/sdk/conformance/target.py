@@ -606,7 +606,7 @@ class Target:
                     prompt_token_ids=[1, 2, 3],
                     completion_token_ids=[4, 5, 6],
                     behaviour_logprobs=[-0.5, -0.5, -0.5],
-                    sampling_seed=derive_sampling_seed(binding, i),
+                    sampling_seed=derive_sampling_seed(binding.network_id, binding.task_id, i),
                     finish_reason=rollout_pb2.FINISH_REASON_LENGTH,
                     toploc_proof=os.urandom(258),
                 )

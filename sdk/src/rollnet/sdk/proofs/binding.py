@@ -1,4 +1,5 @@
-"""Commitment digests and sampling seeds that bind a rollout to its node, lease and task.
+"""Commitment digests that bind a rollout to its node, lease and task, and the sampling seeds
+that bind it to its task alone.
 
 Every value is encoded before hashing with one unambiguous rule (documented byte for byte in
 ``docs/verification.md``), so a digest can be recomputed in any language:
@@ -24,7 +25,10 @@ import blake3
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
 
 COMMITMENT_DOMAIN = "rollnet/v1/rollout-commitment"
-SEED_DOMAIN = "rollnet/v1/sampling-seed"
+SEED_DOMAIN = "rollnet/v1/task-sampling-seed"
+"""The seed rule's domain. rollnet 0.1.0 derived seeds from the lease instead (domain
+``rollnet/v1/sampling-seed``: network, node, task, lease id, fencing token, index), so giving a task
+back re-rolled them; such seeds are now refused with ``SEED_NOT_DERIVED``."""
 TOKENS_DOMAIN = "rollnet/v1/rollout-tokens"
 PROOF_DOMAIN = "rollnet/v1/toploc-proof"
 
@@ -65,21 +69,33 @@ class LeaseBinding:
     fencing_token: int
 
 
-def derive_sampling_seed(lease: LeaseBinding, rollout_index: int) -> int:
-    """The Gumbel seed for one rollout of a lease: first 8 digest bytes, top bit cleared.
+def derive_sampling_seed(network_id: str, task_id: str, rollout_index: int) -> int:
+    """The Gumbel seed of one rollout of a task: first 8 digest bytes, top bit cleared.
 
-    Deriving the seed from the lease means a rollout generated for one node, lease or rollout
-    index fails the sampling check anywhere else, and a worker cannot shop for lucky seeds.
+    BLAKE3-256 of the domain ``rollnet/v1/task-sampling-seed``, the network id, the task id and
+    the rollout index. The seed depends on nothing a worker controls or can change by retrying:
+    not the node, not the lease, not the attempt. A task given back (FailTask), or whose lease
+    expired, is sampled with the same seeds by whoever leases it next, so re-leasing cannot shop
+    for lucky seeds; a rollout sampled for one task or index still fails the sampling check on
+    any other.
     """
-    hasher = blake3.blake3(_lease_prefix(SEED_DOMAIN, lease))
+    if not isinstance(rollout_index, int) or isinstance(rollout_index, bool) or rollout_index < 0:
+        raise ValueError(f"rollout_index must be a non-negative int, not {rollout_index!r}")
+    hasher = blake3.blake3(_task_prefix(network_id, task_id))
     hasher.update(encode_field(rollout_index))
     return int.from_bytes(hasher.digest()[:8], "big") >> 1
 
 
 @functools.lru_cache(maxsize=256)
+def _task_prefix(network_id: str, task_id: str) -> bytes:
+    """The encoded seed domain, network and task: the same for every rollout of a task."""
+    return b"".join(encode_field(value) for value in (SEED_DOMAIN, network_id, task_id))
+
+
+@functools.lru_cache(maxsize=256)
 def _lease_prefix(domain: str, lease: LeaseBinding) -> bytes:
-    """The encoded domain and lease fields that start a seed or commitment message: the same for
-    every rollout of a lease, so a validator encodes them once per job."""
+    """The encoded domain and lease fields that start a commitment message: the same for every
+    rollout of a lease, so a validator encodes them once per job."""
     fields = (lease.network_id, lease.node_id, lease.task_id, lease.lease_id, lease.fencing_token)
     return b"".join(encode_field(value) for value in (domain, *fields))
 
@@ -133,8 +149,9 @@ def check_binding(
     completion_ids: Sequence[int],
     proof: bytes,
 ) -> CheckResult:
-    """The commitment digest matches this lease and rollout, and the seed is the derived one."""
-    expected_seed = derive_sampling_seed(lease, rollout_index)
+    """The commitment digest matches this lease and rollout, and the seed is the derived one
+    (:func:`derive_sampling_seed` of the lease's network, its task and the rollout index)."""
+    expected_seed = derive_sampling_seed(lease.network_id, lease.task_id, rollout_index)
     expected_digest = commitment_digest(
         lease,
         blob_blake3=blob_blake3,
@@ -163,6 +180,9 @@ def check_binding(
             False,
             Reason.SEED_NOT_DERIVED,
             figures,
-            "sampling seed is not the one derived from the lease and rollout index",
+            f"sampling seed is not the one derived for rollout {rollout_index} of task "
+            f"{lease.task_id!r}: expected BLAKE3({SEED_DOMAIN!r}, network id, task id, rollout "
+            "index)[:8] >> 1 (docs/verification.md, Binding); lease-derived seeds "
+            "(rollnet/v1/sampling-seed, rollnet 0.1.0) are no longer accepted",
         )
     return CheckResult(CheckName.BINDING, True, None, figures)

@@ -80,7 +80,7 @@ class LeaseContext:
 
     def sampling_seed(self, rollout_index: int) -> int:
         """The Gumbel seed of rollout ``rollout_index`` (``prompt_index * samples + sample``)."""
-        return derive_sampling_seed(self.binding, rollout_index)
+        return derive_sampling_seed(self.binding.network_id, self.binding.task_id, rollout_index)
 
     @property
     def deadline(self) -> float:
