@@ -204,7 +204,7 @@ class TorchBackend:
                         )
                     else:
                         noise = gumbel_noise(seed_tensor, steps, scaled.shape[-1])
-                    token = torch.argmax(scaled.double() + noise, dim=-1)
+                    token = self._pick(scaled.double() + noise)
                 else:
                     probs = torch.softmax(scaled, dim=-1)
                     token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -254,6 +254,11 @@ class TorchBackend:
                 )
             )
         return results
+
+    def _pick(self, scores: torch.Tensor) -> torch.Tensor:
+        """The token of each row of seeded Gumbel scores ``[B, V]``: the argmax (the protocol's
+        rule; an adversary overrides this to steer)."""
+        return torch.argmax(scores, dim=-1)
 
     # -- validator prefill -----------------------------------------------------------------
 

@@ -63,6 +63,7 @@ from rollnet.sdk.proofs import (
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
 from rollnet.sdk.proofs.sampling import MAX_SEED
+from rollnet.sdk.proofs.statistics import RolloutStatistics, rollout_statistics_batch
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -168,6 +169,9 @@ class JobOutcome:
     """Per rollout in batch order, this validator's log-probability of each completion token
     under the task's sampling distribution (its prefill's; set when every rollout was
     prefilled and its log-probability check ran). Sent with an ACCEPT, as float32."""
+    rollout_statistics: list[RolloutStatistics] = field(default_factory=list)
+    """Per rollout in batch order, its statistics for the coordinator's per-node tests (set
+    when every rollout was prefilled). Sent with an ACCEPT."""
     notes: list[str] = field(default_factory=list)
     """Human-readable details of batch-level failures (for logs; not sent)."""
 
@@ -215,6 +219,20 @@ class JobOutcome:
                 [
                     validation_pb2.ValidatedLogprobs(logprobs=values.astype(np.float32).tolist())
                     for values in self.validated_logprobs
+                ]
+                if self.accepted
+                else []
+            ),
+            rollout_statistics=(
+                [
+                    validation_pb2.RolloutStatistics(
+                        tokens=stats.tokens,
+                        near_tie_losses=stats.near_tie_losses,
+                        near_tie_wins=stats.near_tie_wins,
+                        logprob_excess=stats.logprob_excess,
+                        logprob_variance=stats.logprob_variance,
+                    )
+                    for stats in self.rollout_statistics
                 ]
                 if self.accepted
                 else []
@@ -373,6 +391,8 @@ class _Slot:
     checks: list[validation_pb2.CheckResult] = field(default_factory=list)
     logprobs: npt.NDArray[np.float64] | None = None
     """The validator's log-probability of each completion token, once its check computed them."""
+    statistics: RolloutStatistics | None = None
+    """Its per-node statistics, once its prefill ran."""
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -476,6 +496,9 @@ def _validate_rollouts(
     computed = [slot.logprobs for slot in slots]
     if all(values is not None for values in computed):
         outcome.validated_logprobs = [values for values in computed if values is not None]
+    summaries = [slot.statistics for slot in slots]
+    if all(summary is not None for summary in summaries):
+        outcome.rollout_statistics = [s for s in summaries if s is not None]
 
 
 LOGITS_BUDGET = 1 << 28
@@ -516,7 +539,15 @@ def _check_group(
         logits=[p.logits for p in prefills],
         thresholds=thresholds,
     )
-    for slot, report, prefill in zip(group, reports, prefills, strict=True):
+    summaries = rollout_statistics_batch(
+        [p.logits for p in prefills],
+        [s.claim.completion_ids for s in group],
+        seeds=[s.claim.sampling_seed for s in group],
+        temperature=temperature,
+        thresholds=thresholds,
+    )
+    for slot, report, prefill, summary in zip(group, reports, prefills, summaries, strict=True):
+        slot.statistics = summary
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
             slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
