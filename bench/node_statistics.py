@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
 import os
 import tempfile
@@ -32,7 +33,9 @@ from rollnet.reference.adversary.cheats import Cheat, CheatingBackend
 from rollnet.reference.inference import harness
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import init_tiny_model
+from rollnet.sdk.proofs.sampling import sampling_margins
 from rollnet.sdk.proofs.statistics import (
+    NEAR_TIE_FLOOR,
     NodeEvidence,
     RolloutStatistics,
     StatisticsPolicy,
@@ -54,7 +57,9 @@ class Scenario:
     honest: bool
     statistics: list[RolloutStatistics]
     passed_per_token: float
-    """Share of rollouts whose every token is within the sampling tolerance."""
+    """Share of rollouts every check accepts (the per-rollout verdict)."""
+    ratios: np.ndarray
+    """Every token's margin / tolerance (diagnostics: where the losses fall)."""
 
 
 def statistics_of(
@@ -62,10 +67,12 @@ def statistics_of(
     rollouts: Sequence[harness.Rollout],
     temperature: float,
     dtype: str,
-) -> tuple[list[RolloutStatistics], float]:
-    """The validator's statistics of ``rollouts`` (and the share passing every check)."""
+) -> tuple[list[RolloutStatistics], float, np.ndarray]:
+    """The validator's statistics of ``rollouts``, the share every check accepts, and each
+    token's margin / tolerance."""
     thresholds = thresholds_for(dtype)
     out: list[RolloutStatistics] = []
+    ratios: list[np.ndarray] = []
     passed = 0
     for start in range(0, len(rollouts), 64):
         chunk = rollouts[start : start + 64]
@@ -83,7 +90,15 @@ def statistics_of(
         )
         reports = harness.verify_prefilled(chunk, prefills, thresholds)
         passed += sum(1 for report in reports if report.accepted)
-    return out, passed / max(1, len(rollouts))
+        for rollout, prefill in zip(chunk, prefills, strict=True):
+            margins = sampling_margins(
+                prefill.logits,
+                rollout.claim.completion_ids,
+                rollout.claim.sampling_seed,
+                temperature,
+            )
+            ratios.append(margins / thresholds.sampling_tolerance)
+    return out, passed / max(1, len(rollouts)), np.concatenate(ratios)
 
 
 def flag_tokens(
@@ -102,6 +117,21 @@ def flag_tokens(
         if judge(evidence, policy).flagged:
             return evidence.tokens
     return None
+
+
+def _binomial_upper(successes: int, trials: int, alpha: float) -> float:
+    """The largest rate ``pi`` with ``P(Binomial(trials, pi) <= successes) >= alpha``."""
+    if trials == 0:
+        return 1.0
+    low, high = successes / trials, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        cdf = sum(
+            math.comb(trials, k) * middle**k * (1 - middle) ** (trials - k)
+            for k in range(successes + 1)
+        )
+        low, high = (middle, high) if cdf >= alpha else (low, middle)
+    return low
 
 
 def add_weight_noise(relative: float, seed: int) -> Callable[[Any], None]:
@@ -259,8 +289,10 @@ def main() -> None:
                     rollout_index=index,
                 )
                 rollouts.append(harness.Rollout(claim, factory.assignment(lb, prompt)))
-            stats, passed = statistics_of(checker or validator, rollouts, temperature, dtype)
-            scenarios.append(Scenario(name, dtype, honest, stats, passed))
+            stats, passed, ratios = statistics_of(
+                checker or validator, rollouts, temperature, dtype
+            )
+            scenarios.append(Scenario(name, dtype, honest, stats, passed, ratios))
             tokens = sum(s.tokens for s in stats)
             print(
                 f"  {dtype} {name}: {n} rollouts, {tokens} tokens, "
@@ -290,8 +322,8 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     print(f"\nload average {os.getloadavg()[0]:.1f}; {args.job_rollouts} rollouts per verdict")
-    print("\n## Per scenario: band events, loss share, log-probability z, per-token pass rate")
-    print("| dtype | scenario | tokens | losses / (losses + wins) | z = S / sqrt(V) | per-token pass |")
+    print("\n## Per scenario: band events, loss share, log-probability z, rollouts accepted")
+    print("| dtype | scenario | tokens | losses / (losses + wins) | z = S / sqrt(V) | accepted |")
     print("|---|---|---|---|---|---|")
     for s in scenarios:
         tokens = sum(x.tokens for x in s.statistics)
@@ -304,6 +336,20 @@ def main() -> None:
         print(
             f"| {s.dtype} | {s.name} | {tokens} | {share} | {z:+.1f} | {s.passed_per_token:.0%} |"
         )
+
+    edges = (-1.0, -0.5, -0.25, -0.1, -0.03, -0.01, 0.0)
+    print("\n## Where the chosen token lost (tokens per margin / tolerance bin, per 10^4 tokens)")
+    labels = [f"[{a:g}, {b:g})" for a, b in itertools.pairwise(edges)]
+    print("| dtype | scenario | < -1 | " + " | ".join(labels) + " | (0, 0.25] | (0.25, 1] |")
+    print("|---|---|" + "---|" * (len(labels) + 3))
+    for s in scenarios:
+        r = s.ratios
+        scale = 1e4 / max(1, r.size)
+        cells = [np.sum(r < -1)] + [
+            np.sum((r >= a) & (r < b)) for a, b in itertools.pairwise(edges)
+        ]
+        cells += [np.sum((r >= 0) & (r <= 0.25)), np.sum((r > 0.25) & (r <= 1))]
+        print(f"| {s.dtype} | {s.name} | " + " | ".join(f"{c * scale:.1f}" for c in cells) + " |")
 
     print("\n## Detection: share of simulated nodes flagged within each token budget")
     print("| dtype | scenario | " + " | ".join(f"{b:,}" for b in BUDGETS) + " | median tokens |")
@@ -318,10 +364,31 @@ def main() -> None:
             )
             for _ in range(args.nodes)
         ]
-        cells = [f"{sum(1 for f in flags if f is not None and f <= b) / len(flags):.0%}" for b in BUDGETS]
+        cells = [
+            f"{sum(1 for f in flags if f is not None and f <= b) / len(flags):.0%}" for b in BUDGETS
+        ]
         caught = sorted(f for f in flags if f is not None)
         median = f"{caught[len(caught) // 2]:,}" if len(caught) * 2 > len(flags) else "-"
         print(f"| {s.dtype} | {s.name} | " + " | ".join(cells) + f" | {median} |")
+
+    print("\n## Honest band losses (pooled honest variations) and the bound on their share")
+    print(
+        "| dtype | honest tokens | band events | band losses | most negative honest margin / tol "
+        "| 99.9% upper bound on the loss share | policy pi0 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
+        honest = [s for s in scenarios if s.honest and s.dtype == dtype]
+        ratios = np.concatenate([s.ratios for s in honest])
+        events = int(np.sum((np.abs(ratios) > NEAR_TIE_FLOOR) & (np.abs(ratios) <= 1)))
+        losses = int(np.sum((ratios >= -1) & (ratios < -NEAR_TIE_FLOOR)))
+        worst = float(ratios.min())
+        # Exact binomial upper bound: the share pi with P(at most `losses` | pi) = 0.001.
+        bound = _binomial_upper(losses, events, 1e-3)
+        print(
+            f"| {dtype} | {ratios.size} | {events} | {losses} | {worst:.4f} | {bound:.4f} "
+            f"| {policy_for(dtype).honest_loss_rate} |"
+        )
 
     print("\n## Honest nodes: false flags (pooled honest variations, per dtype)")
     print("| dtype | honest rollouts | nodes x tokens | flagged | largest CUSUM / threshold |")

@@ -93,7 +93,8 @@ def test_honest_tokens_never_lose_and_steered_ones_do() -> None:
     steered = rollout_statistics_batch(
         [z], [steered_ids], seeds=[9], temperature=TEMPERATURE, thresholds=BFLOAT16
     )[0]
-    assert honest.near_tie_losses == 0 and honest.near_tie_wins > 0
+    assert honest.near_tie_losses == 0
+    assert honest.near_tie_wins > 0
     assert steered.near_tie_losses > 0
 
 
@@ -133,7 +134,7 @@ def test_the_cusum_adds_log_likelihood_ratios_and_restarts_at_zero() -> None:
     evidence = NodeEvidence().add([RolloutStatistics(50, 3, 7, 1.5, 20.0)], POLICY)
     llr = 3 * math.log(0.2 / 0.05) + 7 * math.log(0.8 / 0.95)
     assert evidence.near_tie_cusum == pytest.approx(llr)
-    assert evidence.logprob_high_cusum == pytest.approx(0.0)  # 0.1 * 1.5 - 0.01 * 20 / 2 < 0
+    assert evidence.logprob_high_cusum == pytest.approx(0.1 * 1.5 - 0.01 * 20 / 2)
     assert evidence.logprob_low_cusum == 0.0
     wins_only = evidence.add([RolloutStatistics(50, 0, 40, 0.0, 1.0)], POLICY)
     assert wins_only.near_tie_cusum == 0.0  # never below zero: the next evidence counts fully
@@ -150,22 +151,23 @@ def test_the_threshold_is_derived_and_min_tokens_gates_the_flag() -> None:
         history.append(evidence)
         assert len(history) < 100
     first = judge(evidence, POLICY)
-    assert first.test == "near_tie" and first.statistic >= POLICY.flag_threshold
+    assert first.test == "near_tie"
+    assert first.statistic >= POLICY.flag_threshold
     assert evidence.tokens >= POLICY.min_tokens
     early = NodeEvidence(tokens=10, near_tie_cusum=1e3)
     assert not judge(early, POLICY).flagged
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "message"),
     [
-        RolloutStatistics(5, 4, 2, 0.0, 1.0),  # losses + wins > tokens
-        RolloutStatistics(5, 0, 0, math.nan, 1.0),
-        RolloutStatistics(5, 0, 0, 0.0, -1.0),
+        (RolloutStatistics(5, 4, 2, 0.0, 1.0), "out of range"),  # losses + wins > tokens
+        (RolloutStatistics(5, 0, 0, math.nan, 1.0), "finite"),
+        (RolloutStatistics(5, 0, 0, 0.0, -1.0), "out of range"),
     ],
 )
-def test_evidence_refuses_impossible_statistics(bad: RolloutStatistics) -> None:
-    with pytest.raises(ValueError):
+def test_evidence_refuses_impossible_statistics(bad: RolloutStatistics, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         NodeEvidence().add([bad], POLICY)
 
 

@@ -184,11 +184,7 @@ async def test_rollouts_failing_another_check_are_not_scored(bench: Bench) -> No
 
 @pytest.mark.parametrize(
     "cheat",
-    [
-        c
-        for c in Cheat
-        if c is not Cheat.PROOF_REUSED and CHEATS[c].caught_by != NODE_STATISTICS
-    ],
+    [c for c in Cheat if c is not Cheat.PROOF_REUSED and CHEATS[c].caught_by != NODE_STATISTICS],
 )
 async def test_every_cheat_is_rejected_by_its_check(bench: Bench, cheat: Cheat) -> None:
     task, lease, rollouts = await generate(bench, cheat)

@@ -89,7 +89,7 @@ def flagged_nodes(session: Session) -> dict[str, str]:
             NodeStatistics.flagged_at.is_not(None)
         )
     )
-    return {node_id: test for node_id, test in rows}
+    return dict(rows)
 
 
 __all__ = ["StatisticsRow", "flagged_nodes", "get_node_statistics", "save_node_statistics"]

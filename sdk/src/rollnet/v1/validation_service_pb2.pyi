@@ -103,6 +103,7 @@ class SubmitVerdictRequest(_message.Message):
     VALIDATED_REWARDS_FIELD_NUMBER: _builtins.int
     VALIDATED_WORK_FIELD_NUMBER: _builtins.int
     VALIDATED_LOGPROBS_FIELD_NUMBER: _builtins.int
+    ROLLOUT_STATISTICS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key."""
     job_id: _builtins.str
@@ -136,6 +137,13 @@ class SubmitVerdictRequest(_message.Message):
         rollouts reach the trainer without validated log-probabilities.
         """
 
+    @_builtins.property
+    def rollout_statistics(self) -> _containers.RepeatedCompositeFieldContainer[_validation_pb2.RolloutStatistics]:
+        """With an ACCEPT: each rollout's statistics for the per-node tests, one entry per rollout in
+        the batch's order (losses + wins at most tokens, tokens the rollout's completion length).
+        Empty with a REJECT; an ACCEPT without them adds nothing to the node's evidence.
+        """
+
     def __init__(
         self,
         *,
@@ -149,10 +157,11 @@ class SubmitVerdictRequest(_message.Message):
         validated_rewards: _abc.Iterable[_common_pb2.Reward] | None = ...,
         validated_work: _commitment_pb2.WorkClaim | None = ...,
         validated_logprobs: _abc.Iterable[_validation_pb2.ValidatedLogprobs] | None = ...,
+        rollout_statistics: _abc.Iterable[_validation_pb2.RolloutStatistics] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["validated_work", b"validated_work"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "validated_logprobs", b"validated_logprobs", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "rollout_statistics", b"rollout_statistics", "validated_logprobs", b"validated_logprobs", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

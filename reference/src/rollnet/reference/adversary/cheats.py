@@ -338,12 +338,12 @@ def build_cheating_worker(
 
 __all__ = [
     "CHEATS",
+    "NODE_STATISTICS",
     "Cheat",
     "CheatSpec",
     "CheatingBackend",
     "CheatingGenerator",
     "CheatingWorker",
-    "NODE_STATISTICS",
     "build_cheating_worker",
     "cheap_copy",
     "shuffle_weights",

@@ -89,11 +89,13 @@ def record(
     entries: Sequence[validation_pb2.RolloutStatistics],
     policy: StatisticsPolicy,
     *,
+    temperature: float,
     now: datetime,
 ) -> str | None:
-    """Add one verdict's statistics to the node's evidence; when this update flags the node
-    for the first time, the reason to eject it with (else None)."""
-    if not entries:
+    """Add one verdict's statistics to the node's evidence (a task sampled below the policy's
+    ``min_temperature`` adds nothing); when this update flags the node for the first time, the
+    reason to eject it with (else None)."""
+    if not entries or temperature < policy.min_temperature:
         return None
     row = stored.get_node_statistics(session, node_id, for_update=True) or stored.StatisticsRow()
     evidence = _evidence(row).add(

@@ -928,6 +928,7 @@ class WorkDesk:
                     commitment.node_id,
                     request.rollout_statistics,
                     statistics_policy_for(config.compute_dtype),
+                    temperature=float(task.sampling["temperature"]),
                     now=now,
                 )
                 if flag is not None and worker.state not in (NodeState.BANNED, NodeState.EJECTED):

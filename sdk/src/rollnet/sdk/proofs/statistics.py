@@ -51,7 +51,7 @@ import numpy.typing as npt
 from rollnet.sdk.proofs.sampling import _MARGIN_CHUNK_ELEMENTS, _batch_margins, check_seed
 from rollnet.sdk.proofs.thresholds import Thresholds
 
-NEAR_TIE_FLOOR = 0.25
+NEAR_TIE_FLOOR = 0.05
 """``b``: band events have ``b < |margin| / tolerance <= 1``."""
 
 
@@ -193,6 +193,12 @@ class StatisticsPolicy:
     """``theta``: the log-probability tests' tilt (drift per unit variance they are tuned to)."""
     min_tokens: int
     """No flag before a node has this many summarized tokens."""
+    min_temperature: float = 0.7
+    """Statistics of tasks sampled below this temperature are not added. The fixed sampling
+    tolerance is in logit / T units while honest numeric error grows as 1 / T, so at low
+    temperatures honest near-tie losses are no longer rare next to wins; ``honest_loss_rate``
+    was calibrated at T >= this. (With per-token tolerances from an error model the ratio
+    margin / tolerance no longer depends on T, and this limit can go.)"""
     false_flag_probability: float = 1e-6
     """``alpha``: at most this probability that an honest node is ever flagged within
     :attr:`horizon_tokens` of its tokens."""
@@ -207,8 +213,8 @@ class StatisticsPolicy:
             raise ValueError("logprob_drift must be > 0")
         if not 0 < self.false_flag_probability < 1 or self.horizon_tokens < 1:
             raise ValueError("false_flag_probability in (0, 1) and horizon_tokens >= 1")
-        if self.min_tokens < 0:
-            raise ValueError("min_tokens must be >= 0")
+        if self.min_tokens < 0 or not self.min_temperature >= 0:
+            raise ValueError("min_tokens and min_temperature must be >= 0")
 
     @property
     def flag_threshold(self) -> float:
@@ -217,21 +223,23 @@ class StatisticsPolicy:
 
 
 FLOAT32_POLICY = StatisticsPolicy(
-    honest_loss_rate=0.02,
-    alternative_loss_rate=0.2,
+    honest_loss_rate=0.002,
+    alternative_loss_rate=0.05,
     logprob_drift=0.05,
     min_tokens=1000,
 )
-"""For fp32 networks (honest noise is ~1e-6 of a 1e-3 tolerance: band losses are essentially
-never honest; the rate is bounded loosely all the same)."""
+"""For fp32 networks. Honest fp32 noise is ~1e-3 of the 1e-3 tolerance: no honest band loss was
+measured (``bench/node_statistics.py``; docs/verification.md has the counts)."""
 
 BFLOAT16_POLICY = StatisticsPolicy(
-    honest_loss_rate=0.05,
-    alternative_loss_rate=0.2,
+    honest_loss_rate=0.002,
+    alternative_loss_rate=0.03,
     logprob_drift=0.05,
     min_tokens=1000,
 )
-"""For bf16 networks (calibrated by ``bench/node_statistics.py``)."""
+"""For bf16 networks. Honest bf16 flips fall within 0.03 tolerances of a tie at T >= 0.7, below
+the band (``bench/node_statistics.py``): ``pi0`` bounds the honest loss share with margin; the
+alternative is the share the cheap substitutes of the detection table produce (2-10%)."""
 
 
 def policy_for(dtype: str) -> StatisticsPolicy:
@@ -264,7 +272,9 @@ class NodeEvidence:
     logprob_low_cusum: float = 0.0
     """CUSUM of the log-probability test for a negative drift (unlikely tokens chosen)."""
 
-    def add(self, statistics: Sequence[RolloutStatistics], policy: StatisticsPolicy) -> NodeEvidence:
+    def add(
+        self, statistics: Sequence[RolloutStatistics], policy: StatisticsPolicy
+    ) -> NodeEvidence:
         """The evidence after one verdict's rollouts (one CUSUM update per verdict)."""
         tokens = sum(s.tokens for s in statistics)
         losses = sum(s.near_tie_losses for s in statistics)
