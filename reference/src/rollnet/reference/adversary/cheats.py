@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -273,8 +273,15 @@ def _preferred_tokens(cheat: Cheat, model_dir: str, eos_token_ids: frozenset[int
 class CheatingGenerator(InferenceGenerator):
     """The reference generator; with ``REWARD_INFLATED`` it over-reports every reward by 1."""
 
-    def __init__(self, cheat: Cheat, checkpoints: CheckpointStore, *, seed: int = 0) -> None:
-        super().__init__(lambda: CheatingBackend(cheat, seed=seed), checkpoints)
+    def __init__(
+        self,
+        cheat: Cheat,
+        checkpoints: CheckpointStore,
+        *,
+        seed: int = 0,
+        dtype: DType = "float32",
+    ) -> None:
+        super().__init__(lambda: CheatingBackend(cheat, seed=seed), checkpoints, dtype=dtype)
         self.cheat = cheat
 
     async def generate(
@@ -329,11 +336,13 @@ class CheatingWorker(Worker):
 def build_cheating_worker(
     cheat: Cheat, config: WorkerConfig, identity: Identity, *, keep_checkpoints: int = 3
 ) -> CheatingWorker:
-    """A worker running ``cheat``, with its checkpoint store under ``config.data_dir``."""
+    """A worker running ``cheat``, with its checkpoint store under ``config.data_dir``,
+    computing in the first of ``config.dtypes``."""
     store = CheckpointStore(
         config.data_dir / "checkpoints", network_id=config.network_id, keep=keep_checkpoints
     )
-    return CheatingWorker(config, identity, CheatingGenerator(cheat, store))
+    dtype = cast(DType, config.dtypes[0] if config.dtypes else "float32")
+    return CheatingWorker(config, identity, CheatingGenerator(cheat, store, dtype=dtype))
 
 
 __all__ = [
