@@ -60,6 +60,12 @@ class Scenario:
     """Share of rollouts every check accepts (the per-rollout verdict)."""
     ratios: np.ndarray
     """Every token's margin / tolerance (diagnostics: where the losses fall)."""
+    accepted: list[bool]
+    """Per rollout: whether every check accepts it (only those send statistics)."""
+
+    def sent(self) -> list[RolloutStatistics]:
+        """The statistics a coordinator receives: those of the accepted rollouts."""
+        return [s for s, ok in zip(self.statistics, self.accepted, strict=True) if ok]
 
 
 def statistics_of(
@@ -67,13 +73,13 @@ def statistics_of(
     rollouts: Sequence[harness.Rollout],
     temperature: float,
     dtype: str,
-) -> tuple[list[RolloutStatistics], float, np.ndarray]:
-    """The validator's statistics of ``rollouts``, the share every check accepts, and each
+) -> tuple[list[RolloutStatistics], list[bool], np.ndarray]:
+    """The validator's statistics of ``rollouts``, whether every check accepts each, and each
     token's margin / tolerance."""
     thresholds = thresholds_for(dtype)
     out: list[RolloutStatistics] = []
     ratios: list[np.ndarray] = []
-    passed = 0
+    accepted: list[bool] = []
     for start in range(0, len(rollouts), 64):
         chunk = rollouts[start : start + 64]
         prefills = validator.prefill_batch(
@@ -89,7 +95,7 @@ def statistics_of(
             )
         )
         reports = harness.verify_prefilled(chunk, prefills, thresholds)
-        passed += sum(1 for report in reports if report.accepted)
+        accepted.extend(report.accepted for report in reports)
         for rollout, prefill in zip(chunk, prefills, strict=True):
             margins = sampling_margins(
                 prefill.logits,
@@ -98,7 +104,7 @@ def statistics_of(
                 temperature,
             )
             ratios.append(margins / thresholds.sampling_tolerance)
-    return out, passed / max(1, len(rollouts)), np.concatenate(ratios)
+    return out, accepted, np.concatenate(ratios)
 
 
 def flag_tokens(
@@ -208,6 +214,36 @@ def transformed(base: TorchBackend, transform: Callable[[Any], None]) -> TorchBa
     return backend
 
 
+def print_cost(rounds: int = 5) -> None:
+    """What the statistics add to a validator's checks: :func:`rollout_statistics_batch` next to
+    the sampling check it rides on (same logits), alternating, best of ``rounds``."""
+    from rollnet.sdk.proofs.sampling import check_sampling_batch
+    from rollnet.sdk.proofs.thresholds import BFLOAT16
+
+    print("\n## Validator cost: statistics vs the sampling check on the same logits")
+    print("| vocabulary | rollouts x tokens | sampling check (s) | statistics (s) | ratio |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for vocab, rollouts, tokens in ((101, 64, 48), (32_768, 16, 64), (151_936, 4, 64)):
+        logits = [
+            rng.normal(0, 2, size=(tokens, vocab)).astype(np.float32) for _ in range(rollouts)
+        ]
+        ids = [list(rng.integers(0, vocab, size=tokens)) for _ in range(rollouts)]
+        seeds = list(range(rollouts))
+        best = {"check": math.inf, "stats": math.inf}
+        for _ in range(rounds):
+            tick = time.perf_counter()
+            check_sampling_batch(logits, ids, seeds=seeds, temperature=1.0, thresholds=BFLOAT16)
+            best["check"] = min(best["check"], time.perf_counter() - tick)
+            tick = time.perf_counter()
+            rollout_statistics_batch(logits, ids, seeds=seeds, temperature=1.0, thresholds=BFLOAT16)
+            best["stats"] = min(best["stats"], time.perf_counter() - tick)
+        print(
+            f"| {vocab:,} | {rollouts} x {tokens} | {best['check']:.4f} | {best['stats']:.4f} "
+            f"| {best['stats'] / best['check']:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply rollout counts")
@@ -217,7 +253,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes per attack")
     parser.add_argument("--honest-nodes", type=int, default=2000)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--cost-only", action="store_true", help="only the validator cost table")
     args = parser.parse_args()
+    if args.cost_only:
+        print_cost()
+        return
     started = time.perf_counter()
     torch.set_num_threads(1)
 
@@ -258,6 +298,7 @@ def main() -> None:
             *,
             checker: TorchBackend | None = None,
             sample_temperature: float | None = None,
+            task_temperature: float = temperature,
             batch: int = 64,
             threads: int | None = None,
             dtype: str = dtype,
@@ -268,6 +309,10 @@ def main() -> None:
             previous = torch.get_num_threads()
             if threads is not None:
                 torch.set_num_threads(threads)
+            if task_temperature != factory.temperature:
+                factory = harness.RolloutFactory(
+                    task_temperature, factory.max_new_tokens, factory.eos_token_ids
+                )
             sampler = factory
             if sample_temperature is not None:
                 sampler = harness.RolloutFactory(
@@ -289,14 +334,15 @@ def main() -> None:
                     rollout_index=index,
                 )
                 rollouts.append(harness.Rollout(claim, factory.assignment(lb, prompt)))
-            stats, passed, ratios = statistics_of(
-                checker or validator, rollouts, temperature, dtype
+            stats, accepted, ratios = statistics_of(
+                checker or validator, rollouts, task_temperature, dtype
             )
-            scenarios.append(Scenario(name, dtype, honest, stats, passed, ratios))
+            passed = sum(accepted) / max(1, len(accepted))
+            scenarios.append(Scenario(name, dtype, honest, stats, passed, ratios, accepted))
             tokens = sum(s.tokens for s in stats)
             print(
                 f"  {dtype} {name}: {n} rollouts, {tokens} tokens, "
-                f"{passed:.0%} pass per token, {time.perf_counter() - tick:.0f} s",
+                f"{passed:.0%} accepted per rollout, {time.perf_counter() - tick:.0f} s",
                 flush=True,
             )
 
@@ -306,6 +352,7 @@ def main() -> None:
         run("honest: single sequence", True, worker, count(48), batch=1)
         run("honest: no KV cache", True, no_cache, count(128))
         run("honest: 2 threads", True, worker, count(128), threads=2)
+        run("honest: T=0.7", True, worker, count(256), task_temperature=0.7)
         n_attack = count(192)
         run("weights 1% noise", False, transformed(worker, add_weight_noise(0.01, 5)), n_attack)
         run("weights 0.1% noise", False, transformed(worker, add_weight_noise(0.001, 6)), n_attack)
@@ -358,10 +405,13 @@ def main() -> None:
         if s.honest:
             continue
         policy = policy_for(s.dtype)
+        pool = s.sent()
+        if len(pool) < len(s.statistics) / 2:
+            # Most of its work is rejected by the per-rollout checks: slashed and ejected there.
+            print(f"| {s.dtype} | {s.name} | " + " | ".join(["rejected"] * len(BUDGETS)) + " | - |")
+            continue
         flags = [
-            flag_tokens(
-                s.statistics, policy, rng, budget=BUDGETS[-1], job_rollouts=args.job_rollouts
-            )
+            flag_tokens(pool, policy, rng, budget=BUDGETS[-1], job_rollouts=args.job_rollouts)
             for _ in range(args.nodes)
         ]
         cells = [
@@ -394,7 +444,7 @@ def main() -> None:
     print("| dtype | honest rollouts | nodes x tokens | flagged | largest CUSUM / threshold |")
     print("|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
-        pool = [x for s in scenarios if s.honest and s.dtype == dtype for x in s.statistics]
+        pool = [x for s in scenarios if s.honest and s.dtype == dtype for x in s.sent()]
         policy = policy_for(dtype)
         flagged = 0
         worst = 0.0
@@ -412,6 +462,7 @@ def main() -> None:
             f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
             f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
         )
+    print_cost()
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 

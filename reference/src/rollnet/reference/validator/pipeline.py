@@ -497,7 +497,12 @@ def _validate_rollouts(
     if all(values is not None for values in computed):
         outcome.validated_logprobs = [values for values in computed if values is not None]
     summaries = [slot.statistics for slot in slots]
-    if all(summary is not None for summary in summaries):
+    # All or none, and only finite sums (masked -inf logits of an accepted rollout make NaN
+    # moments): the coordinator refuses a verdict whose statistics are not finite.
+    if all(
+        s is not None and math.isfinite(s.logprob_excess) and math.isfinite(s.logprob_variance)
+        for s in summaries
+    ):
         outcome.rollout_statistics = [s for s in summaries if s is not None]
 
 

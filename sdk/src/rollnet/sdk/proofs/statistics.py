@@ -88,7 +88,11 @@ def sampling_tolerances(
 def _distribution_moments(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[np.int64], temperature: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Per token of the stacked rows: ``log p(y)``, entropy ``H`` and ``Var(log p)``."""
+    """Per token of the stacked rows: ``log p(y)``, entropy ``H`` and ``Var(log p)``.
+
+    With ``s`` the max-shifted scaled logits and ``Z = sum exp(s)``: ``log p = s - log Z``, so
+    ``H = log Z - E_p[s]`` and ``Var(log p) = Var_p(s) = E_p[s^2] - E_p[s]^2`` — two weighted
+    row sums over one ``exp``, no ``[rows, V]`` log-probability array."""
     total = int(ids.size)
     chosen = np.empty(total, dtype=np.float64)
     entropy = np.empty(total, dtype=np.float64)
@@ -104,17 +108,17 @@ def _distribution_moments(
             if block.shape[0] == 0:
                 continue
             stop = start + block.shape[0]
-            scaled = block.astype(np.float64) / temperature
-            scaled -= scaled.max(axis=1, keepdims=True)
-            log_p = scaled - np.log(np.exp(scaled).sum(axis=1, keepdims=True))
-            p = np.exp(log_p)
-            # 0 * -inf is NaN: tokens of zero probability contribute nothing.
-            p_log_p = np.where(p > 0, p * log_p, 0.0)
-            h = -p_log_p.sum(axis=1)
-            second = np.where(p > 0, p_log_p * log_p, 0.0).sum(axis=1)
-            chosen[start:stop] = log_p[np.arange(block.shape[0]), ids[start:stop]]
-            entropy[start:stop] = h
-            variance[start:stop] = np.maximum(second - h * h, 0.0)
+            shifted = block.astype(np.float64) / temperature
+            shifted -= shifted.max(axis=1, keepdims=True)
+            weights = np.exp(shifted)
+            norm = weights.sum(axis=1)
+            log_norm = np.log(norm)
+            first = np.einsum("ij,ij->i", weights, shifted) / norm
+            weights *= shifted
+            second = np.einsum("ij,ij->i", weights, shifted) / norm
+            chosen[start:stop] = shifted[np.arange(block.shape[0]), ids[start:stop]] - log_norm
+            entropy[start:stop] = log_norm - first
+            variance[start:stop] = np.maximum(second - first * first, 0.0)
             start = stop
     return chosen, entropy, variance
 
