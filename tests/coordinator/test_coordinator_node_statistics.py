@@ -220,7 +220,8 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: S
     assert "after 18 tokens" in reason
     row = statistics_row(engine, worker.node_id)
     assert row is not None
-    assert row.flagged_at is not None and row.flagged_test == "near_tie"
+    assert row.flagged_at is not None
+    assert row.flagged_test == "near_tie"
     assert (row.tokens, row.near_tie_losses, row.near_tie_wins) == (18, 6, 6)
     # Every verdict's work was accepted and is credited once: the flagging one too.
     with engine.connect() as conn:

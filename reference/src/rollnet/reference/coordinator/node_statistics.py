@@ -14,6 +14,7 @@ and its figures recorded as the state reason (docs/verification.md, "Per-node st
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -30,6 +31,14 @@ from rollnet.sdk.proofs.statistics import (
 from rollnet.v1 import validation_pb2
 
 FIELD = "rollout_statistics"
+
+
+@dataclass(frozen=True)
+class NodeFlag:
+    """A per-node test flagged a worker: which test, and the state reason to eject it with."""
+
+    test: str
+    reason: str
 
 
 def check_decision(
@@ -91,10 +100,10 @@ def record(
     *,
     temperature: float,
     now: datetime,
-) -> str | None:
+) -> NodeFlag | None:
     """Add one verdict's statistics to the node's evidence (a task sampled below the policy's
-    ``min_temperature`` adds nothing); when this update flags the node for the first time, the
-    reason to eject it with (else None)."""
+    ``min_temperature`` adds nothing); the flag when this update flags the node for the first
+    time, else None."""
     if not entries or temperature < policy.min_temperature:
         return None
     row = stored.get_node_statistics(session, node_id, for_update=True) or stored.StatisticsRow()
@@ -130,7 +139,9 @@ def record(
         ),
         now=now,
     )
-    return flag_reason(judgement, policy, evidence.tokens) if newly else None
+    if not newly:
+        return None
+    return NodeFlag(judgement.test, flag_reason(judgement, policy, evidence.tokens))
 
 
 def flag_reason(judgement: NodeJudgement, policy: StatisticsPolicy, tokens: int) -> str:
@@ -142,4 +153,4 @@ def flag_reason(judgement: NodeJudgement, policy: StatisticsPolicy, tokens: int)
     )
 
 
-__all__ = ["FIELD", "check_decision", "check_shape", "flag_reason", "record"]
+__all__ = ["FIELD", "NodeFlag", "check_decision", "check_shape", "flag_reason", "record"]

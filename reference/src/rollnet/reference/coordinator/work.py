@@ -826,6 +826,7 @@ class WorkDesk:
         verdict_id = secrets.token_hex(12)
         accepted = request.decision == accept
         ejected: list[str] = []  # the worker, when this reject ejects it
+        flagged: list[str] = []  # the per-node test that flagged the worker, if one did
 
         def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
             refuse_unless_in_standing(session, caller)
@@ -931,6 +932,8 @@ class WorkDesk:
                     temperature=float(task.sampling["temperature"]),
                     now=now,
                 )
+                if flag is not None:
+                    flagged.append(flag.test)
                 if flag is not None and worker.state not in (NodeState.BANNED, NodeState.EJECTED):
                     # This commitment's work passed every check: it stays credited. What the
                     # node holds besides (leases, pending validation) is taken back as for any
@@ -940,7 +943,7 @@ class WorkDesk:
                         session,
                         commitment.node_id,
                         NodeState.EJECTED,
-                        flag,
+                        flag.reason,
                         now=now,
                         max_attempts=config.max_attempts,
                         max_validation_attempts=config.max_validation_attempts,
@@ -1016,6 +1019,8 @@ class WorkDesk:
             "accept" if accepted else "reject", request.reject_reason or "none"
         ).inc()
         signals = self.ctx.signals
+        for test in flagged:
+            metrics.nodes_flagged.labels(test).inc()
         if accepted:
             metrics.work_units.inc(verdict.work_units)
             signals.fire(signals.rollouts_accepted)
