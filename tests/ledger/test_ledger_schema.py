@@ -36,6 +36,7 @@ EXPECTED_TABLES = {
     "step_rewards",
     "idempotency_records",
     "request_nonces",
+    "node_statistics",
 }
 
 
