@@ -262,11 +262,11 @@ class RolloutStatistics(_message.Message):
     """Completion tokens summarized."""
     near_tie_losses: _builtins.int
     """Tokens whose seeded Gumbel margin, divided by the per-token sampling tolerance, is in
-    [-1, -0.05): they lost the race under the validator's logits by more than honest noise
+    [-1, -0.1): they lost the race under the validator's logits by more than honest noise
     explains, within tolerance.
     """
     near_tie_wins: _builtins.int
-    """Tokens whose margin / tolerance is in (0.05, 1]: they won by a similarly small margin."""
+    """Tokens whose margin / tolerance is in (0.1, 1]: they won by a similarly small margin."""
     logprob_excess: _builtins.float
     """Sum over tokens of log p(chosen token) + entropy of p, p the validator's sampling
     distribution (nats); zero in expectation for honest draws.
