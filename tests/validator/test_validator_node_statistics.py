@@ -17,7 +17,6 @@ from validator_testing import (
     Ledger,
     coordinator_config_for,
     eventually,
-    honest_worker,
     in_process_validator,
     request_tasks,
     start_trainer,
@@ -26,14 +25,29 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Node, NodeStatistics
 from rollnet.reference.adversary import Cheat, build_cheating_worker
+from rollnet.reference.adversary.cheats import _LOAD_LOCK
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.inference.base import DType
+from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.worker import InferenceGenerator
+from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.statistics import BFLOAT16_POLICY
-from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError
+from rollnet.sdk.worker import Backoff, Worker, WorkerConfig, WorkerFatalError
 
 STEERING_BUDGET = 20_000
 """Tokens within which a digit-steering worker is flagged on the tiny model in bf16 (the
 detection table in docs/verification.md: median ~4k, every simulated node by 10k)."""
+
+
+class SerializedLoadBackend(TorchBackend):
+    """The honest reference backend, loading under the adversary's load lock: transformers'
+    loading is not thread-safe (its meta-device init is process-wide), and this test runs both
+    workers in one process."""
+
+    def load(self, model_dir: str, device: str = "cpu", dtype: DType = "float32") -> None:
+        with _LOAD_LOCK:
+            super().load(model_dir, device=device, dtype=dtype)
 
 
 def evidence(ledger: Ledger, node_id: str) -> tuple[int, int, int, str] | None:
@@ -74,7 +88,20 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
     address = coordinator.address
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    honest, generator = honest_worker(address, tmp_path / "honest", dtype="bfloat16")
+    store = CheckpointStore(tmp_path / "honest" / "checkpoints", network_id=NETWORK)
+    generator = InferenceGenerator(SerializedLoadBackend, store, dtype="bfloat16")
+    honest = Worker(
+        WorkerConfig(
+            target=address,
+            data_dir=tmp_path / "honest",
+            network_id=NETWORK,
+            dtypes=("bfloat16",),
+            pull_wait=1.0,
+            backoff=Backoff(initial=0.1, maximum=1.0),
+        ),
+        Identity.generate(),
+        generator,
+    )
     steering_identity = Identity.generate()
     steering = build_cheating_worker(
         Cheat.STEER_DIGIT,
