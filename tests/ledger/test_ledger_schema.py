@@ -38,6 +38,7 @@ EXPECTED_TABLES = {
     "request_nonces",
     "task_attempts",
     "rollout_fingerprints",
+    "node_statistics",
 }
 
 

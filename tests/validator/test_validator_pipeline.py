@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from validator_testing import NETWORK, seal_job
 
-from rollnet.reference.adversary import CHEATS, Cheat, CheatingGenerator
+from rollnet.reference.adversary import CHEATS, NODE_STATISTICS, Cheat, CheatingGenerator
 from rollnet.reference.envs import RewardBreakdown, RewardResult
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
@@ -182,7 +182,10 @@ async def test_rollouts_failing_another_check_are_not_scored(bench: Bench) -> No
             assert reward == common_pb2.Reward()
 
 
-@pytest.mark.parametrize("cheat", [c for c in Cheat if c is not Cheat.PROOF_REUSED])
+@pytest.mark.parametrize(
+    "cheat",
+    [c for c in Cheat if c is not Cheat.PROOF_REUSED and CHEATS[c].caught_by != NODE_STATISTICS],
+)
 async def test_every_cheat_is_rejected_by_its_check(bench: Bench, cheat: Cheat) -> None:
     task, lease, rollouts = await generate(bench, cheat)
     job, blob = seal_job(task, lease, rollouts)

@@ -7,7 +7,7 @@ natural keys. Enum-valued columns hold short strings (see :mod:`rollnet.ledger.e
 Tables: ``nodes``, ``tasks``, ``blobs``, ``commitments``, ``validation_jobs``, ``verdicts``,
 ``checkpoints``, ``ledger_entries``, ``ledger_chain_tip`` (one row: the head every append
 serialises on), ``ledger_signed_heads``, ``step_rewards``, ``idempotency_records``,
-``request_nonces``, ``task_attempts`` and ``rollout_fingerprints``.
+``request_nonces``, ``task_attempts``, ``rollout_fingerprints`` and ``node_statistics``.
 """
 
 from __future__ import annotations
@@ -505,3 +505,39 @@ class RequestNonce(Base):
     signed_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     node_id: Mapped[str] = mapped_column(String(NODE_ID_LENGTH), primary_key=True)
     nonce: Mapped[str] = mapped_column(String(32), primary_key=True)
+
+
+class NodeStatistics(Base):
+    """A worker's per-node evidence: running sums of the validators' per-rollout statistics
+    and the sequential tests' CUSUMs (``rollnet.sdk.proofs.statistics``).
+
+    One row per worker, updated by each accepting verdict that carries statistics, in the
+    verdict's transaction (the row is read FOR UPDATE). ``flagged_at`` is set once, when a test
+    flags the node (it is then ejected with the test in its ``state_reason``).
+    """
+
+    __tablename__ = "node_statistics"
+    __table_args__ = (
+        CheckConstraint("tokens >= 0", name="tokens_non_negative"),
+        CheckConstraint(
+            "near_tie_losses >= 0 AND near_tie_wins >= 0 "
+            "AND near_tie_losses + near_tie_wins <= tokens",
+            name="near_tie_counts",
+        ),
+        CheckConstraint("logprob_variance >= 0", name="variance_non_negative"),
+    )
+
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    #: Completion tokens summarized.
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    near_tie_losses: Mapped[int] = mapped_column(BigInteger)
+    near_tie_wins: Mapped[int] = mapped_column(BigInteger)
+    logprob_excess: Mapped[float] = mapped_column(Float)
+    logprob_variance: Mapped[float] = mapped_column(Float)
+    near_tie_cusum: Mapped[float] = mapped_column(Float)
+    logprob_high_cusum: Mapped[float] = mapped_column(Float)
+    logprob_low_cusum: Mapped[float] = mapped_column(Float)
+    #: When a test flagged the node (NULL: never), and which (``near_tie``, ``logprob_low``...).
+    flagged_at: Mapped[datetime | None]
+    flagged_test: Mapped[str] = mapped_column(String(32), default="")
+    updated_at: Mapped[datetime]

@@ -262,3 +262,49 @@ class ValidatedLogprobs(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ValidatedLogprobs: _TypeAlias = ValidatedLogprobs  # noqa: Y015
+
+@_typing.final
+class RolloutStatistics(_message.Message):
+    """A validator's per-rollout statistics of one accepted rollout's completion tokens, for the
+    coordinator's per-node sequential tests (docs/verification.md "Per-node statistics"): computed
+    from the validator's own prefill, so only a validator can report them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    NEAR_TIE_LOSSES_FIELD_NUMBER: _builtins.int
+    NEAR_TIE_WINS_FIELD_NUMBER: _builtins.int
+    LOGPROB_EXCESS_FIELD_NUMBER: _builtins.int
+    LOGPROB_VARIANCE_FIELD_NUMBER: _builtins.int
+    tokens: _builtins.int
+    """Completion tokens summarized."""
+    near_tie_losses: _builtins.int
+    """Tokens whose seeded Gumbel margin, divided by the per-token sampling tolerance, is in
+    [-1, -0.1): they lost the race under the validator's logits by more than honest noise
+    explains, within tolerance.
+    """
+    near_tie_wins: _builtins.int
+    """Tokens whose margin / tolerance is in (0.1, 1]: they won by a similarly small margin."""
+    logprob_excess: _builtins.float
+    """Sum over tokens of log p(chosen token) + entropy of p, p the validator's sampling
+    distribution (nats); zero in expectation for honest draws.
+    """
+    logprob_variance: _builtins.float
+    """Sum over tokens of the variance of log p(token) under p (nats squared)."""
+    def __init__(
+        self,
+        *,
+        tokens: _builtins.int = ...,
+        near_tie_losses: _builtins.int = ...,
+        near_tie_wins: _builtins.int = ...,
+        logprob_excess: _builtins.float = ...,
+        logprob_variance: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob_excess", b"logprob_excess", "logprob_variance", b"logprob_variance", "near_tie_losses", b"near_tie_losses", "near_tie_wins", b"near_tie_wins", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutStatistics: _TypeAlias = RolloutStatistics  # noqa: Y015

@@ -103,6 +103,7 @@ class SubmitVerdictRequest(_message.Message):
     VALIDATED_REWARDS_FIELD_NUMBER: _builtins.int
     VALIDATED_WORK_FIELD_NUMBER: _builtins.int
     VALIDATED_LOGPROBS_FIELD_NUMBER: _builtins.int
+    ROLLOUT_STATISTICS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key."""
     job_id: _builtins.str
@@ -131,9 +132,17 @@ class SubmitVerdictRequest(_message.Message):
     def validated_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_validation_pb2.ValidatedLogprobs]:
         """With an ACCEPT: the validator's recomputed log-probabilities of each rollout's completion
         tokens, one entry per rollout in the batch's order, one value per completion token (finite,
-        at most 0). The trainer's importance ratios use these instead of the worker's
+        at most 0), or none for a rollout the job's challenge did not draw. The trainer's importance ratios use these instead of the worker's
         behaviour_logprobs. Empty with a REJECT; an ACCEPT without them is recorded, and its
         rollouts reach the trainer without validated log-probabilities.
+        """
+
+    @_builtins.property
+    def rollout_statistics(self) -> _containers.RepeatedCompositeFieldContainer[_validation_pb2.RolloutStatistics]:
+        """With an ACCEPT: each rollout's statistics for the per-node tests, one entry per rollout in
+        the batch's order (losses + wins at most tokens, tokens the rollout's completion length, or
+        an all-zero entry for a rollout the job's challenge did not draw). Empty with a REJECT; an
+        ACCEPT without them adds nothing to the node's evidence.
         """
 
     def __init__(
@@ -149,10 +158,11 @@ class SubmitVerdictRequest(_message.Message):
         validated_rewards: _abc.Iterable[_common_pb2.Reward] | None = ...,
         validated_work: _commitment_pb2.WorkClaim | None = ...,
         validated_logprobs: _abc.Iterable[_validation_pb2.ValidatedLogprobs] | None = ...,
+        rollout_statistics: _abc.Iterable[_validation_pb2.RolloutStatistics] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["validated_work", b"validated_work"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "validated_logprobs", b"validated_logprobs", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks", b"checks", "decision", b"decision", "fencing_token", b"fencing_token", "job_id", b"job_id", "lease_id", b"lease_id", "reject_reason", b"reject_reason", "request_id", b"request_id", "rollout_statistics", b"rollout_statistics", "validated_logprobs", b"validated_logprobs", "validated_rewards", b"validated_rewards", "validated_work", b"validated_work"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,6 +7,7 @@ the check that catches each.
 
 from rollnet.reference.adversary.cheats import (
     CHEATS,
+    NODE_STATISTICS,
     Cheat,
     CheatingBackend,
     CheatingGenerator,
@@ -17,6 +18,7 @@ from rollnet.reference.adversary.cheats import (
 
 __all__ = [
     "CHEATS",
+    "NODE_STATISTICS",
     "Cheat",
     "CheatSpec",
     "CheatingBackend",

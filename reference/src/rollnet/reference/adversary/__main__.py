@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, required=True, help="outbox and checkpoints")
     parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the network's compute dtype (default float32)",
+    )
     parser.add_argument("--log-level", default="INFO")
     node_options.add_argument(parser)
     return parser
@@ -51,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir=args.data_dir,
         network_id=args.network_id,
         backends=("torch",),
-        dtypes=("float32",),
+        dtypes=(args.dtype,),
         software_version=f"rollnet-adversary/{args.cheat}",
         pull_wait=args.pull_wait,
         backoff=Backoff(initial=0.2, maximum=2.0),

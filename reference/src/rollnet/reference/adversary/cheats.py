@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,6 +32,7 @@ from rollnet.reference.worker import InferenceGenerator
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs import LeaseBinding, commitment_digest, toploc
+from rollnet.sdk.proofs.thresholds import thresholds_for
 from rollnet.sdk.worker import LeaseContext, PendingSubmission, Worker, WorkerConfig
 from rollnet.v1 import rollout_pb2, task_pb2
 
@@ -51,6 +52,17 @@ class Cheat(StrEnum):
     TRUNCATED = "truncated"
     REWARD_INFLATED = "reward_inflated"
     PROOF_REUSED = "proof_reused"
+    STEER_DIGIT = "steer_digit"
+    STEER_EOS = "steer_eos"
+
+
+NODE_STATISTICS = "node_statistics"
+"""``caught_by`` of the cheats no single job shows: every token passes its check, and the
+coordinator's per-node statistics flag the node (``docs/verification.md``)."""
+
+STEERING_FRACTION = 0.9
+"""A steering cheat takes its preferred token when its score is within this fraction of the
+sampling tolerance of the winner's (inside what the per-token check admits)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,16 @@ CHEATS: dict[Cheat, CheatSpec] = {
             "answers a prompt of its choosing, as long as the assigned one",
         ),
         CheatSpec(Cheat.TOKEN_ALTERED, "sampling", "one completion token edited"),
+        CheatSpec(
+            Cheat.STEER_DIGIT,
+            NODE_STATISTICS,
+            "picks a digit whenever its score is within 0.9 tolerance of the winner",
+        ),
+        CheatSpec(
+            Cheat.STEER_EOS,
+            NODE_STATISTICS,
+            "picks EOS whenever its score is within 0.9 tolerance of the winner (stops early)",
+        ),
         CheatSpec(Cheat.WRONG_SEED, "sampling", "sampled with seeds of its choosing"),
         CheatSpec(Cheat.CHEAP_THEN_PREFILL, "sampling", "1-layer model generates, prefill proves"),
         CheatSpec(Cheat.TRUNCATED, "termination", "completions cut short, claimed at the limit"),
@@ -118,6 +140,8 @@ class CheatingBackend(TorchBackend):
         self.seed = seed
         self._cheap: TorchBackend | None = None
         self._easy_prompt: list[int] = []
+        self._preferred: torch.Tensor | None = None
+        self._steering_fraction = STEERING_FRACTION
 
     def load(self, model_dir: str, device: str = "cpu", dtype: DType = "float32") -> None:
         """Load the checkpoint honestly, then apply the cheat's model change."""
@@ -143,6 +167,30 @@ class CheatingBackend(TorchBackend):
             from rollnet.reference.inference.tokenization import CheckpointTokenizer
 
             self._easy_prompt = CheckpointTokenizer.load(model_dir).encode("1+1=")
+        elif self.cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
+            self.steer_towards(_preferred_tokens(self.cheat, model_dir, self.eos_token_ids))
+
+    def steer_towards(self, preferred: Sequence[int], fraction: float = STEERING_FRACTION) -> None:
+        """Steer: take a token of ``preferred`` whenever its seeded score is within
+        ``fraction`` of the network dtype's sampling tolerance of the winner's."""
+        self._preferred = torch.tensor(sorted(set(preferred)), dtype=torch.long)
+        self._steering_fraction = fraction
+
+    def _pick(self, scores: torch.Tensor, scaled: torch.Tensor, temperature: float) -> torch.Tensor:
+        winner = super()._pick(scores, scaled, temperature)
+        if self._preferred is None:
+            return winner
+        # The validator's per-row tolerance (the error model: dtype, the row's logit magnitude,
+        # 1 / T), of which the steerer uses the given fraction.
+        thresholds = thresholds_for(self.dtype)
+        magnitude = scaled.abs().amax(dim=-1).double()
+        tolerance = self._steering_fraction * (
+            thresholds.logit_error_relative * magnitude + thresholds.logit_error_floor / temperature
+        )
+        preferred = self._preferred.to(scores.device)
+        best, index = scores[:, preferred].max(dim=-1)
+        close = best >= scores.max(dim=-1).values - tolerance
+        return torch.where(close, preferred[index], winner)
 
     def _reprove(self, generation: Generation, completion: Sequence[int]) -> bytes:
         # What a cheat can always do: an honest prefill over the tokens it wants to claim.
@@ -220,11 +268,27 @@ class CheatingBackend(TorchBackend):
         )
 
 
+def _preferred_tokens(cheat: Cheat, model_dir: str, eos_token_ids: frozenset[int]) -> list[int]:
+    if cheat is Cheat.STEER_EOS:
+        return sorted(eos_token_ids)
+    from rollnet.reference.inference.tokenization import CheckpointTokenizer
+
+    tokenizer = CheckpointTokenizer.load(model_dir)
+    return sorted({t for digit in "0123456789" for t in tokenizer.encode(digit)})
+
+
 class CheatingGenerator(InferenceGenerator):
     """The reference generator; with ``REWARD_INFLATED`` it over-reports every reward by 1."""
 
-    def __init__(self, cheat: Cheat, checkpoints: CheckpointStore, *, seed: int = 0) -> None:
-        super().__init__(lambda: CheatingBackend(cheat, seed=seed), checkpoints)
+    def __init__(
+        self,
+        cheat: Cheat,
+        checkpoints: CheckpointStore,
+        *,
+        seed: int = 0,
+        dtype: DType = "float32",
+    ) -> None:
+        super().__init__(lambda: CheatingBackend(cheat, seed=seed), checkpoints, dtype=dtype)
         self.cheat = cheat
 
     async def generate(
@@ -279,15 +343,18 @@ class CheatingWorker(Worker):
 def build_cheating_worker(
     cheat: Cheat, config: WorkerConfig, identity: Identity, *, keep_checkpoints: int = 3
 ) -> CheatingWorker:
-    """A worker running ``cheat``, with its checkpoint store under ``config.data_dir``."""
+    """A worker running ``cheat``, with its checkpoint store under ``config.data_dir``,
+    computing in the first of ``config.dtypes``."""
     store = CheckpointStore(
         config.data_dir / "checkpoints", network_id=config.network_id, keep=keep_checkpoints
     )
-    return CheatingWorker(config, identity, CheatingGenerator(cheat, store))
+    dtype = cast(DType, config.dtypes[0] if config.dtypes else "float32")
+    return CheatingWorker(config, identity, CheatingGenerator(cheat, store, dtype=dtype))
 
 
 __all__ = [
     "CHEATS",
+    "NODE_STATISTICS",
     "Cheat",
     "CheatSpec",
     "CheatingBackend",

@@ -849,6 +849,19 @@ def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
                 MAX_ROLLOUTS_PER_TASK,
                 note="one per rollout, with an ACCEPT only",
             ),
+            "rollout_statistics": Each(
+                Nested("rollnet.v1.RolloutStatistics"),
+                MAX_ROLLOUTS_PER_TASK,
+                note="one per rollout, with an ACCEPT only",
+            ),
+        },
+        "rollnet.v1.RolloutStatistics": {
+            # Counts of a rollout's completion tokens: at most max_new_tokens each.
+            "tokens": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
+            "near_tie_losses": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
+            "near_tie_wins": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
+            "logprob_excess": finite,
+            "logprob_variance": Real(low=0),
         },
         "rollnet.v1.ValidatedLogprobs": {
             # A log-probability: finite and at most 0; one per completion token, and a rollout

@@ -62,6 +62,12 @@ class CoordinatorMetrics:
             ["decision", "reason"],
             registry=self.registry,
         )
+        self.nodes_flagged = Counter(
+            "rollnet_nodes_flagged_total",
+            "Workers flagged (and ejected) by a per-node statistics test, by test",
+            ["test"],
+            registry=self.registry,
+        )
         self.orphan_blobs_deleted = Counter(
             "rollnet_orphan_blobs_deleted_total",
             "Uploads deleted because nothing referenced them within orphan_blob_ttl",

@@ -34,7 +34,7 @@ from rollnet.ledger.enums import AttemptOutcome, EntryKind, NodeRole, NodeState,
 from rollnet.ledger.leases import LeaseOutcome
 from rollnet.ledger.models import Commitment
 from rollnet.ledger.tasks import TaskTerms
-from rollnet.reference.coordinator import copies, logprobs
+from rollnet.reference.coordinator import copies, logprobs, node_statistics
 from rollnet.reference.coordinator.blobstore import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -69,6 +69,7 @@ from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import SEED_DOMAIN, derive_sampling_seed, proof_digest
 from rollnet.sdk.proofs.challenge import sign_challenge
+from rollnet.sdk.proofs.statistics import policy_for as statistics_policy_for
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -906,6 +907,7 @@ class WorkDesk:
             "is required when rejecting",
         )
         logprobs.check_decision(request.validated_logprobs, request.decision == accept, v)
+        node_statistics.check_decision(request.rollout_statistics, request.decision == accept, v)
         v.raise_if_any()
         config = self.ctx.config
         now = self.ctx.clock()
@@ -913,6 +915,7 @@ class WorkDesk:
         accepted = request.decision == accept
         ejected: list[str] = []  # the worker, when this reject ejects it
         rejected: list[str] = []  # the worker, when this is a reject
+        flagged: list[str] = []  # the per-node test that flagged the worker, if one did
 
         def work(session: Session) -> validation_service_pb2.SubmitVerdictResponse:
             refuse_unless_in_standing(session, caller)
@@ -928,10 +931,10 @@ class WorkDesk:
                 raise invalid(
                     ("validated_rewards", f"must hold {expected} rewards, one per rollout")
                 )
-            if request.validated_logprobs:
-                logprobs.check_shape(
-                    request.validated_logprobs, self._completion_tokens(commitment)
-                )
+            if request.validated_logprobs or request.rollout_statistics:
+                completion_tokens = self._completion_tokens(commitment)
+                logprobs.check_shape(request.validated_logprobs, completion_tokens)
+                node_statistics.check_shape(request.rollout_statistics, completion_tokens)
             validated = request.validated_work
             if accepted and validated.prefill_tokens + validated.decode_tokens > max(
                 commitment.claimed_work, 0
@@ -1010,6 +1013,30 @@ class WorkDesk:
                     [(r.task_reward, r.length_penalty, r.total) for r in request.validated_rewards],
                     now=now,
                 )
+                flag = node_statistics.record(
+                    session,
+                    commitment.node_id,
+                    request.rollout_statistics,
+                    statistics_policy_for(config.compute_dtype),
+                    temperature=float(task.sampling["temperature"]),
+                    now=now,
+                )
+                if flag is not None:
+                    flagged.append(flag.test)
+                if flag is not None and worker.state not in (NodeState.BANNED, NodeState.EJECTED):
+                    # This commitment's work passed every check: it stays credited. What the
+                    # node holds besides (leases, pending validation) is taken back as for any
+                    # ejection; its committed batches are still judged one by one.
+                    ejected.append(commitment.node_id)
+                    eject_node(
+                        session,
+                        commitment.node_id,
+                        NodeState.EJECTED,
+                        flag.reason,
+                        now=now,
+                        max_attempts=config.max_attempts,
+                        max_validation_attempts=config.max_validation_attempts,
+                    )
             else:
                 tasks.transition_task(
                     session,
@@ -1096,6 +1123,8 @@ class WorkDesk:
             "accept" if accepted else "reject", request.reject_reason or "none"
         ).inc()
         signals = self.ctx.signals
+        for test in flagged:
+            metrics.nodes_flagged.labels(test).inc()
         if accepted:
             metrics.work_units.inc(verdict.work_units)
             signals.fire(signals.rollouts_accepted)

@@ -204,7 +204,7 @@ class TorchBackend:
                         )
                     else:
                         noise = gumbel_noise(seed_tensor, steps, scaled.shape[-1])
-                    token = torch.argmax(scaled.double() + noise, dim=-1)
+                    token = self._pick(scaled.double() + noise, scaled, sampling.temperature)
                 else:
                     probs = torch.softmax(scaled, dim=-1)
                     token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -254,6 +254,13 @@ class TorchBackend:
                 )
             )
         return results
+
+    def _pick(self, scores: torch.Tensor, scaled: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The token of each row of seeded Gumbel scores ``[B, V]`` (``scaled + noise``,
+        ``scaled`` the logits / ``temperature``): the argmax (the protocol's rule; an adversary
+        overrides this to steer)."""
+        del scaled, temperature
+        return torch.argmax(scores, dim=-1)
 
     # -- validator prefill -----------------------------------------------------------------
 

@@ -70,6 +70,7 @@ from rollnet.sdk.proofs import (
 from rollnet.sdk.proofs import CheckResult as ProofCheck
 from rollnet.sdk.proofs.challenge import challenged_rollouts, verify_challenge
 from rollnet.sdk.proofs.sampling import MAX_SEED
+from rollnet.sdk.proofs.statistics import RolloutStatistics, rollout_statistics_batch
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -186,6 +187,9 @@ class JobOutcome:
     """The rollouts checked in full (prefilled), by batch index."""
     prefill_seconds: float = 0.0
     """Wall seconds spent in the backend's prefills (the floor of the job's cost)."""
+    rollout_statistics: list[RolloutStatistics] = field(default_factory=list)
+    """Per rollout in batch order, its statistics for the coordinator's per-node tests (an empty
+    entry for a rollout the challenge did not draw). Sent with an ACCEPT."""
     notes: list[str] = field(default_factory=list)
     """Human-readable details of batch-level failures (for logs; not sent)."""
 
@@ -233,6 +237,20 @@ class JobOutcome:
                 [
                     validation_pb2.ValidatedLogprobs(logprobs=values.astype(np.float32).tolist())
                     for values in self.validated_logprobs
+                ]
+                if self.accepted
+                else []
+            ),
+            rollout_statistics=(
+                [
+                    validation_pb2.RolloutStatistics(
+                        tokens=stats.tokens,
+                        near_tie_losses=stats.near_tie_losses,
+                        near_tie_wins=stats.near_tie_wins,
+                        logprob_excess=stats.logprob_excess,
+                        logprob_variance=stats.logprob_variance,
+                    )
+                    for stats in self.rollout_statistics
                 ]
                 if self.accepted
                 else []
@@ -443,6 +461,8 @@ class _Slot:
     """The validator's log-probability of each completion token, once its check computed them."""
     challenged: bool = True
     """Whether the job's challenge drew it for the checks that need the model."""
+    statistics: RolloutStatistics | None = None
+    """Its per-node statistics, once its prefill ran."""
 
 
 _EMPTY_CLAIM = RolloutClaim((), (), "unspecified", b"", 0, 0, b"")
@@ -573,10 +593,22 @@ def _validate_rollouts(
         outcome.validated_logprobs = [
             slot.logprobs if slot.logprobs is not None else _NO_LOGPROBS for slot in slots
         ]
+    summaries = [slot.statistics if slot.challenged else _NO_STATISTICS for slot in slots]
+    # All or none, and only finite sums (masked -inf logits of an accepted rollout make NaN
+    # moments): the coordinator refuses a verdict whose statistics are not finite.
+    if all(
+        s is not None and math.isfinite(s.logprob_excess) and math.isfinite(s.logprob_variance)
+        for s in summaries
+    ):
+        outcome.rollout_statistics = [s for s in summaries if s is not None]
 
 
 _NO_LOGPROBS: npt.NDArray[np.float64] = np.zeros(0)
 """The validated log-probabilities of a rollout the challenge did not draw: none."""
+_NO_STATISTICS = RolloutStatistics(
+    tokens=0, near_tie_losses=0, near_tie_wins=0, logprob_excess=0.0, logprob_variance=0.0
+)
+"""The statistics of a rollout the challenge did not draw: no tokens summarized."""
 
 
 LOGITS_BUDGET = 1 << 28
@@ -676,7 +708,15 @@ def _check_group(
         logits=[p.logits for p in prefills],
         thresholds=thresholds,
     )
-    for slot, report, prefill in zip(group, reports, prefills, strict=True):
+    summaries = rollout_statistics_batch(
+        [p.logits for p in prefills],
+        [s.claim.completion_ids for s in group],
+        seeds=[s.claim.sampling_seed for s in group],
+        temperature=temperature,
+        thresholds=thresholds,
+    )
+    for slot, report, prefill, summary in zip(group, reports, prefills, summaries, strict=True):
+        slot.statistics = summary
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
             slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))

@@ -1,0 +1,470 @@
+"""Per-node statistics on the tiny model: honest false flags and detection vs token budget.
+
+Generates honest rollouts under the calibration harness's honest variations and rollouts of each
+attack that per-token checks pass on bf16 networks (cheaper models, a stale checkpoint, a sharper
+sampler, steering), per network dtype (worker and validator both in it). The validator's
+per-rollout statistics (:mod:`rollnet.sdk.proofs.statistics`) are then fed, in verdicts of
+``--job-rollouts`` rollouts, to the per-node sequential tests as the coordinator runs them:
+nodes are streams of rollouts drawn with replacement from a scenario's pool, and the table
+prints the share flagged within each token budget, plus the honest false-flag count over many
+honest node streams.
+
+    .venv/bin/python bench/node_statistics.py [--scale 1.0] [--max-new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollnet.reference.adversary.cheats import Cheat, CheatingBackend
+from rollnet.reference.inference import harness
+from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.model.tiny import init_tiny_model
+from rollnet.sdk.proofs.sampling import sampling_margins
+from rollnet.sdk.proofs.statistics import (
+    NEAR_TIE_FLOOR,
+    NodeEvidence,
+    RolloutStatistics,
+    StatisticsPolicy,
+    judge,
+    policy_for,
+    rollout_statistics_batch,
+)
+from rollnet.sdk.proofs.thresholds import sampling_tolerances, thresholds_for
+
+BUDGETS = (300, 1_000, 3_000, 10_000, 30_000)
+
+
+@dataclass
+class Scenario:
+    """The per-rollout statistics of one scenario, and whether its rollouts passed per token."""
+
+    name: str
+    dtype: str
+    honest: bool
+    statistics: list[RolloutStatistics]
+    passed_per_token: float
+    """Share of rollouts every check accepts (the per-rollout verdict)."""
+    ratios: np.ndarray
+    """Every token's margin / tolerance (diagnostics: where the losses fall)."""
+    accepted: list[bool]
+    """Per rollout: whether every check accepts it (only those send statistics)."""
+
+    def sent(self) -> list[RolloutStatistics]:
+        """The statistics a coordinator receives: those of the accepted rollouts."""
+        return [s for s, ok in zip(self.statistics, self.accepted, strict=True) if ok]
+
+
+def statistics_of(
+    validator: TorchBackend,
+    rollouts: Sequence[harness.Rollout],
+    temperature: float,
+    dtype: str,
+) -> tuple[list[RolloutStatistics], list[bool], np.ndarray]:
+    """The validator's statistics of ``rollouts``, whether every check accepts each, and each
+    token's margin / tolerance."""
+    thresholds = thresholds_for(dtype)
+    out: list[RolloutStatistics] = []
+    ratios: list[np.ndarray] = []
+    accepted: list[bool] = []
+    for start in range(0, len(rollouts), 64):
+        chunk = rollouts[start : start + 64]
+        prefills = validator.prefill_batch(
+            [(r.assignment.assigned_prompt_ids, r.claim.completion_ids) for r in chunk]
+        )
+        out.extend(
+            rollout_statistics_batch(
+                [p.logits for p in prefills],
+                [r.claim.completion_ids for r in chunk],
+                seeds=[r.claim.sampling_seed for r in chunk],
+                temperature=temperature,
+                thresholds=thresholds,
+            )
+        )
+        reports = harness.verify_prefilled(chunk, prefills, thresholds)
+        accepted.extend(report.accepted for report in reports)
+        for rollout, prefill in zip(chunk, prefills, strict=True):
+            margins = sampling_margins(
+                prefill.logits,
+                rollout.claim.completion_ids,
+                rollout.claim.sampling_seed,
+                temperature,
+            )
+            ratios.append(margins / sampling_tolerances(prefill.logits, temperature, thresholds))
+    return out, accepted, np.concatenate(ratios)
+
+
+def flag_tokens(
+    pool: Sequence[RolloutStatistics],
+    policy: StatisticsPolicy,
+    rng: np.random.Generator,
+    *,
+    budget: int,
+    job_rollouts: int,
+) -> int | None:
+    """Tokens a node drawing rollouts from ``pool`` had summarized when flagged (or None)."""
+    evidence = NodeEvidence()
+    while evidence.tokens < budget:
+        picks = rng.integers(0, len(pool), size=job_rollouts)
+        evidence = evidence.add([pool[i] for i in picks], policy)
+        if judge(evidence, policy).flagged:
+            return evidence.tokens
+    return None
+
+
+def _binomial_upper(successes: int, trials: int, alpha: float) -> float:
+    """The largest rate ``pi`` with ``P(Binomial(trials, pi) <= successes) >= alpha``."""
+    if trials == 0:
+        return 1.0
+    low, high = successes / trials, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        cdf = sum(
+            math.comb(trials, k) * middle**k * (1 - middle) ** (trials - k)
+            for k in range(successes + 1)
+        )
+        low, high = (middle, high) if cdf >= alpha else (low, middle)
+    return low
+
+
+def add_weight_noise(relative: float, seed: int) -> Callable[[Any], None]:
+    """Multiply every weight by ``1 + relative * N(0, 1)``."""
+
+    def transform(model: Any) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float32)
+                parameter.mul_(1 + relative * noise.to(parameter.dtype))
+
+    return transform
+
+
+def untie_head(model: Any) -> Any:
+    """Give the model its own LM head (a copy of the tied embeddings): the untied variant."""
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    return head
+
+
+def head_noise(relative: float, seed: int) -> Callable[[Any], None]:
+    """Untie the head, then multiply its weights by ``1 + relative * N(0, 1)``."""
+
+    def transform(model: Any) -> None:
+        head = untie_head(model)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            noise = torch.randn(head.weight.shape, generator=generator, dtype=torch.float32)
+            head.weight.mul_(1 + relative * noise.to(head.weight.dtype))
+
+    return transform
+
+
+def int8_head(model: Any) -> None:
+    """Untie the head, then fake-quantize it to int8 per output channel."""
+    head = untie_head(model)
+    with torch.no_grad():
+        weight = head.weight
+        scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        weight.copy_(torch.round(weight / scale).clamp(-127, 127) * scale)
+
+
+def adam_step(prompts: Sequence[Sequence[int]], lr: float) -> Callable[[Any], None]:
+    """One Adam step (the first step moves every weight by ``lr * sign(gradient)``) on a
+    language-modelling loss over ``prompts``: the checkpoint after a stale one."""
+
+    def transform(model: Any) -> None:
+        dtype = next(model.parameters()).dtype
+        model.float()
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[*p, *([0] * (width - len(p)))] for p in prompts])
+        labels = torch.tensor([[*p, *([-100] * (width - len(p)))] for p in prompts])
+        with torch.enable_grad():
+            model.zero_grad()
+            model(input_ids=ids, labels=labels).loss.backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.grad is not None:
+                    parameter.sub_(lr * torch.sign(parameter.grad))
+                    parameter.grad = None
+        model.to(dtype)
+
+    return transform
+
+
+def transformed(base: TorchBackend, transform: Callable[[Any], None]) -> TorchBackend:
+    model = copy.deepcopy(base.model)
+    transform(model)
+    backend = TorchBackend()
+    backend.attach(model, dtype=base.dtype, eos_token_ids=base.eos_token_ids)
+    return backend
+
+
+def print_cost(rounds: int = 5) -> None:
+    """What the statistics add to a validator's checks: :func:`rollout_statistics_batch` next to
+    the sampling check it rides on (same logits), alternating, best of ``rounds``."""
+    from rollnet.sdk.proofs.sampling import check_sampling_batch
+    from rollnet.sdk.proofs.thresholds import BFLOAT16
+
+    print("\n## Validator cost: statistics vs the sampling check on the same logits")
+    print("| vocabulary | rollouts x tokens | sampling check (s) | statistics (s) | ratio |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for vocab, rollouts, tokens in ((101, 64, 48), (32_768, 16, 64), (151_936, 4, 64)):
+        logits = [
+            rng.normal(0, 2, size=(tokens, vocab)).astype(np.float32) for _ in range(rollouts)
+        ]
+        ids = [list(rng.integers(0, vocab, size=tokens)) for _ in range(rollouts)]
+        seeds = list(range(rollouts))
+        best = {"check": math.inf, "stats": math.inf}
+        for _ in range(rounds):
+            tick = time.perf_counter()
+            check_sampling_batch(logits, ids, seeds=seeds, temperature=1.0, thresholds=BFLOAT16)
+            best["check"] = min(best["check"], time.perf_counter() - tick)
+            tick = time.perf_counter()
+            rollout_statistics_batch(logits, ids, seeds=seeds, temperature=1.0, thresholds=BFLOAT16)
+            best["stats"] = min(best["stats"], time.perf_counter() - tick)
+        print(
+            f"| {vocab:,} | {rollouts} x {tokens} | {best['check']:.4f} | {best['stats']:.4f} "
+            f"| {best['stats'] / best['check']:.2f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply rollout counts")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--job-rollouts", type=int, default=8, help="rollouts per verdict")
+    parser.add_argument("--nodes", type=int, default=200, help="simulated nodes per attack")
+    parser.add_argument("--honest-nodes", type=int, default=2000)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--cost-only", action="store_true", help="only the validator cost table")
+    args = parser.parse_args()
+    if args.cost_only:
+        print_cost()
+        return
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+
+    def count(n: int) -> int:
+        return max(1, int(n * args.scale))
+
+    work = Path(tempfile.mkdtemp(prefix="rollnet-node-statistics-"))
+    init_tiny_model(work / "tiny", seed=0)
+    prompts = harness.random_prompts(8192, seed=23)
+    cursor = [0]
+
+    def slots(n: int, node: int) -> list[harness.Slot]:
+        start = cursor[0]
+        cursor[0] += n
+        return [
+            (harness.lease(node, start + i), 0, prompts[(start + i) % len(prompts)])
+            for i in range(n)
+        ]
+
+    temperature = args.temperature
+    scenarios: list[Scenario] = []
+    for dtype in args.dtypes.split(","):
+
+        def backend(dtype: str = dtype) -> TorchBackend:
+            b = TorchBackend()
+            b.load(str(work / "tiny"), dtype=dtype)  # type: ignore[arg-type]
+            return b
+
+        validator = backend()
+        worker = backend()
+        factory = harness.RolloutFactory(temperature, args.max_new_tokens, worker.eos_token_ids)
+
+        def run(
+            name: str,
+            honest: bool,
+            generator: TorchBackend,
+            n: int,
+            *,
+            checker: TorchBackend | None = None,
+            sample_temperature: float | None = None,
+            task_temperature: float = temperature,
+            batch: int = 64,
+            threads: int | None = None,
+            dtype: str = dtype,
+            factory: harness.RolloutFactory = factory,
+            validator: TorchBackend = validator,
+        ) -> None:
+            tick = time.perf_counter()
+            previous = torch.get_num_threads()
+            if threads is not None:
+                torch.set_num_threads(threads)
+            if task_temperature != factory.temperature:
+                factory = harness.RolloutFactory(
+                    task_temperature, factory.max_new_tokens, factory.eos_token_ids
+                )
+            sampler = factory
+            if sample_temperature is not None:
+                sampler = harness.RolloutFactory(
+                    sample_temperature, factory.max_new_tokens, factory.eos_token_ids
+                )
+            try:
+                generated = sampler.generate(generator, slots(n, node=1), batch_size=batch)
+            finally:
+                torch.set_num_threads(previous)
+            rollouts = []
+            for generation, lb, index, prompt in generated:
+                claim = harness.seal(
+                    prompt,
+                    generation.completion_ids,
+                    finish_reason=generation.finish_reason,
+                    proof=generation.proof,
+                    seed=int(generation.seed or 0),
+                    lease_binding=lb,
+                    rollout_index=index,
+                )
+                rollouts.append(harness.Rollout(claim, factory.assignment(lb, prompt)))
+            stats, accepted, ratios = statistics_of(
+                checker or validator, rollouts, task_temperature, dtype
+            )
+            passed = sum(accepted) / max(1, len(accepted))
+            scenarios.append(Scenario(name, dtype, honest, stats, passed, ratios, accepted))
+            tokens = sum(s.tokens for s in stats)
+            print(
+                f"  {dtype} {name}: {n} rollouts, {tokens} tokens, "
+                f"{passed:.0%} accepted per rollout, {time.perf_counter() - tick:.0f} s",
+                flush=True,
+            )
+
+        no_cache = TorchBackend(use_kv_cache=False)
+        no_cache.attach(worker.model, dtype=dtype)  # type: ignore[arg-type]
+        run("honest: batched", True, worker, count(512))
+        run("honest: single sequence", True, worker, count(48), batch=1)
+        run("honest: no KV cache", True, no_cache, count(128))
+        run("honest: 2 threads", True, worker, count(128), threads=2)
+        run("honest: T=0.7", True, worker, count(256), task_temperature=0.7)
+        n_attack = count(192)
+        run("weights 1% noise", False, transformed(worker, add_weight_noise(0.01, 5)), n_attack)
+        run("weights 0.1% noise", False, transformed(worker, add_weight_noise(0.001, 6)), n_attack)
+        run("int8 weights", False, transformed(worker, harness.fake_quantize_int8), n_attack)
+        run("int8 LM head (untied)", False, transformed(worker, int8_head), n_attack)
+        run("LM head 3% noise (untied)", False, transformed(worker, head_noise(0.03, 7)), n_attack)
+        stepped = transformed(validator, adam_step(prompts[:64], 1e-5))
+        run("stale checkpoint (Adam lr 1e-5)", False, worker, n_attack, checker=stepped)
+        run("sampling at T=0.95", False, worker, n_attack, sample_temperature=0.95 * temperature)
+        for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
+            steering = CheatingBackend(cheat)
+            steering.load(str(work / "tiny"), dtype=dtype)  # type: ignore[arg-type]
+            run(f"steering ({cheat.value})", False, steering, n_attack)
+
+    rng = np.random.default_rng(0)
+    print(f"\nload average {os.getloadavg()[0]:.1f}; {args.job_rollouts} rollouts per verdict")
+    print("\n## Per scenario: band events, loss share, log-probability z, rollouts accepted")
+    print("| dtype | scenario | tokens | losses / (losses + wins) | z = S / sqrt(V) | accepted |")
+    print("|---|---|---|---|---|---|")
+    for s in scenarios:
+        tokens = sum(x.tokens for x in s.statistics)
+        losses = sum(x.near_tie_losses for x in s.statistics)
+        wins = sum(x.near_tie_wins for x in s.statistics)
+        excess = sum(x.logprob_excess for x in s.statistics)
+        variance = sum(x.logprob_variance for x in s.statistics)
+        share = f"{losses}/{losses + wins} = {losses / max(1, losses + wins):.3f}"
+        z = excess / math.sqrt(variance) if variance > 0 else 0.0
+        print(
+            f"| {s.dtype} | {s.name} | {tokens} | {share} | {z:+.1f} | {s.passed_per_token:.0%} |"
+        )
+
+    edges = (-1.0, -0.5, -0.25, -0.1, -0.03, -0.01, 0.0)
+    print("\n## Where the chosen token lost (tokens per margin / tolerance bin, per 10^4 tokens)")
+    labels = [f"[{a:g}, {b:g})" for a, b in itertools.pairwise(edges)]
+    print("| dtype | scenario | < -1 | " + " | ".join(labels) + " | (0, 0.25] | (0.25, 1] |")
+    print("|---|---|" + "---|" * (len(labels) + 3))
+    for s in scenarios:
+        r = s.ratios
+        scale = 1e4 / max(1, r.size)
+        cells = [np.sum(r < -1)] + [
+            np.sum((r >= a) & (r < b)) for a, b in itertools.pairwise(edges)
+        ]
+        cells += [np.sum((r >= 0) & (r <= 0.25)), np.sum((r > 0.25) & (r <= 1))]
+        print(f"| {s.dtype} | {s.name} | " + " | ".join(f"{c * scale:.1f}" for c in cells) + " |")
+
+    print("\n## Detection: share of simulated nodes flagged within each token budget")
+    print("| dtype | scenario | " + " | ".join(f"{b:,}" for b in BUDGETS) + " | median tokens |")
+    print("|---|---|" + "---|" * (len(BUDGETS) + 1))
+    for s in scenarios:
+        if s.honest:
+            continue
+        policy = policy_for(s.dtype)
+        pool = s.sent()
+        if len(pool) < len(s.statistics) / 2:
+            # Most of its work is rejected by the per-rollout checks: slashed and ejected there.
+            print(f"| {s.dtype} | {s.name} | " + " | ".join(["rejected"] * len(BUDGETS)) + " | - |")
+            continue
+        flags = [
+            flag_tokens(pool, policy, rng, budget=BUDGETS[-1], job_rollouts=args.job_rollouts)
+            for _ in range(args.nodes)
+        ]
+        cells = [
+            f"{sum(1 for f in flags if f is not None and f <= b) / len(flags):.0%}" for b in BUDGETS
+        ]
+        caught = sorted(f for f in flags if f is not None)
+        median = f"{caught[len(caught) // 2]:,}" if len(caught) * 2 > len(flags) else "-"
+        print(f"| {s.dtype} | {s.name} | " + " | ".join(cells) + f" | {median} |")
+
+    print("\n## Honest band losses (pooled honest variations) and the bound on their share")
+    print(
+        "| dtype | honest tokens | band events | band losses | most negative honest margin / tol "
+        "| 99.9% upper bound on the loss share | policy pi0 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
+        honest = [s for s in scenarios if s.honest and s.dtype == dtype]
+        ratios = np.concatenate([s.ratios for s in honest])
+        events = int(np.sum((np.abs(ratios) > NEAR_TIE_FLOOR) & (np.abs(ratios) <= 1)))
+        losses = int(np.sum((ratios >= -1) & (ratios < -NEAR_TIE_FLOOR)))
+        worst = float(ratios.min())
+        # Exact binomial upper bound: the share pi with P(at most `losses` | pi) = 0.001.
+        bound = _binomial_upper(losses, events, 1e-3)
+        print(
+            f"| {dtype} | {ratios.size} | {events} | {losses} | {worst:.4f} | {bound:.4f} "
+            f"| {policy_for(dtype).honest_loss_rate} |"
+        )
+
+    print("\n## Honest nodes: false flags (pooled honest variations, per dtype)")
+    print("| dtype | honest rollouts | nodes x tokens | flagged | largest CUSUM / threshold |")
+    print("|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
+        pool = [x for s in scenarios if s.honest and s.dtype == dtype for x in s.sent()]
+        policy = policy_for(dtype)
+        flagged = 0
+        worst = 0.0
+        for _ in range(args.honest_nodes):
+            evidence = NodeEvidence()
+            while evidence.tokens < BUDGETS[-1]:
+                picks = rng.integers(0, len(pool), size=args.job_rollouts)
+                evidence = evidence.add([pool[i] for i in picks], policy)
+                verdict = judge(evidence, policy)
+                worst = max(worst, verdict.statistic)
+                if verdict.flagged:
+                    flagged += 1
+                    break
+        print(
+            f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
+            f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
+        )
+    print_cost()
+    print(f"\n{time.perf_counter() - started:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Per-rollout sufficient statistics and the per-node sequential tests built on them.
+
+A per-token check passes any token within tolerance, and on bf16 networks the honest tolerance is
+as large as what a cheaper model or a steering worker changes. One token says little; a node's
+thousands of tokens say a lot. The validator condenses each accepted rollout into a few sums
+(:class:`RolloutStatistics`, computed from the prefill it already ran), the coordinator adds them
+up per node (:class:`NodeEvidence`), and two sequential tests decide whether the node's tokens
+still look like honest draws from the checkpoint (:func:`judge`):
+
+* **Near-tie losses.** With ``r = margin / tolerance`` per token (``margin`` the chosen token's
+  seeded Gumbel score minus the best other score, from the validator's logits), a *loss* is a
+  token with ``-1 <= r < -b`` and a *win* one with ``b < r <= 1`` (``b`` =
+  :data:`NEAR_TIE_FLOOR`). Honest numeric noise moves scores by far less than ``b`` tolerances,
+  so an honest node's band losses are rare next to its band wins (a loss needs noise larger than
+  ``b`` tolerances). A worker that swaps in a preferred token whenever it is within tolerance of
+  the winner (steering) or a model whose scores differ by a good fraction of the tolerance
+  (cheap substitutes) turns band wins into band losses. Given the band events, the number of
+  losses is binomial with a rate ``pi`` that the test bounds: H0 ``pi <= pi0``, H1 ``pi = pi1``.
+* **Chosen-token log-probability.** ``x_t = log p_t(y_t) + H_t`` under the validator's
+  distribution ``p_t`` has mean 0 and variance ``Var_t = sum p log^2 p - H_t^2`` when ``y_t`` is
+  drawn from ``p_t``; its sum drifts when the tokens come from another distribution (steering to
+  unlikely tokens: negative; a sharper sampler such as T = 0.95 for 1.0: positive). Two one-sided
+  tests on ``(S, V) = (sum x_t, sum Var_t)``.
+
+Each test is a CUSUM of log-likelihood ratios kept as one number per node and test (the
+coordinator stores it): ``C <- max(0, C + llr)``. Its false-flag probability is derived, not
+guessed: ``C_n >= h`` means that for some restart point ``k`` the likelihood ratio of updates
+``k+1..n`` is at least ``e^h``; for a fixed ``k`` that ratio is a non-negative supermartingale
+with mean at most 1 under H0, so by Ville's inequality it ever reaches ``e^h`` with probability at
+most ``e^-h``; a union over at most ``K`` restart points (one per verdict; ``K`` <= tokens) gives
+``P(flag) <= K e^-h``. :data:`DEFAULT_POLICY` sets ``h = ln(K m / alpha)`` for ``m`` = 3 CUSUMs,
+``K`` = 10^7 and ``alpha`` = 10^-6: an honest node is flagged with probability at most 10^-6 in
+its first 10^7 tokens. The binomial test's supermartingale property is exact given ``pi <= pi0``
+(the calibrated honest rate, with margin); the log-probability test's is exact for Gaussian
+increments and holds approximately (central limit) for sums over many tokens, which is why it
+only runs after :attr:`StatisticsPolicy.min_tokens`. ``docs/verification.md`` ("Per-node
+statistics") has the measured rates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rollnet.sdk.proofs.sampling import _MARGIN_CHUNK_ELEMENTS, _batch_margins, check_seed
+from rollnet.sdk.proofs.thresholds import Thresholds
+from rollnet.sdk.proofs.thresholds import sampling_tolerances as _row_tolerances
+
+NEAR_TIE_FLOOR = 0.1
+"""``b``: band events have ``b < |margin| / tolerance <= 1``. Twice the largest honest bf16 flip
+measured (0.05 tolerances): honest numeric noise stays out of the band."""
+
+
+@dataclass(frozen=True)
+class RolloutStatistics:
+    """Sufficient statistics of one rollout's tokens for the per-node tests."""
+
+    tokens: int
+    """Completion tokens summarized."""
+    near_tie_losses: int
+    """Tokens whose margin / tolerance is in ``[-1, -b)``: the chosen token lost the seeded race
+    under the validator's logits by more than honest noise explains, but within tolerance."""
+    near_tie_wins: int
+    """Tokens whose margin / tolerance is in ``(b, 1]``: won by a similar small margin."""
+    logprob_excess: float
+    """``sum_t (log p_t(y_t) + H_t)`` under the validator's sampling distribution (nats)."""
+    logprob_variance: float
+    """``sum_t Var_{y ~ p_t}(log p_t(y))``: the excess's variance for honest draws (nats^2)."""
+
+
+def sampling_tolerances(
+    arrays: Sequence[npt.NDArray[Any]], thresholds: Thresholds, temperature: float
+) -> npt.NDArray[np.float64]:
+    """The per-token sampling tolerance the statistics normalize margins by: the sampling
+    check's own (:func:`rollnet.sdk.proofs.thresholds.sampling_tolerances`, from the error
+    model: dtype, the row's logit magnitude, ``1 / T``), for the stacked rows of ``arrays``."""
+    if not arrays:
+        return np.zeros(0, dtype=np.float64)
+    return np.concatenate([_row_tolerances(z, temperature, thresholds) for z in arrays]).astype(
+        np.float64
+    )
+
+
+def _distribution_moments(
+    arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[np.int64], temperature: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per token of the stacked rows: ``log p(y)``, entropy ``H`` and ``Var(log p)``.
+
+    With ``s`` the max-shifted scaled logits and ``Z = sum exp(s)``: ``log p = s - log Z``, so
+    ``H = log Z - E_p[s]`` and ``Var(log p) = Var_p(s) = E_p[s^2] - E_p[s]^2`` — two weighted
+    row sums over one ``exp``, no ``[rows, V]`` log-probability array."""
+    total = int(ids.size)
+    chosen = np.empty(total, dtype=np.float64)
+    entropy = np.empty(total, dtype=np.float64)
+    variance = np.empty(total, dtype=np.float64)
+    vocab = arrays[0].shape[1]
+    step = max(1, _MARGIN_CHUNK_ELEMENTS // vocab)
+    stacked = itertools.chain.from_iterable(
+        (z[i : i + step] for i in range(0, z.shape[0], step)) for z in arrays
+    )
+    start = 0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for block in stacked:
+            if block.shape[0] == 0:
+                continue
+            stop = start + block.shape[0]
+            shifted = block.astype(np.float64) / temperature
+            shifted -= shifted.max(axis=1, keepdims=True)
+            weights = np.exp(shifted)
+            norm = weights.sum(axis=1)
+            log_norm = np.log(norm)
+            first = np.einsum("ij,ij->i", weights, shifted) / norm
+            weights *= shifted
+            second = np.einsum("ij,ij->i", weights, shifted) / norm
+            chosen[start:stop] = shifted[np.arange(block.shape[0]), ids[start:stop]] - log_norm
+            entropy[start:stop] = log_norm - first
+            variance[start:stop] = np.maximum(second - first * first, 0.0)
+            start = stop
+    return chosen, entropy, variance
+
+
+def rollout_statistics_batch(
+    logits: Sequence[npt.ArrayLike],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    seeds: Sequence[int],
+    temperature: float,
+    thresholds: Thresholds,
+) -> list[RolloutStatistics]:
+    """:class:`RolloutStatistics` of many rollouts from the validator's logits (``[tokens, V]``
+    completion rows, as for :func:`rollnet.sdk.proofs.sampling.check_sampling_batch`), every
+    token of every rollout in one vectorized pass. Rollouts whose tokens fail the sampling
+    check are rejected anyway; their statistics are computed all the same (never sent)."""
+    if not len(logits) == len(completion_ids) == len(seeds):
+        raise ValueError("one logits array, completion and seed per rollout")
+    if not temperature > 0:
+        raise ValueError("statistics need a temperature > 0")
+    arrays = [np.asarray(z) for z in logits]
+    if not arrays:
+        return []
+    if any(z.ndim != 2 for z in arrays) or len({z.shape[1] for z in arrays}) > 1:
+        raise ValueError("logits must be [tokens, vocabulary] with one vocabulary")
+    lengths = np.asarray([len(ids) for ids in completion_ids], dtype=np.int64)
+    if any(z.shape[0] != n for z, n in zip(arrays, lengths.tolist(), strict=True)):
+        raise ValueError("logits rows must equal the completion length")
+    vocab = arrays[0].shape[1]
+    ids = np.fromiter(itertools.chain.from_iterable(completion_ids), dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError("token id out of the vocabulary")
+    for seed in seeds:
+        check_seed(seed)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    seed_rows = np.repeat(np.asarray(seeds, dtype=np.int64), lengths)
+    positions = np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
+    # Each token's margin and its sampling check's own tolerance, in one pass over the logits.
+    margins, tolerances = _batch_margins(arrays, ids, seed_rows, positions, temperature, thresholds)
+    ratio = margins / tolerances
+    losses = (ratio >= -1.0) & (ratio < -NEAR_TIE_FLOOR)
+    wins = (ratio > NEAR_TIE_FLOOR) & (ratio <= 1.0)
+    chosen, entropy, variance = _distribution_moments(arrays, ids, temperature)
+    excess = chosen + entropy
+
+    def per_rollout(values: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+        cumulative = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
+        return np.asarray(cumulative[starts[1:]] - cumulative[starts[:-1]], dtype=np.float64)
+
+    loss_counts, win_counts = per_rollout(losses), per_rollout(wins)
+    excess_sums, variance_sums = per_rollout(excess), per_rollout(variance)
+    return [
+        RolloutStatistics(
+            tokens=int(lengths[i]),
+            near_tie_losses=int(loss_counts[i]),
+            near_tie_wins=int(win_counts[i]),
+            logprob_excess=float(excess_sums[i]),
+            logprob_variance=float(variance_sums[i]),
+        )
+        for i in range(len(arrays))
+    ]
+
+
+# -- the per-node sequential tests ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatisticsPolicy:
+    """The per-node tests' parameters (one policy per network dtype)."""
+
+    honest_loss_rate: float
+    """``pi0``: the largest share of band events that are losses for an honest node (the
+    calibrated honest rate with margin)."""
+    alternative_loss_rate: float
+    """``pi1``: the share the near-tie test is tuned to detect quickly."""
+    logprob_drift: float
+    """``theta``: the log-probability tests' tilt (drift per unit variance they are tuned to)."""
+    min_tokens: int
+    """No flag before a node has this many summarized tokens."""
+    min_temperature: float = 0.7
+    """Statistics of tasks sampled below this temperature are not added. The fixed sampling
+    tolerance is in logit / T units while honest numeric error grows as 1 / T, so at low
+    temperatures honest near-tie losses are no longer rare next to wins; ``honest_loss_rate``
+    was calibrated at T >= this. (With per-token tolerances from an error model the ratio
+    margin / tolerance no longer depends on T, and this limit can go.)"""
+    false_flag_probability: float = 1e-6
+    """``alpha``: at most this probability that an honest node is ever flagged within
+    :attr:`horizon_tokens` of its tokens."""
+    horizon_tokens: int = 10_000_000
+    """``K``: the horizon of the guarantee (restart points: one per verdict, at most one per
+    token)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.honest_loss_rate < self.alternative_loss_rate < 1:
+            raise ValueError("need 0 < honest_loss_rate < alternative_loss_rate < 1")
+        if not self.logprob_drift > 0:
+            raise ValueError("logprob_drift must be > 0")
+        if not 0 < self.false_flag_probability < 1 or self.horizon_tokens < 1:
+            raise ValueError("false_flag_probability in (0, 1) and horizon_tokens >= 1")
+        if self.min_tokens < 0 or not self.min_temperature >= 0:
+            raise ValueError("min_tokens and min_temperature must be >= 0")
+
+    @property
+    def flag_threshold(self) -> float:
+        """``h = ln(K m / alpha)`` for the ``m`` = 3 CUSUMs (see the module docs)."""
+        return math.log(self.horizon_tokens * 3 / self.false_flag_probability)
+
+
+FLOAT32_POLICY = StatisticsPolicy(
+    honest_loss_rate=0.002,
+    alternative_loss_rate=0.05,
+    logprob_drift=0.05,
+    min_tokens=1000,
+)
+"""For fp32 networks. Honest fp32 noise is ~1e-3 of the 1e-3 tolerance: no honest band loss was
+measured (``bench/node_statistics.py``; docs/verification.md has the counts)."""
+
+BFLOAT16_POLICY = StatisticsPolicy(
+    honest_loss_rate=0.002,
+    alternative_loss_rate=0.03,
+    logprob_drift=0.05,
+    min_tokens=1000,
+)
+"""For bf16 networks. The most negative honest bf16 margin measured is 0.05 tolerances, half the
+band's floor, at T = 1 and 0.7 (``bench/node_statistics.py``): no honest band loss in ~7,700 band
+events, so ``pi0`` bounds the honest loss share with margin; the alternative is the share that
+steering and the cheap substitutes of the detection table produce (2-10%)."""
+
+
+def policy_for(dtype: str) -> StatisticsPolicy:
+    """The per-node test policy for a network compute dtype name."""
+    table = {
+        "float32": FLOAT32_POLICY,
+        "fp32": FLOAT32_POLICY,
+        "bfloat16": BFLOAT16_POLICY,
+        "bf16": BFLOAT16_POLICY,
+    }
+    try:
+        return table[dtype]
+    except KeyError:
+        raise ValueError(f"no per-node statistics policy for dtype {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """A node's running sums and the three CUSUMs (what the coordinator stores per node)."""
+
+    tokens: int = 0
+    near_tie_losses: int = 0
+    near_tie_wins: int = 0
+    logprob_excess: float = 0.0
+    logprob_variance: float = 0.0
+    near_tie_cusum: float = 0.0
+    """CUSUM of the near-tie test's log-likelihood ratio (H1 ``pi1`` vs H0 ``pi0``)."""
+    logprob_high_cusum: float = 0.0
+    """CUSUM of the log-probability test for a positive drift (a too-sharp sampler)."""
+    logprob_low_cusum: float = 0.0
+    """CUSUM of the log-probability test for a negative drift (unlikely tokens chosen)."""
+
+    def add(
+        self, statistics: Sequence[RolloutStatistics], policy: StatisticsPolicy
+    ) -> NodeEvidence:
+        """The evidence after one verdict's rollouts (one CUSUM update per verdict)."""
+        tokens = sum(s.tokens for s in statistics)
+        losses = sum(s.near_tie_losses for s in statistics)
+        wins = sum(s.near_tie_wins for s in statistics)
+        excess = math.fsum(s.logprob_excess for s in statistics)
+        variance = math.fsum(s.logprob_variance for s in statistics)
+        if tokens < 0 or losses < 0 or wins < 0 or losses + wins > tokens or variance < 0:
+            raise ValueError("statistics out of range")
+        if not (math.isfinite(excess) and math.isfinite(variance)):
+            raise ValueError("statistics must be finite")
+        pi0, pi1 = policy.honest_loss_rate, policy.alternative_loss_rate
+        near_tie_llr = losses * math.log(pi1 / pi0) + wins * math.log((1 - pi1) / (1 - pi0))
+        theta = policy.logprob_drift
+        tilt = theta * theta * variance / 2
+        return NodeEvidence(
+            tokens=self.tokens + tokens,
+            near_tie_losses=self.near_tie_losses + losses,
+            near_tie_wins=self.near_tie_wins + wins,
+            logprob_excess=self.logprob_excess + excess,
+            logprob_variance=self.logprob_variance + variance,
+            near_tie_cusum=max(0.0, self.near_tie_cusum + near_tie_llr),
+            logprob_high_cusum=max(0.0, self.logprob_high_cusum + theta * excess - tilt),
+            logprob_low_cusum=max(0.0, self.logprob_low_cusum - theta * excess - tilt),
+        )
+
+
+@dataclass(frozen=True)
+class NodeJudgement:
+    """Whether a node's evidence flags it, and which test did."""
+
+    flagged: bool
+    test: str
+    """``near_tie``, ``logprob_high``, ``logprob_low`` or empty when not flagged."""
+    statistic: float
+    """The largest CUSUM (nats); the flag threshold is the policy's ``flag_threshold``."""
+
+
+def judge(evidence: NodeEvidence, policy: StatisticsPolicy) -> NodeJudgement:
+    """Flag the node when a CUSUM reaches ``policy.flag_threshold`` after ``min_tokens``."""
+    cusums = {
+        "near_tie": evidence.near_tie_cusum,
+        "logprob_high": evidence.logprob_high_cusum,
+        "logprob_low": evidence.logprob_low_cusum,
+    }
+    test, statistic = max(cusums.items(), key=lambda item: item[1])
+    flagged = evidence.tokens >= policy.min_tokens and statistic >= policy.flag_threshold
+    return NodeJudgement(flagged, test if flagged else "", statistic)

@@ -1,0 +1,230 @@
+"""Per-node statistics on verdicts: refused unless shaped like the batch (one entry per rollout,
+``tokens`` its completion length, losses + wins at most tokens, with an ACCEPT only), added up per
+worker in ``node_statistics``, and a worker whose evidence reaches a test's threshold is ejected
+with the test as its reason — its accepted work staying credited, nothing credited twice."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import NamedTuple
+
+import grpc
+import pytest
+from coordinator_testing import (
+    connect,
+    publish_checkpoint,
+    pull_and_commit,
+    register,
+    request_tasks,
+)
+from google.protobuf import duration_pb2
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from rollnet.ledger import create_engine
+from rollnet.ledger.enums import EntryKind, NodeState
+from rollnet.ledger.models import LedgerEntry, Node, NodeStatistics, Verdict
+from rollnet.reference.coordinator import work
+from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.proofs.statistics import StatisticsPolicy
+from rollnet.v1 import (
+    commitment_pb2,
+    common_pb2,
+    validation_pb2,
+    validation_service_pb2,
+)
+
+ACCEPT = validation_pb2.Verdict.DECISION_ACCEPT
+REJECT = validation_pb2.Verdict.DECISION_REJECT
+# coordinator_testing.make_work: three completion tokens per rollout, two rollouts per job.
+TOKENS = 3
+
+# A policy a few verdicts can reach (the real ones need >= 1,000 tokens): same arithmetic.
+QUICK = StatisticsPolicy(
+    honest_loss_rate=0.002,
+    alternative_loss_rate=0.03,
+    logprob_drift=0.05,
+    min_tokens=6,
+    false_flag_probability=0.01,
+    horizon_tokens=100,
+)
+
+
+def stats(tokens: int = TOKENS, losses: int = 0, wins: int = 0) -> validation_pb2.RolloutStatistics:
+    return validation_pb2.RolloutStatistics(
+        tokens=tokens,
+        near_tie_losses=losses,
+        near_tie_wins=wins,
+        logprob_excess=-0.25,
+        logprob_variance=1.5,
+    )
+
+
+def verdict_on(
+    job: validation_service_pb2.PullValidationJobResponse,
+    entries: list[validation_pb2.RolloutStatistics],
+    *,
+    decision: validation_pb2.Verdict.Decision.ValueType = ACCEPT,
+) -> validation_service_pb2.SubmitVerdictRequest:
+    count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
+    request = validation_service_pb2.SubmitVerdictRequest(
+        job_id=job.job.job_id,
+        lease_id=job.lease.lease_id,
+        fencing_token=job.lease.fencing_token,
+        decision=decision,
+        rollout_statistics=entries,
+    )
+    if decision == ACCEPT:
+        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
+        request.validated_work.CopyFrom(
+            commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
+        )
+    else:
+        request.reject_reason = "TOKEN_NOT_SAMPLED"
+    return request
+
+
+async def pull_job(validator: RollnetClient) -> validation_service_pb2.PullValidationJobResponse:
+    job = await validator.validation.pull_validation_job(
+        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
+    )
+    assert job.HasField("job"), "a validation job was queued"
+    return job
+
+
+def statistics_row(engine: Engine, node_id: str) -> NodeStatistics | None:
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(NodeStatistics).where(NodeStatistics.node_id == node_id)
+        ).one_or_none()
+    return None if row is None else NodeStatistics(**row._mapping)
+
+
+def node(engine: Engine, node_id: str) -> tuple[NodeState, str]:
+    with engine.connect() as conn:
+        state, reason = conn.execute(
+            select(Node.state, Node.state_reason).where(Node.id == node_id)
+        ).one()
+    return state, reason
+
+
+def credits(engine: Engine, node_id: str) -> list[str]:
+    """The commitment of each credit entry of ``node_id``."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(LedgerEntry.commitment_id).where(
+                LedgerEntry.node_id == node_id, LedgerEntry.kind == EntryKind.CREDIT
+            )
+        )
+        return [str(c) for c in rows.scalars()]
+
+
+class Swarm(NamedTuple):
+    trainer: RollnetClient
+    validator: RollnetClient
+    client: RollnetClient
+    worker: Identity
+    engine: Engine
+
+
+@pytest.fixture
+async def swarm(
+    coordinator_config: CoordinatorConfig,
+    trainer_identity: Identity,
+    validator_identity: Identity,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Swarm]:
+    monkeypatch.setattr(work, "statistics_policy_for", lambda dtype: QUICK)
+    # Every commitment validated (no unchecked credit), one reject never ejects.
+    config = with_overrides(coordinator_config, trusted_streak=1000, eject_after_rejects=1000)
+    coordinator = await start_coordinator(config)
+    worker = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    client = connect(coordinator.address, worker)
+    engine = create_engine(config.database_url or "")
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
+        yield Swarm(trainer, validator, client, worker, engine)
+    finally:
+        engine.dispose()
+        for c in (trainer, validator, client):
+            await c.close()
+        await coordinator.stop(grace=0.1)
+
+
+async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: Swarm) -> None:
+    trainer, validator, client, worker, engine = swarm
+    await request_tasks(trainer, 1, samples_per_prompt=2)
+    await pull_and_commit(client, worker, tokenizer=True)
+    job = await pull_job(validator)
+    cases: list[tuple[list[validation_pb2.RolloutStatistics], str, str]] = [
+        ([stats()], "rollout_statistics", "length 1, but the batch has 2 rollouts"),
+        ([stats(), stats(), stats()], "rollout_statistics", "length 3, but the batch has 2"),
+        ([stats(), stats(tokens=2)], "rollout_statistics[1].tokens", "2, but rollout 1 has 3"),
+        ([stats(losses=2, wins=2), stats()], "rollout_statistics[0]", "exceed tokens = 3"),
+        # The field's own bounds (at the edge): counts never negative, variance at least 0.
+        ([stats(), stats(losses=-1)], "rollout_statistics[1].near_tie_losses", "outside"),
+    ]
+    for entries, field, why in cases:
+        with pytest.raises(RollnetError) as caught:
+            await validator.validation.submit_verdict(verdict_on(job, entries))
+        error = caught.value
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert error.reason == ErrorReason.INVALID_FIELDS
+        violations = {v.field: v.description for v in error.field_violations}
+        assert field in violations, (field, violations)
+        assert why in violations[field], (why, violations[field])
+    with pytest.raises(RollnetError) as caught:
+        await validator.validation.submit_verdict(
+            verdict_on(job, [stats(), stats()], decision=REJECT)
+        )
+    assert "only an ACCEPT" in caught.value.field_violations[0].description
+    with engine.connect() as conn:
+        assert conn.execute(select(Verdict.id)).all() == []
+    assert statistics_row(engine, worker.node_id) is None
+    await validator.validation.submit_verdict(verdict_on(job, [stats(wins=1), stats(wins=2)]))
+    row = statistics_row(engine, worker.node_id)
+    assert row is not None
+    assert (row.tokens, row.near_tie_losses, row.near_tie_wins) == (6, 0, 3)
+    assert row.logprob_excess == pytest.approx(-0.5)
+    assert row.logprob_variance == pytest.approx(3.0)
+    assert row.flagged_at is None
+
+
+async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: Swarm) -> None:
+    trainer, validator, client, worker, engine = swarm
+    await request_tasks(trainer, 4, samples_per_prompt=2)
+    # Honest-looking evidence first: wins only, no flag, the work credited.
+    await pull_and_commit(client, worker, tokenizer=True)
+    await validator.validation.submit_verdict(
+        verdict_on(await pull_job(validator), [stats(wins=3), stats(wins=3)])
+    )
+    assert node(engine, worker.node_id)[0] is not NodeState.EJECTED
+    # Then near-tie losses: each is worth ln(0.03 / 0.002) = 2.7 nats against a threshold of
+    # ln(100 * 3 / 0.01) = 10.3, so the second such verdict flags the node.
+    for _ in range(2):
+        await pull_and_commit(client, worker, tokenizer=True)
+        job = await pull_job(validator)
+        await validator.validation.submit_verdict(
+            verdict_on(job, [stats(losses=2, wins=0), stats(losses=1, wins=0)])
+        )
+    state, reason = node(engine, worker.node_id)
+    assert state is NodeState.EJECTED
+    assert reason.startswith("per-node statistics: near_tie test"), reason
+    assert "after 18 tokens" in reason
+    row = statistics_row(engine, worker.node_id)
+    assert row is not None
+    assert row.flagged_at is not None
+    assert row.flagged_test == "near_tie"
+    assert (row.tokens, row.near_tie_losses, row.near_tie_wins) == (18, 6, 6)
+    # Every verdict's work was accepted and is credited once: the flagging one too.
+    with engine.connect() as conn:
+        commitments = conn.execute(select(Verdict.commitment_id)).scalars().all()
+    assert sorted(credits(engine, worker.node_id)) == sorted(commitments)
+    assert len(commitments) == 3

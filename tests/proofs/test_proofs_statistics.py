@@ -1,0 +1,207 @@
+"""Per-rollout statistics and the per-node sequential tests (``rollnet.sdk.proofs.statistics``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from rollnet.sdk.proofs import statistics
+from rollnet.sdk.proofs.sampling import gumbel_scores
+from rollnet.sdk.proofs.statistics import (
+    NEAR_TIE_FLOOR,
+    NodeEvidence,
+    RolloutStatistics,
+    StatisticsPolicy,
+    judge,
+    rollout_statistics_batch,
+)
+from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, sampling_tolerances
+
+VOCAB = 37
+TEMPERATURE = 0.8
+
+
+def sample(logits: np.ndarray, seed: int) -> list[int]:
+    """The seeded Gumbel-max tokens (what an honest worker picks)."""
+    return [int(t) for t in gumbel_scores(logits, seed, TEMPERATURE).argmax(axis=1)]
+
+
+def steer(logits: np.ndarray, seed: int, preferred: int, tolerance: float) -> list[int]:
+    """Pick ``preferred`` whenever its score is within ``tolerance`` of the best."""
+    scores = gumbel_scores(logits, seed, TEMPERATURE)
+    best = scores.max(axis=1)
+    return [
+        preferred if scores[row, preferred] >= best[row] - tolerance else int(scores[row].argmax())
+        for row in range(scores.shape[0])
+    ]
+
+
+def reference(logits: np.ndarray, ids: list[int], seed: int, tolerance: float) -> RolloutStatistics:
+    """One rollout token by token, straight from the definitions."""
+    scores = gumbel_scores(logits, seed, TEMPERATURE)
+    losses = wins = 0
+    excess = variance = 0.0
+    for row, token in enumerate(ids):
+        others = np.delete(scores[row], token)
+        ratio = (scores[row, token] - others.max()) / tolerance
+        losses += -1 <= ratio < -NEAR_TIE_FLOOR
+        wins += NEAR_TIE_FLOOR < ratio <= 1
+        z = logits[row] / TEMPERATURE
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        log_p = np.log(p)
+        entropy = -(p * log_p).sum()
+        excess += log_p[token] + entropy
+        variance += (p * log_p**2).sum() - entropy**2
+    return RolloutStatistics(len(ids), losses, wins, excess, variance)
+
+
+def test_the_vectorized_statistics_equal_the_definitions() -> None:
+    rng = np.random.default_rng(1)
+    tolerance = 0.5  # wide, so that band events occur in a few hundred tokens
+    # The same tolerance on every row: no magnitude term, the floor at tolerance * T.
+    thresholds = dataclasses.replace(
+        FLOAT32, logit_error_relative=0.0, logit_error_floor=tolerance * TEMPERATURE
+    )
+    logits, ids, seeds = [], [], []
+    for n, seed in ((40, 3), (1, 4), (75, 5)):
+        z = rng.normal(0, 2, size=(n, VOCAB)).astype(np.float32)
+        logits.append(z)
+        ids.append(steer(z, seed, preferred=7, tolerance=0.45))
+        seeds.append(seed)
+    got = rollout_statistics_batch(
+        logits, ids, seeds=seeds, temperature=TEMPERATURE, thresholds=thresholds
+    )
+    for z, chosen, seed, stats in zip(logits, ids, seeds, got, strict=True):
+        want = reference(z.astype(np.float64), chosen, seed, tolerance)
+        assert stats.tokens == want.tokens
+        assert (stats.near_tie_losses, stats.near_tie_wins) == (
+            want.near_tie_losses,
+            want.near_tie_wins,
+        )
+        assert stats.logprob_excess == pytest.approx(want.logprob_excess, abs=1e-9)
+        assert stats.logprob_variance == pytest.approx(want.logprob_variance, abs=1e-9)
+    assert sum(s.near_tie_losses for s in got) > 0  # the steering shows
+
+
+def test_honest_tokens_never_lose_and_steered_ones_do() -> None:
+    rng = np.random.default_rng(2)
+    z = rng.normal(0, 1, size=(3000, VOCAB))
+    honest = rollout_statistics_batch(
+        [z], [sample(z, 9)], seeds=[9], temperature=TEMPERATURE, thresholds=BFLOAT16
+    )[0]
+    tolerance = float(sampling_tolerances(z, TEMPERATURE, BFLOAT16).min())
+    steered_ids = steer(z, 9, preferred=3, tolerance=0.9 * tolerance)
+    steered = rollout_statistics_batch(
+        [z], [steered_ids], seeds=[9], temperature=TEMPERATURE, thresholds=BFLOAT16
+    )[0]
+    assert honest.near_tie_losses == 0
+    assert honest.near_tie_wins > 0
+    assert steered.near_tie_losses > 0
+
+
+def test_the_logprob_excess_is_centred_for_honest_draws_only() -> None:
+    rng = np.random.default_rng(3)
+    z = rng.normal(0, 2, size=(4000, VOCAB))
+    honest = rollout_statistics_batch(
+        [z], [sample(z, 11)], seeds=[11], temperature=TEMPERATURE, thresholds=FLOAT32
+    )[0]
+    # A sharper sampler (T = 0.6 for 0.8) picks likelier tokens: the excess drifts up.
+    sharp_ids = [int(t) for t in gumbel_scores(z, 11, 0.6).argmax(axis=1)]
+    sharp = rollout_statistics_batch(
+        [z], [sharp_ids], seeds=[11], temperature=TEMPERATURE, thresholds=FLOAT32
+    )[0]
+    assert abs(honest.logprob_excess) < 4 * math.sqrt(honest.logprob_variance)
+    assert sharp.logprob_excess > 10 * math.sqrt(sharp.logprob_variance)
+
+
+def test_bad_input_is_named() -> None:
+    z = np.zeros((2, VOCAB))
+    with pytest.raises(ValueError, match="rows must equal"):
+        rollout_statistics_batch([z], [[1]], seeds=[1], temperature=1.0, thresholds=FLOAT32)
+    with pytest.raises(ValueError, match="out of the vocabulary"):
+        rollout_statistics_batch([z], [[1, VOCAB]], seeds=[1], temperature=1.0, thresholds=FLOAT32)
+    with pytest.raises(ValueError, match="temperature"):
+        rollout_statistics_batch([z], [[1, 2]], seeds=[1], temperature=0.0, thresholds=FLOAT32)
+    with pytest.raises(ValueError, match="one logits array"):
+        rollout_statistics_batch([z], [[1, 2]], seeds=[], temperature=1.0, thresholds=FLOAT32)
+
+
+POLICY = StatisticsPolicy(
+    honest_loss_rate=0.05, alternative_loss_rate=0.2, logprob_drift=0.1, min_tokens=100
+)
+
+
+def test_the_cusum_adds_log_likelihood_ratios_and_restarts_at_zero() -> None:
+    evidence = NodeEvidence().add([RolloutStatistics(50, 3, 7, 1.5, 20.0)], POLICY)
+    llr = 3 * math.log(0.2 / 0.05) + 7 * math.log(0.8 / 0.95)
+    assert evidence.near_tie_cusum == pytest.approx(llr)
+    assert evidence.logprob_high_cusum == pytest.approx(0.1 * 1.5 - 0.01 * 20 / 2)
+    assert evidence.logprob_low_cusum == 0.0
+    wins_only = evidence.add([RolloutStatistics(50, 0, 40, 0.0, 1.0)], POLICY)
+    assert wins_only.near_tie_cusum == 0.0  # never below zero: the next evidence counts fully
+    assert (wins_only.tokens, wins_only.near_tie_wins) == (100, 47)
+
+
+def test_the_threshold_is_derived_and_min_tokens_gates_the_flag() -> None:
+    assert POLICY.flag_threshold == pytest.approx(math.log(1e7 * 3 / 1e-6))
+    steering = RolloutStatistics(50, 20, 5, 0.0, 10.0)
+    evidence = NodeEvidence()
+    history = []
+    while not judge(evidence, POLICY).flagged:
+        evidence = evidence.add([steering], POLICY)
+        history.append(evidence)
+        assert len(history) < 100
+    first = judge(evidence, POLICY)
+    assert first.test == "near_tie"
+    assert first.statistic >= POLICY.flag_threshold
+    assert evidence.tokens >= POLICY.min_tokens
+    early = NodeEvidence(tokens=10, near_tie_cusum=1e3)
+    assert not judge(early, POLICY).flagged
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (RolloutStatistics(5, 4, 2, 0.0, 1.0), "out of range"),  # losses + wins > tokens
+        (RolloutStatistics(5, 0, 0, math.nan, 1.0), "finite"),
+        (RolloutStatistics(5, 0, 0, 0.0, -1.0), "out of range"),
+    ],
+)
+def test_evidence_refuses_impossible_statistics(bad: RolloutStatistics, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        NodeEvidence().add([bad], POLICY)
+
+
+def test_honest_false_flags_stay_under_the_ville_bound() -> None:
+    """A deliberately weak policy (alpha = 0.2 over 200 updates) so that false flags occur:
+    an honest node at exactly pi0 is flagged in at most about alpha of its lifetimes."""
+    policy = StatisticsPolicy(
+        honest_loss_rate=0.1,
+        alternative_loss_rate=0.3,
+        logprob_drift=0.1,
+        min_tokens=0,
+        false_flag_probability=0.2,
+        horizon_tokens=200,
+    )
+    rng = np.random.default_rng(4)
+    flagged = 0
+    runs = 2000
+    for _ in range(runs):
+        evidence = NodeEvidence()
+        for _ in range(200):
+            events = int(rng.integers(0, 4))
+            losses = int(rng.binomial(events, 0.1))
+            draw = RolloutStatistics(4, losses, events - losses, 0.0, 0.0)
+            evidence = evidence.add([draw], policy)
+            if judge(evidence, policy).flagged:
+                flagged += 1
+                break
+    # The bound is 0.2; the binomial noise of 2,000 runs is ~0.01.
+    assert flagged / runs <= 0.2 + 0.03
+    assert statistics.policy_for("bf16") is statistics.BFLOAT16_POLICY
+    with pytest.raises(ValueError, match="float16"):
+        statistics.policy_for("float16")
