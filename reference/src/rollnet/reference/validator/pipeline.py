@@ -64,13 +64,13 @@ from rollnet.sdk.proofs import (
     check_assigned_data,
     check_binding,
     proof_digest,
-    token_logprob_bounds,
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
 from rollnet.sdk.proofs.challenge import challenged_rollouts, verify_challenge
+from rollnet.sdk.proofs.logit_figures import TokenFigures, token_figures
 from rollnet.sdk.proofs.sampling import MAX_SEED
-from rollnet.sdk.proofs.statistics import RolloutStatistics, rollout_statistics_batch
+from rollnet.sdk.proofs.statistics import RolloutStatistics, rollout_statistics_from_figures
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -701,25 +701,30 @@ def _check_group(
     for slot in group:
         assert slot.assignment is not None
         assignments.append(slot.assignment)
+    # Every per-token figure of the sampling, termination, log-probability and statistics
+    # checks, in one pass over the group's logits (they used to walk them four times).
+    figures = token_figures(
+        [p.logits for p in prefills],
+        [s.claim.completion_ids for s in group],
+        seeds=[s.claim.sampling_seed for s in group],
+        temperature=temperature,
+        thresholds=thresholds,
+        eos_token_ids=assignments[0].eos_token_ids if assignments else frozenset(),
+    )
     reports = verify_rollouts(
         [s.claim for s in group],
         assignments,
         hidden_states=[p.hidden_states for p in prefills],
         logits=[p.logits for p in prefills],
         thresholds=thresholds,
+        figures=figures,
     )
-    summaries = rollout_statistics_batch(
-        [p.logits for p in prefills],
-        [s.claim.completion_ids for s in group],
-        seeds=[s.claim.sampling_seed for s in group],
-        temperature=temperature,
-        thresholds=thresholds,
-    )
-    for slot, report, prefill, summary in zip(group, reports, prefills, summaries, strict=True):
+    summaries = rollout_statistics_from_figures(figures)
+    for number, (slot, report, summary) in enumerate(zip(group, reports, summaries, strict=True)):
         slot.statistics = summary
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
         if report.accepted:
-            slot.checks.append(_logprobs_check(slot, prefill.logits, temperature, thresholds))
+            slot.checks.append(_logprobs_check(slot, figures, number))
     scorer.submit([slot for slot in group if _scorable(slot)])
 
 
@@ -789,12 +794,11 @@ def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.C
     return checks
 
 
-def _logprobs_check(
-    slot: _Slot, logits: Any, temperature: float, thresholds: Thresholds
-) -> validation_pb2.CheckResult:
+def _logprobs_check(slot: _Slot, figures: TokenFigures, number: int) -> validation_pb2.CheckResult:
     """The behaviour log-probabilities the trainer will use: one per completion token, finite,
     at most 0, and each inside the interval the error model gives around the validator's own
-    (:func:`rollnet.sdk.proofs.token_logprob_bounds`: every logit difference moved by the row's
+    (:meth:`TokenFigures.logprob_bounds`, :func:`rollnet.sdk.proofs.token_logprob_bounds`'s
+    figures: every logit difference moved by the row's
     logit tolerance; ``docs/verification.md``, "Error model")."""
     claimed = np.asarray(slot.rollout.behaviour_logprobs, dtype=np.float64)
     tokens = len(slot.claim.completion_ids)
@@ -806,7 +810,7 @@ def _logprobs_check(
         return _result(
             ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MALFORMED, figures, slot.index
         )
-    bounds = token_logprob_bounds(logits, slot.claim.completion_ids, temperature, thresholds)
+    bounds = figures.logprob_bounds(number)
     slot.logprobs = bounds.values
     # Written so that NaN fails (the validator's own bounds, from NaN logits).
     inside = bounds.contains(claimed)

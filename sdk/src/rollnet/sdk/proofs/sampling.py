@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,9 @@ from rollnet.sdk.proofs.thresholds import (
     logit_tolerances,
     logprob_bounds,
 )
+
+if TYPE_CHECKING:
+    from rollnet.sdk.proofs.logit_figures import TokenFigures
 
 MASK32 = 0xFFFFFFFF
 SEED_KEY = 0x243F6A88  # first digits of pi: separates the seed words from a zero input
@@ -364,6 +367,30 @@ def check_sampling_batch(
         margins[rows], tolerances[rows] = _batch_margins(
             kept, ids[rows], seed_rows, positions, temperature, thresholds
         )
+    return _sampling_results(lengths, out_of_vocabulary, margins, tolerances)
+
+
+def sampling_results(figures: TokenFigures) -> list[CheckResult]:
+    """:func:`check_sampling_batch`'s results from the margins and tolerances of
+    :func:`rollnet.sdk.proofs.logit_figures.token_figures` (the same figures, computed in the
+    one pass over the logits that also feeds the other checks)."""
+    return _sampling_results(
+        figures.lengths, figures.out_of_vocabulary, figures.margins, figures.tolerances
+    )
+
+
+def _sampling_results(
+    lengths: Int64Array,
+    out_of_vocabulary: npt.NDArray[np.bool_],
+    margins: npt.NDArray[np.float64],
+    tolerances: npt.NDArray[np.float64],
+) -> list[CheckResult]:
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+
+    def per_rollout(flags: npt.NDArray[np.bool_]) -> Int64Array:
+        counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+        return np.asarray(counts[starts[1:]] - counts[starts[:-1]], dtype=np.int64)
+
     # Written so that NaN fails: a margin that is not a finite number >= -tolerance (logits that
     # overflowed or hold NaN, or a NaN tolerance) proves nothing and must not pass.
     violating = ~(np.isfinite(margins) & (margins >= -tolerances))

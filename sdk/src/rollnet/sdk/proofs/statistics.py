@@ -43,7 +43,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,9 @@ import numpy.typing as npt
 from rollnet.sdk.proofs.sampling import _MARGIN_CHUNK_ELEMENTS, _batch_margins, check_seed
 from rollnet.sdk.proofs.thresholds import Thresholds
 from rollnet.sdk.proofs.thresholds import sampling_tolerances as _row_tolerances
+
+if TYPE_CHECKING:
+    from rollnet.sdk.proofs.logit_figures import TokenFigures
 
 NEAR_TIE_FLOOR = 0.1
 """``b``: band events have ``b < |margin| / tolerance <= 1``. Twice the largest honest bf16 flip
@@ -160,11 +163,36 @@ def rollout_statistics_batch(
     positions = np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
     # Each token's margin and its sampling check's own tolerance, in one pass over the logits.
     margins, tolerances = _batch_margins(arrays, ids, seed_rows, positions, temperature, thresholds)
+    chosen, entropy, variance = _distribution_moments(arrays, ids, temperature)
+    return _statistics(lengths, margins, tolerances, chosen + entropy, variance)
+
+
+def rollout_statistics_from_figures(figures: TokenFigures) -> list[RolloutStatistics]:
+    """:func:`rollout_statistics_batch` from the per-token figures of
+    :func:`rollnet.sdk.proofs.logit_figures.token_figures` (the same sums). Raises
+    ``ValueError`` when a rollout has a token outside the vocabulary, as it does."""
+    if figures.out_of_vocabulary.any():
+        raise ValueError("token id out of the vocabulary")
+    return _statistics(
+        figures.lengths,
+        figures.margins,
+        figures.tolerances,
+        figures.logprobs + figures.entropy,
+        figures.variance,
+    )
+
+
+def _statistics(
+    lengths: npt.NDArray[np.int64],
+    margins: npt.NDArray[np.float64],
+    tolerances: npt.NDArray[np.float64],
+    excess: npt.NDArray[np.float64],
+    variance: npt.NDArray[np.float64],
+) -> list[RolloutStatistics]:
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     ratio = margins / tolerances
     losses = (ratio >= -1.0) & (ratio < -NEAR_TIE_FLOOR)
     wins = (ratio > NEAR_TIE_FLOOR) & (ratio <= 1.0)
-    chosen, entropy, variance = _distribution_moments(arrays, ids, temperature)
-    excess = chosen + entropy
 
     def per_rollout(values: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
         cumulative = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
@@ -180,7 +208,7 @@ def rollout_statistics_batch(
             logprob_excess=float(excess_sums[i]),
             logprob_variance=float(variance_sums[i]),
         )
-        for i in range(len(arrays))
+        for i in range(lengths.size)
     ]
 
 

@@ -11,7 +11,8 @@ import numpy.typing as npt
 from rollnet.sdk.proofs.assigned import check_assigned_data
 from rollnet.sdk.proofs.binding import LeaseBinding, check_binding
 from rollnet.sdk.proofs.report import CheckResult, VerificationReport
-from rollnet.sdk.proofs.sampling import check_sampling_batch
+from rollnet.sdk.proofs.logit_figures import TokenFigures
+from rollnet.sdk.proofs.sampling import check_sampling_batch, sampling_results
 from rollnet.sdk.proofs.termination import check_termination, eos_probability_bounds
 from rollnet.sdk.proofs.thresholds import Thresholds
 from rollnet.sdk.proofs.toploc import check_toploc_batch
@@ -69,12 +70,18 @@ def verify_rollouts(
     hidden_states: Sequence[npt.ArrayLike],
     logits: Sequence[npt.ArrayLike],
     thresholds: Thresholds,
+    figures: TokenFigures | None = None,
 ) -> list[VerificationReport]:
     """:func:`verify_rollout` for many rollouts (a validator's whole batch), with the same reports.
 
     Every check still runs on every rollout; the numeric ones are vectorized across rollouts:
     TOPLOC verifies all windows together, the sampling check regenerates the noise of every
     token in one pass, and the final-EOS probabilities are computed in one call.
+
+    ``figures``, when given, are :func:`rollnet.sdk.proofs.logit_figures.token_figures` of these
+    ``logits`` (every rollout at one temperature, with its EOS set), computed once for this and
+    the caller's other checks: the sampling and termination checks read them instead of walking
+    the logits again (same reports).
     """
     if not len(claims) == len(assignments) == len(hidden_states) == len(logits):
         raise ValueError("one assignment, hidden-state array and logits array per claim")
@@ -88,33 +95,49 @@ def verify_rollouts(
                 f"must equal the completion length {length}"
             )
     toploc = check_toploc_batch([c.proof for c in claims], hidden, thresholds)
-    by_temperature: dict[float, list[int]] = {}
-    for number, assignment in enumerate(assignments):
-        by_temperature.setdefault(assignment.temperature, []).append(number)
-    sampling: dict[int, CheckResult] = {}
-    for temperature, numbers in by_temperature.items():
-        results = check_sampling_batch(
-            [scores[n] for n in numbers],
-            [claims[n].completion_ids for n in numbers],
-            seeds=[claims[n].sampling_seed for n in numbers],
-            temperature=temperature,
-            thresholds=thresholds,
-        )
-        sampling.update(zip(numbers, results, strict=True))
-    # Final-EOS probabilities, one call per (temperature, EOS set) for the rollouts ending in EOS.
-    eos_groups: dict[tuple[float, frozenset[int]], list[int]] = {}
-    for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
-        if claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids:
-            key = (assignment.temperature, assignment.eos_token_ids)
-            eos_groups.setdefault(key, []).append(number)
     eos_probability: dict[int, float] = {}
     eos_probability_upper: dict[int, float] = {}
-    for (temperature, eos_ids), numbers in eos_groups.items():
-        if len({scores[n].shape[1] for n in numbers}) == 1:
-            last = np.stack([scores[n][-1] for n in numbers])
-            low, high = eos_probability_bounds(last, eos_ids, temperature, thresholds)
-            eos_probability.update(zip(numbers, low.tolist(), strict=True))
-            eos_probability_upper.update(zip(numbers, high.tolist(), strict=True))
+    if figures is not None:
+        if any(
+            a.temperature != figures.temperature or a.eos_token_ids != figures.eos_token_ids
+            for a in assignments
+        ) or figures.lengths.size != len(claims):
+            raise ValueError("figures must be of these rollouts, their temperature and EOS set")
+        sampling = dict(enumerate(sampling_results(figures)))
+        for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
+            # A rollout with a token outside the vocabulary has no figures: the termination
+            # check computes its own.
+            ends_with_eos = claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids
+            if ends_with_eos and not figures.out_of_vocabulary[number]:
+                low, high = figures.eos_probability_bounds(number)
+                eos_probability[number], eos_probability_upper[number] = low, high
+    else:
+        sampling = {}
+        by_temperature: dict[float, list[int]] = {}
+        for number, assignment in enumerate(assignments):
+            by_temperature.setdefault(assignment.temperature, []).append(number)
+        for temperature, numbers in by_temperature.items():
+            results = check_sampling_batch(
+                [scores[n] for n in numbers],
+                [claims[n].completion_ids for n in numbers],
+                seeds=[claims[n].sampling_seed for n in numbers],
+                temperature=temperature,
+                thresholds=thresholds,
+            )
+            sampling.update(zip(numbers, results, strict=True))
+        # Final-EOS probabilities, one call per (temperature, EOS set) for the rollouts that
+        # end in EOS.
+        eos_groups: dict[tuple[float, frozenset[int]], list[int]] = {}
+        for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
+            if claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids:
+                key = (assignment.temperature, assignment.eos_token_ids)
+                eos_groups.setdefault(key, []).append(number)
+        for (temperature, eos_ids), numbers in eos_groups.items():
+            if len({scores[n].shape[1] for n in numbers}) == 1:
+                last = np.stack([scores[n][-1] for n in numbers])
+                low, high = eos_probability_bounds(last, eos_ids, temperature, thresholds)
+                eos_probability.update(zip(numbers, low.tolist(), strict=True))
+                eos_probability_upper.update(zip(numbers, high.tolist(), strict=True))
     reports = []
     for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
         length = len(claim.completion_ids)
