@@ -794,7 +794,7 @@ def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.C
     return checks
 
 
-def _logprobs_check(slot: _Slot, figures: TokenFigures, number: int) -> validation_pb2.CheckResult:
+def _logprobs_check(slot: _Slot, per_token: TokenFigures, number: int) -> validation_pb2.CheckResult:
     """The behaviour log-probabilities the trainer will use: one per completion token, finite,
     at most 0, and each inside the interval the error model gives around the validator's own
     (:meth:`TokenFigures.logprob_bounds`, :func:`rollnet.sdk.proofs.token_logprob_bounds`'s
@@ -810,7 +810,7 @@ def _logprobs_check(slot: _Slot, figures: TokenFigures, number: int) -> validati
         return _result(
             ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MALFORMED, figures, slot.index
         )
-    bounds = figures.logprob_bounds(number)
+    bounds = per_token.logprob_bounds(number)
     slot.logprobs = bounds.values
     # Written so that NaN fails (the validator's own bounds, from NaN logits).
     inside = bounds.contains(claimed)

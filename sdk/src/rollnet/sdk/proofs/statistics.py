@@ -190,7 +190,8 @@ def _statistics(
     variance: npt.NDArray[np.float64],
 ) -> list[RolloutStatistics]:
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    ratio = margins / tolerances
+    with np.errstate(invalid="ignore", divide="ignore"):  # NaN margins count as neither
+        ratio = margins / tolerances
     losses = (ratio >= -1.0) & (ratio < -NEAR_TIE_FLOOR)
     wins = (ratio > NEAR_TIE_FLOOR) & (ratio <= 1.0)
 
