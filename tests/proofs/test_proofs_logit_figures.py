@@ -55,7 +55,8 @@ def test_fused_figures_equal_the_separate_functions(
         thresholds=thresholds,
         eos_token_ids=EOS,
     )
-    assert figures.temperature == temperature and figures.eos_token_ids == EOS
+    assert figures.temperature == temperature
+    assert figures.eos_token_ids == EOS
     assert not figures.out_of_vocabulary.any()
     for number, (z, ids, seed) in enumerate(zip(logits, completions, seeds, strict=True)):
         rows = figures.rows(number)
@@ -100,9 +101,7 @@ def test_a_rollout_out_of_the_vocabulary_is_marked_not_computed() -> None:
     rng = np.random.default_rng(3)
     logits = [rng.standard_normal((4, VOCAB)), rng.standard_normal((3, VOCAB))]
     completions = [[1, 2, VOCAB, 3], [4, 5, 6]]
-    figures = token_figures(
-        logits, completions, seeds=[1, 2], temperature=1.0, thresholds=FLOAT32
-    )
+    figures = token_figures(logits, completions, seeds=[1, 2], temperature=1.0, thresholds=FLOAT32)
     assert figures.out_of_vocabulary.tolist() == [True, False]
     assert sampling.sampling_results(figures) == sampling.check_sampling_batch(
         logits, completions, seeds=[1, 2], temperature=1.0, thresholds=FLOAT32

@@ -794,7 +794,9 @@ def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.C
     return checks
 
 
-def _logprobs_check(slot: _Slot, per_token: TokenFigures, number: int) -> validation_pb2.CheckResult:
+def _logprobs_check(
+    slot: _Slot, per_token: TokenFigures, number: int
+) -> validation_pb2.CheckResult:
     """The behaviour log-probabilities the trainer will use: one per completion token, finite,
     at most 0, and each inside the interval the error model gives around the validator's own
     (:meth:`TokenFigures.logprob_bounds`, :func:`rollnet.sdk.proofs.token_logprob_bounds`'s

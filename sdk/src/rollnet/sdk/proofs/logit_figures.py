@@ -146,10 +146,19 @@ def token_figures(
             target[rows] = values
         if eos:
             eos_probability[rows] = figures[6]
+    logprobs, others, entropy, variance = rest
     return TokenFigures(
-        temperature,
-        frozenset(eos_token_ids),
-        lengths, out_of_vocabulary, margins, tolerances, *rest, eos_probability=eos_probability
+        temperature=temperature,
+        eos_token_ids=frozenset(eos_token_ids),
+        lengths=lengths,
+        out_of_vocabulary=out_of_vocabulary,
+        margins=margins,
+        tolerances=tolerances,
+        logprobs=logprobs,
+        others=others,
+        entropy=entropy,
+        variance=variance,
+        eos_probability=eos_probability,
     )
 
 

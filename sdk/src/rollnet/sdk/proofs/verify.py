@@ -10,8 +10,8 @@ import numpy.typing as npt
 
 from rollnet.sdk.proofs.assigned import check_assigned_data
 from rollnet.sdk.proofs.binding import LeaseBinding, check_binding
-from rollnet.sdk.proofs.report import CheckResult, VerificationReport
 from rollnet.sdk.proofs.logit_figures import TokenFigures
+from rollnet.sdk.proofs.report import CheckResult, VerificationReport
 from rollnet.sdk.proofs.sampling import check_sampling_batch, sampling_results
 from rollnet.sdk.proofs.termination import check_termination, eos_probability_bounds
 from rollnet.sdk.proofs.thresholds import Thresholds
@@ -107,10 +107,11 @@ def verify_rollouts(
         for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
             # A rollout with a token outside the vocabulary has no figures: the termination
             # check computes its own.
-            ends_with_eos = claim.completion_ids and claim.completion_ids[-1] in assignment.eos_token_ids
+            ends = claim.completion_ids[-1:]
+            ends_with_eos = bool(ends) and ends[0] in assignment.eos_token_ids
             if ends_with_eos and not figures.out_of_vocabulary[number]:
-                low, high = figures.eos_probability_bounds(number)
-                eos_probability[number], eos_probability_upper[number] = low, high
+                probability, upper = figures.eos_probability_bounds(number)
+                eos_probability[number], eos_probability_upper[number] = probability, upper
     else:
         sampling = {}
         by_temperature: dict[float, list[int]] = {}
