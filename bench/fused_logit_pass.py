@@ -35,54 +35,57 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     for vocab in args.vocab:
-        logits = [
-            (rng.standard_normal((args.tokens, vocab)) * 3).astype(np.float32)
-            for _ in range(args.rollouts)
-        ]
-        ids = [rng.integers(1, vocab, args.tokens).tolist() for _ in range(args.rollouts)]
-        seeds = list(range(args.rollouts))
+        _measure(vocab, args, rng)
 
-        def separate() -> None:
-            sampling.check_sampling_batch(
-                logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32
-            )
-            last = np.stack([z[-1] for z in logits])
-            termination.eos_probability_bounds(last, EOS, 1.0, FLOAT32)
-            statistics.rollout_statistics_batch(
-                logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32
-            )
-            for z, c in zip(logits, ids, strict=True):
-                sampling.token_logprob_bounds(z, c, 1.0, FLOAT32)
 
-        def fused() -> None:
-            figures = token_figures(
-                logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32, eos_token_ids=EOS
-            )
-            sampling.sampling_results(figures)
-            statistics.rollout_statistics_from_figures(figures)
-            for number in range(args.rollouts):
-                figures.eos_probability_bounds(number)
-                figures.logprob_bounds(number)
+def _measure(vocab: int, args: argparse.Namespace, rng: np.random.Generator) -> None:
+    logits = [
+        (rng.standard_normal((args.tokens, vocab)) * 3).astype(np.float32)
+        for _ in range(args.rollouts)
+    ]
+    ids = [rng.integers(1, vocab, args.tokens).tolist() for _ in range(args.rollouts)]
+    seeds = list(range(args.rollouts))
 
-        block = np.concatenate(logits)[: max(1, (1 << 18) // vocab)]
-
-        def softmax64() -> None:
-            shifted = block.astype(np.float64)
-            shifted -= shifted.max(axis=1, keepdims=True)
-            np.exp(shifted).sum(axis=1)
-
-        def softmax32() -> None:
-            shifted = block - block.max(axis=1, keepdims=True)
-            np.exp(shifted).sum(axis=1, dtype=np.float64)
-
-        best = _best_of({"separate": separate, "fused": fused}, args.repeats)
-        soft = _best_of({"f64": softmax64, "f32": softmax32}, args.repeats * 20)
-        tokens = args.rollouts * args.tokens
-        print(
-            f"V={vocab:6d} {tokens} tokens: separate {best['separate'] * 1e3:8.2f} ms, "
-            f"fused {best['fused'] * 1e3:8.2f} ms -> separate / fused {best['separate'] / best['fused']:.2f}x; "
-            f"softmax block f64 / f32 {soft['f64'] / soft['f32']:.2f}x"
+    def separate() -> None:
+        sampling.check_sampling_batch(logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32)
+        last = np.stack([z[-1] for z in logits])
+        termination.eos_probability_bounds(last, EOS, 1.0, FLOAT32)
+        statistics.rollout_statistics_batch(
+            logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32
         )
+        for z, c in zip(logits, ids, strict=True):
+            sampling.token_logprob_bounds(z, c, 1.0, FLOAT32)
+
+    def fused() -> None:
+        figures = token_figures(
+            logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32, eos_token_ids=EOS
+        )
+        sampling.sampling_results(figures)
+        statistics.rollout_statistics_from_figures(figures)
+        for number in range(args.rollouts):
+            figures.eos_probability_bounds(number)
+            figures.logprob_bounds(number)
+
+    block = np.concatenate(logits)[: max(1, (1 << 18) // vocab)]
+
+    def softmax64() -> None:
+        shifted = block.astype(np.float64)
+        shifted -= shifted.max(axis=1, keepdims=True)
+        np.exp(shifted).sum(axis=1)
+
+    def softmax32() -> None:
+        shifted = block - block.max(axis=1, keepdims=True)
+        np.exp(shifted).sum(axis=1, dtype=np.float64)
+
+    best = _best_of({"separate": separate, "fused": fused}, args.repeats)
+    soft = _best_of({"f64": softmax64, "f32": softmax32}, args.repeats * 20)
+    tokens = args.rollouts * args.tokens
+    print(
+        f"V={vocab:6d} {tokens} tokens: separate {best['separate'] * 1e3:8.2f} ms, "
+        f"fused {best['fused'] * 1e3:8.2f} ms -> "
+        f"separate / fused {best['separate'] / best['fused']:.2f}x; "
+        f"softmax block f64 / f32 {soft['f64'] / soft['f32']:.2f}x"
+    )
 
 
 def _best_of(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
