@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.relay.prefetch import register_relay
 from rollnet.sdk import (
     ConnectionConfig,
     ErrorReason,
@@ -36,7 +37,6 @@ from rollnet.sdk import (
     open_channel,
 )
 from rollnet.sdk.methods import ALL_METHODS, ROLE_TABLE, Access, roles_text
-from rollnet.reference.relay.prefetch import register_relay
 from rollnet.v1 import (
     checkpoint_service_pb2,
     commitment_service_pb2,
@@ -245,7 +245,9 @@ async def test_a_relay_reads_checkpoints_and_may_not_lease_work(
         await request_tasks(trainer, 1)
         # What `rollnet relay --coordinator` calls: no allow-list needed for the role.
         assert await register_relay(relay) == common_pb2.ROLE_RELAY
-        node = await relay.nodes.get_node(node_service_pb2.GetNodeRequest(node_id=relay_key.node_id))
+        node = await relay.nodes.get_node(
+            node_service_pb2.GetNodeRequest(node_id=relay_key.node_id)
+        )
         assert node.node.role == common_pb2.ROLE_RELAY
         latest = await relay.checkpoints.get_latest_checkpoint()
         assert latest.checkpoint.step == 1

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
-from collections.abc import AsyncIterator
 
 from rollnet.reference.relay.cache import BlobCache, BlobUnavailable
 from rollnet.sdk import RollnetClient
-from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.checkpoints import (
     CheckpointVerificationError,
     manifest_blobs,
     verify_checkpoint,
 )
+from rollnet.sdk.errors import RollnetError
 from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
 RELAY_SOFTWARE_VERSION = "rollnet-relay/0.1"
