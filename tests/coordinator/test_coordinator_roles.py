@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.relay.prefetch import register_relay
+from rollnet.reference.relay.prefetch import refuses_unknown_role, register_relay
 from rollnet.sdk import (
     ConnectionConfig,
     ErrorReason,
@@ -259,6 +259,12 @@ async def test_a_relay_reads_checkpoints_and_may_not_lease_work(
             await relay.tasks.pull_task(task_service_pb2.PullTaskRequest())
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert refused.value.reason == ErrorReason.ROLE_NOT_ALLOWED
+        # A coordinator that predates ROLE_RELAY refuses it as this one refuses a role it does
+        # not know; the relay recognises that refusal (and then registers as a worker).
+        with pytest.raises(RollnetError) as unknown:
+            await register(relay, relay_key, 99)
+        assert refuses_unknown_role(unknown.value), unknown.value
+        assert not refuses_unknown_role(refused.value)
     finally:
         await trainer.close()
         await relay.close()

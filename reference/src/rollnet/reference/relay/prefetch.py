@@ -77,6 +77,12 @@ async def watch_coordinator(cache: BlobCache, client: RollnetClient, *, network_
     await prefetch_checkpoints(cache, client.checkpoints.watch(0), network_id=network_id)
 
 
+def refuses_unknown_role(error: RollnetError) -> bool:
+    """Whether ``error`` is a coordinator's refusal of a role it does not know (its bounds on
+    ``RegisterNodeRequest.role``: INVALID_ARGUMENT naming the field)."""
+    return error.code == grpc.StatusCode.INVALID_ARGUMENT and "role" in error.message
+
+
 async def register_relay(client: RollnetClient) -> common_pb2.Role.ValueType:
     """Register the relay's key as ``ROLE_RELAY``; a coordinator older than that role refuses
     it as an invalid argument, and then the key registers as a worker (what relays did before).
@@ -92,12 +98,7 @@ async def register_relay(client: RollnetClient) -> common_pb2.Role.ValueType:
                 )
             )
         except RollnetError as error:
-            old_coordinator = (
-                role == common_pb2.ROLE_RELAY
-                and error.code == grpc.StatusCode.INVALID_ARGUMENT
-                and "role" in error.message
-            )
-            if not old_coordinator:
+            if role != common_pb2.ROLE_RELAY or not refuses_unknown_role(error):
                 raise
             log.warning("relay_registered_as_worker", extra={"reason": error.message})
             continue
