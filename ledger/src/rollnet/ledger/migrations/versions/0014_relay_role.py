@@ -5,7 +5,7 @@ which let its key lease tasks. The ``relay`` role may only read checkpoints and 
 itself registered (docs/protocol.md, the Roles column).
 
 Revision ID: 0014
-Revises: 0011 (0013 when 0012 and 0013 are merged first: then this revises 0013)
+Revises: 0013
 Create Date: 2026-12-02
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0011"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
