@@ -83,10 +83,11 @@ test: $(STAMP) browser sandbox-tools http-cache ## the test suite (what CI runs)
 test-fast: $(STAMP) ## the edit-test loop: everything but the slow and PostgreSQL tests
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not postgres"
 
-lint: $(STAMP) ## ruff, ruff format --check, mypy --strict
+lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples
+	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench
+	$(BIN)/lint-imports --no-cache
 
 codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 from protos/
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/buf generate 2>/dev/null

@@ -6,14 +6,15 @@ the time from publishing until every client holds a verified copy, when the firs
 a leaf, and the aggregate throughput (10 copies land: 2 relays + 8 clients) against the
 machine's limit measured in the same run: ten plain local copies of the same file.
 
-Then deltas, on real consecutive optimizer steps made here (the trainer is being rebuilt
-elsewhere; these are the same kind of steps): a Qwen2-architecture model (``--delta-hidden``,
-``--delta-layers``) trained with AdamW on the causal-LM loss, float32 master weights, each
-step published in bf16. It prints the share of bf16 weights left bit-identical, delta bytes
-against the full checkpoint, and the end-to-end time of a delta step through the same tree
-beside the same step fetched whole.
+Then deltas, on consecutive steps of the reference trainer made here
+(:func:`~rollnet.reference.trainer.synthetic_steps.write_trainer_steps`: its ``Learner`` — fp32
+master weights, AdamW, gradient clipping, the GRPO loss — and its ``export_checkpoint``, at
+``TrainerConfig``'s defaults, on seeded synthetic rollout groups) of a Qwen2-architecture model
+(``--delta-hidden``, ``--delta-layers``). It prints the share of bf16 weights left
+bit-identical (the sparsity), delta bytes against the full checkpoint, and the end-to-end time
+of a delta step through the same tree beside the same step fetched whole.
 
-    python bench/broadcast.py [--mib 512] [--clients 8] [--no-shardcast] [--lr 1e-6]
+    python bench/broadcast.py [--mib 512] [--clients 8] [--no-shardcast] [--lr LR]
 
 shardcast (``pip install shardcast==0.3.2``, in requirements/dev.txt) runs with its defaults
 except where that is kinder to it: its middle nodes poll upstream every second instead of every
@@ -456,8 +457,9 @@ def summary(started: float, published: float, results: list[dict[str, Any]]) -> 
 def delta_figures(
     root: Path, args: argparse.Namespace
 ) -> tuple[list[Path], list[dict[str, float]]]:
-    from rollnet.reference.model.optimizer_steps import write_optimizer_steps
     from rollnet.reference.model.tiny import TinyModelSpec
+    from rollnet.reference.trainer.config import TrainerConfig
+    from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
     from rollnet.sdk.broadcast.delta import encode_delta
 
     spec = TinyModelSpec(
@@ -467,7 +469,8 @@ def delta_figures(
         num_attention_heads=max(4, args.delta_hidden // 64),
         num_key_value_heads=max(2, args.delta_hidden // 128),
     )
-    steps = write_optimizer_steps(root / "steps", args.delta_steps, spec=spec, lr=args.lr)
+    config = TrainerConfig(**({"learning_rate": args.lr} if args.lr is not None else {}))
+    steps = write_trainer_steps(root / "steps", args.delta_steps, spec=spec, config=config)
     rows = []
     for number in range(1, len(steps)):
         base, target = steps[number - 1] / "model.safetensors", steps[number] / "model.safetensors"
@@ -493,7 +496,10 @@ def main() -> int:
         "--repeats", type=int, default=1, help="alternate the two systems this many times"
     )
     parser.add_argument(
-        "--lr", type=float, default=1e-6, help="AdamW learning rate of the delta steps"
+        "--lr",
+        type=float,
+        default=None,
+        help="the trainer's learning rate for the delta steps (default: TrainerConfig's)",
     )
     parser.add_argument("--delta-steps", type=int, default=3)
     parser.add_argument("--delta-hidden", type=int, default=512)
@@ -573,17 +579,23 @@ def main() -> int:
 
         if args.no_deltas:
             return 0
+        from rollnet.reference.trainer.config import TrainerConfig
+
+        defaults = TrainerConfig()
+        lr = args.lr if args.lr is not None else defaults.learning_rate
         print(
-            f"\ndeltas: real AdamW steps (lr {args.lr:g}, weight decay 0.01, float32 master "
-            f"weights, bf16 published) of a Qwen2 model, hidden {args.delta_hidden}, "
-            f"{args.delta_layers} layers"
+            f"\ndeltas: steps of the reference trainer (its Learner and export_checkpoint; "
+            f"TrainerConfig defaults: lr {lr:g}, loss {defaults.loss.kind}, grad clip "
+            f"{defaults.grad_clip:g}, {defaults.batch_groups} groups x {defaults.group_size} "
+            f"seeded synthetic rollouts, float32 master weights, bf16 published) of a Qwen2 "
+            f"model, hidden {args.delta_hidden}, {args.delta_layers} layers"
         )
         steps, rows = delta_figures(root / "deltas", args)
         for row in rows:
             print(
                 f"  step {row['step']}: {row['unchanged']:.2%} of bf16 weights bit-identical; "
                 f"delta {row['delta'] / _MIB:.2f} MiB of {row['full'] / _MIB:.2f} MiB "
-                f"(1/{row['full'] / row['delta']:.0f})"
+                f"(delta/full {row['delta'] / row['full']:.4f}, 1/{row['full'] / row['delta']:.0f})"
             )
         last = len(steps) - 1
         if rows[-1]["delta"] * 2 > rows[-1]["full"]:

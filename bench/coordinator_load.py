@@ -241,7 +241,9 @@ def ratios(name: str, run: Run, echo: Run, target: float) -> None:
     )
 
 
-async def register_all(channel: grpc.aio.Channel, nodes: list[Node], role: int) -> None:
+async def register_all(
+    channel: grpc.aio.Channel, nodes: list[Node], role: common_pb2.Role.ValueType
+) -> None:
     register = unary(channel, REGISTER, node_service_pb2.RegisterNodeResponse)
     semaphore = asyncio.Semaphore(64)
 

@@ -93,7 +93,8 @@ def main() -> None:
                 )
                 if with_index:
                     fingerprints.record_fingerprints(session, commitment_id, "n" * 32, batch_prints)
-        return (time.perf_counter() - started) / args.commitments
+        commitments: int = args.commitments
+        return (time.perf_counter() - started) / commitments
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.rounds):

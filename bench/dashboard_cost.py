@@ -22,7 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -197,7 +197,7 @@ def populate(engine: Engine, scale: float) -> int:
     return sequence
 
 
-def _put_verdicts(connection: object, rows: list[dict[str, object]]) -> None:
+def _put_verdicts(connection: object, rows: Sequence[Mapping[str, object]]) -> None:
     # Verdicts name a validation job; the bench's history has none, so the foreign key is
     # satisfied by jobs made here.
     from rollnet.ledger.models import ValidationJob

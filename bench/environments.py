@@ -81,6 +81,14 @@ def code_items(environment: CodeEnvironment, count: int) -> list[RewardItem]:
     return items
 
 
+def prompt_count(environment: Environment) -> int:
+    """How many prompt ids ``environment`` has; the bench cycles through a bounded set."""
+    count = environment.num_prompts
+    if count is None:
+        raise SystemExit(f"{environment.name}: expected a bounded set of prompts")
+    return count
+
+
 def measure(
     name: str,
     bare: Callable[[Sequence[RewardItem]], list[Any]],
@@ -147,9 +155,10 @@ def main() -> None:
         )
 
     math = load_environment("math", {})
+    math_prompts = prompt_count(math)
     answers = ["42", r"\frac{1}{2}", "5", r"x = 5", "I do not know", r"\boxed{9}"]
     items = [
-        (math.prompt(i % math.num_prompts), f"so the answer is {answers[i % 6]}", 30)
+        (math.prompt(i % math_prompts), f"so the answer is {answers[i % 6]}", 30)
         for i in range(scaled(200))
     ]
     with RewardSandbox() as sandbox:
@@ -162,9 +171,10 @@ def main() -> None:
     verifiers = load_environment("verifiers", config)
     listing_s = time.perf_counter() - listed
     trusted = VerifiersEnvironment.load_unsandboxed(verifiers.config)
+    verifiers_prompts = prompt_count(verifiers)
     replies = ["0enots", "wrong", "a much longer reply than twelve characters"]
     items = [
-        (verifiers.prompt(i % verifiers.num_prompts), replies[i % 3], 5) for i in range(scaled(300))
+        (verifiers.prompt(i % verifiers_prompts), replies[i % 3], 5) for i in range(scaled(300))
     ]
     with RewardSandbox() as sandbox:
         rows["verifiers"] = measure(
@@ -203,9 +213,9 @@ def main() -> None:
             f"{row['sandboxed_per_s']:>13.1f}{row['overhead']:>9.2f}x{started:>13}"
         )
     listing = rows["verifiers"]["listing_s"]
-    tests = rows["code"]["tests_per_completion"]
+    tests_each = rows["code"]["tests_per_completion"]
     print(f"verifiers: listing the taskset in its sandboxed child took {listing:.2f} s")
-    print(f"code: {tests:.1f} tests per completion, each in a sandbox of its own")
+    print(f"code: {tests_each:.1f} tests per completion, each in a sandbox of its own")
 
 
 if __name__ == "__main__":

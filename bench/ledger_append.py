@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ledger_bench_db import (  # type: ignore[import-not-found]  # bench/ is not a package
+from _ledger_bench_db import (
     fresh_database,
     postgres_available,
 )

@@ -347,7 +347,7 @@ def main() -> None:
             )
 
         no_cache = TorchBackend(use_kv_cache=False)
-        no_cache.attach(worker.model, dtype=dtype)  # type: ignore[arg-type]
+        no_cache.attach(worker.model, dtype=dtype)
         run("honest: batched", True, worker, count(512))
         run("honest: single sequence", True, worker, count(48), batch=1)
         run("honest: no KV cache", True, no_cache, count(128))
@@ -364,7 +364,7 @@ def main() -> None:
         run("sampling at T=0.95", False, worker, n_attack, sample_temperature=0.95 * temperature)
         for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
             steering = CheatingBackend(cheat)
-            steering.load(str(work / "tiny"), dtype=dtype)  # type: ignore[arg-type]
+            steering.load(str(work / "tiny"), dtype=dtype)
             run(f"steering ({cheat.value})", False, steering, n_attack)
 
     rng = np.random.default_rng(0)
@@ -414,12 +414,12 @@ def main() -> None:
             flag_tokens(pool, policy, rng, budget=BUDGETS[-1], job_rollouts=args.job_rollouts)
             for _ in range(args.nodes)
         ]
-        cells = [
+        caught_by = [
             f"{sum(1 for f in flags if f is not None and f <= b) / len(flags):.0%}" for b in BUDGETS
         ]
         caught = sorted(f for f in flags if f is not None)
         median = f"{caught[len(caught) // 2]:,}" if len(caught) * 2 > len(flags) else "-"
-        print(f"| {s.dtype} | {s.name} | " + " | ".join(cells) + f" | {median} |")
+        print(f"| {s.dtype} | {s.name} | " + " | ".join(caught_by) + f" | {median} |")
 
     print("\n## Honest band losses (pooled honest variations) and the bound on their share")
     print(

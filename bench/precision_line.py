@@ -56,7 +56,7 @@ def reduced_linears(bits: int) -> Callable[[Any], None]:
                     weight = round_mantissa(m.weight, bits)
                     return F.linear(round_mantissa(x, bits), weight, m.bias)
 
-                module.forward = forward  # type: ignore[method-assign]
+                module.forward = forward  # type: ignore[method-assign,assignment]
 
     return transform
 

@@ -61,7 +61,7 @@ def bare_step(model: Any, optimizer: torch.optim.Optimizer, batch: Any) -> None:
     logprobs = torch.log_softmax(picked.float(), dim=-1)
     chosen = logprobs.gather(1, batch.targets.unsqueeze(1)).squeeze(1)
     loss = -(batch.advantages * chosen).sum() / batch.loss_tokens
-    loss.backward()  # type: ignore[no-untyped-call]
+    loss.backward()
     optimizer.step()
 
 

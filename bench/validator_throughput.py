@@ -367,7 +367,7 @@ def run_validators(
     ]
     for process in processes:
         process.start()
-    spans = [results.get(timeout=600) for _ in processes]
+    spans: list[tuple[float, float, int]] = [results.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
     if sum(accepted for _, _, accepted in spans) != len(wire) * rounds:

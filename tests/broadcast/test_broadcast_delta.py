@@ -1,5 +1,5 @@
-"""rollnet-delta-v1: lossless on real optimizer steps, small on them, and refused when it does
-not fit (wrong base, truncated, tampered, a decompression bomb)."""
+"""rollnet-delta-v1: lossless on the reference trainer's steps, small on them, and refused when
+it does not fit (wrong base, truncated, tampered, a decompression bomb)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from rollnet.reference.model.optimizer_steps import write_optimizer_steps
+from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
 from rollnet.sdk.broadcast.delta import MAGIC, DeltaError, apply_delta, encode_delta
 
 
@@ -35,7 +35,7 @@ def _safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "BF16"
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return write_optimizer_steps(tmp_path_factory.mktemp("steps"), 3)
+    return write_trainer_steps(tmp_path_factory.mktemp("steps"), 3)
 
 
 def test_chain_of_real_steps_is_bit_identical_and_small(steps: list[Path], tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_chain_of_real_steps_is_bit_identical_and_small(steps: list[Path], tmp_p
             blake3.blake3(rebuilt.read_bytes()).digest()
             == blake3.blake3(target.read_bytes()).digest()
         )
-        # Real AdamW steps at lr 1e-6 leave nearly every bf16 weight as it was.
+        # The trainer's steps at its defaults (lr 1e-6) leave nearly every bf16 weight as it was.
         assert stats.unchanged_fraction > 0.9, stats
         assert stats.delta_bytes * 10 < stats.size, stats
         current = rebuilt  # the chain goes on from the rebuilt file, as a node's would

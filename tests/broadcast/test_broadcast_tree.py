@@ -17,8 +17,8 @@ import pytest
 from broadcast_testing import NETWORK, GatedUpstream, model_dir, publish_to_origin, wait_until
 
 from rollnet.reference.checkpoints import DeltaBase
-from rollnet.reference.model.optimizer_steps import write_optimizer_steps
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
+from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.identity import Identity
@@ -250,7 +250,7 @@ async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     tmp_path: Path, relays: list[RelayServer]
 ) -> None:
     trainer = Identity.generate()
-    steps = write_optimizer_steps(tmp_path / "trainer", 3)
+    steps = write_trainer_steps(tmp_path / "trainer", 3)
     origin_dir = tmp_path / "origin"
     checkpoints = []
     for number, directory in enumerate(steps):

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.relay.prefetch import refuses_unknown_role, register_relay
 from rollnet.sdk import (
     ConnectionConfig,
     ErrorReason,
@@ -37,9 +38,11 @@ from rollnet.sdk import (
 )
 from rollnet.sdk.methods import ALL_METHODS, ROLE_TABLE, Access, roles_text
 from rollnet.v1 import (
+    checkpoint_service_pb2,
     commitment_service_pb2,
     common_pb2,
     node_service_pb2,
+    task_service_pb2,
 )
 
 PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -48,6 +51,7 @@ ROLES = {
     "validator": common_pb2.ROLE_VALIDATOR,
     "trainer": common_pb2.ROLE_TRAINER,
     "operator": common_pb2.ROLE_OPERATOR,
+    "relay": common_pb2.ROLE_RELAY,
 }
 
 
@@ -145,6 +149,7 @@ async def test_every_role_calls_every_rpc_as_the_docs_table_says(
         common_pb2.ROLE_VALIDATOR: validator_identity,
         common_pb2.ROLE_TRAINER: trainer_identity,
         common_pb2.ROLE_OPERATOR: operator_identity,
+        common_pb2.ROLE_RELAY: Identity.generate(),
     }
     other_worker = Identity.generate()
     clients = {role: connect(coordinator.address, key) for role, key in identities.items()}
@@ -217,10 +222,50 @@ async def test_every_role_calls_every_rpc_as_the_docs_table_says(
                     assert outcome is not None
                     assert outcome.code == grpc.StatusCode.PERMISSION_DENIED
                 cells += 1
-        assert cells == 4 * len(ALL_METHODS)
+        assert cells == len(identities) * len(ALL_METHODS)
     finally:
         for client in [*clients.values(), other]:
             await client.close()
         for channel in channels.values():
             await channel.close()
+        await coordinator.stop(grace=0.1)
+
+
+@pytest.mark.timeout(60)
+async def test_a_relay_reads_checkpoints_and_may_not_lease_work(
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
+) -> None:
+    coordinator = await start_coordinator(coordinator_config)
+    relay_key = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    relay = connect(coordinator.address, relay_key)
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await publish_checkpoint(trainer, trainer_identity, 1)
+        await request_tasks(trainer, 1)
+        # What `rollnet relay --coordinator` calls: no allow-list needed for the role.
+        assert await register_relay(relay) == common_pb2.ROLE_RELAY
+        node = await relay.nodes.get_node(
+            node_service_pb2.GetNodeRequest(node_id=relay_key.node_id)
+        )
+        assert node.node.role == common_pb2.ROLE_RELAY
+        latest = await relay.checkpoints.get_latest_checkpoint()
+        assert latest.checkpoint.step == 1
+        same = await relay.checkpoints.get_checkpoint(
+            checkpoint_service_pb2.GetCheckpointRequest(step=1)
+        )
+        assert same.checkpoint.manifest == latest.checkpoint.manifest
+        with pytest.raises(RollnetError) as refused:
+            await relay.tasks.pull_task(task_service_pb2.PullTaskRequest())
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.reason == ErrorReason.ROLE_NOT_ALLOWED
+        # A coordinator that predates ROLE_RELAY refuses it as this one refuses a role it does
+        # not know; the relay recognises that refusal (and then registers as a worker).
+        with pytest.raises(RollnetError) as unknown:
+            await register(relay, relay_key, 99)
+        assert refuses_unknown_role(unknown.value), unknown.value
+        assert not refuses_unknown_role(refused.value)
+    finally:
+        await trainer.close()
+        await relay.close()
         await coordinator.stop(grace=0.1)

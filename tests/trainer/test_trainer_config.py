@@ -48,6 +48,7 @@ kl_coef = 0.01
 def test_defaults() -> None:
     config = TrainerConfig()
     assert config.max_off_policy_steps == 0
+    assert config.learning_rate == 1e-6
     assert config.loss.kind == "clip"
     assert config.loss.clip_epsilon == 0.2
     assert config.loss.clip_delta == 4.0

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 from swarm_testing import connect, eventually
-from trainer_testing import coordinator_config, spawn_trainer, validator, worker
+from trainer_testing import (
+    alive,
+    coordinator_config,
+    kill_tree,
+    spawn_trainer,
+    validator,
+    worker,
+)
 
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.trainer.metrics import read_jsonl
@@ -89,8 +94,11 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
             what="the trainer to commit step 2",
         )
         assert process.poll() is None, log.read_text()[-3000:]
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(30)
+        killed = kill_tree(process)
+        # torchrun's workers too: a survivor would go on training beside the restarted trainer.
+        await eventually(
+            lambda: not alive(killed), within=30, what="the trainer's processes to die"
+        )
         killed_at = _committed_step(data_dir)
         assert killed_at < STEPS
         process = spawn_trainer(
@@ -110,8 +118,7 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
                 published.append(got.checkpoint.step)
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_tree(process)
         node.request_stop()
         check.request_stop()
         await asyncio.gather(*running, return_exceptions=True)

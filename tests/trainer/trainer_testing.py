@@ -3,7 +3,9 @@ in-process worker and validator, the ``rollnet trainer`` command as a process.""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -128,3 +130,52 @@ def spawn_trainer(
         "INFO",
     ]
     return subprocess.Popen(args, stdout=handle, stderr=handle, env=env, start_new_session=True)
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every live descendant of it (from ``/proc``): torchrun's workers included,
+    whatever process group or session they were started in."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        if current not in found:
+            found.add(current)
+            todo.extend(children.get(current, []))
+    return found
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> set[int]:
+    """SIGKILL ``process``'s group and every descendant, reap it; returns the pids killed (the
+    caller waits until none is alive: :func:`alive`)."""
+    pids = process_tree(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(30)
+    return pids
+
+
+def alive(pids: set[int]) -> bool:
+    """Whether any of ``pids`` still runs (zombies count as gone)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except OSError:
+            continue
+    return False

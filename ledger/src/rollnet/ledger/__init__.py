@@ -25,12 +25,12 @@ if TYPE_CHECKING:
         list_entries,
         sign_chain_head,
     )
-    from rollnet.ledger.engine import Readiness, check_ready, create_engine, session_factory
+    from rollnet.ledger.engine import create_engine, session_factory
     from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState, ValidationJobState
     from rollnet.ledger.export import export_jsonl, verify_database
     from rollnet.ledger.group_commit import GroupCommitAppender
     from rollnet.ledger.leases import LeaseOutcome
-    from rollnet.ledger.migrate import check_models_match, upgrade_to_head
+    from rollnet.ledger.migrate import Readiness, check_models_match, check_ready, upgrade_to_head
     from rollnet.ledger.tasks import LeasedTask, NewTask, lease_next_task, submit_task
     from rollnet.ledger.validation import LeasedValidationJob, lease_next_validation_job
     from rollnet.ledger.verify import VerificationReport, verify_export
@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "NewTask": "rollnet.ledger.tasks",
     "NodeRole": "rollnet.ledger.enums",
     "NodeState": "rollnet.ledger.enums",
-    "Readiness": "rollnet.ledger.engine",
+    "Readiness": "rollnet.ledger.migrate",
     "SignedHead": "rollnet.ledger.chain",
     "TaskState": "rollnet.ledger.enums",
     "ValidationJobState": "rollnet.ledger.enums",
@@ -59,7 +59,7 @@ _EXPORTS: dict[str, str] = {
     "balances": "rollnet.ledger.chain",
     "chain_tip": "rollnet.ledger.chain",
     "check_models_match": "rollnet.ledger.migrate",
-    "check_ready": "rollnet.ledger.engine",
+    "check_ready": "rollnet.ledger.migrate",
     "create_engine": "rollnet.ledger.engine",
     "export_jsonl": "rollnet.ledger.export",
     "latest_signed_head": "rollnet.ledger.chain",

@@ -13,12 +13,11 @@ comes from row locks (``FOR UPDATE``, ``FOR UPDATE SKIP LOCKED``) taken by the r
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -228,28 +227,3 @@ def is_postgresql(engine_or_connection: Engine | Connection | Session) -> bool:
         bind = engine_or_connection.get_bind()
         return bind.dialect.name == "postgresql"
     return engine_or_connection.dialect.name == "postgresql"
-
-
-@dataclass(frozen=True, slots=True)
-class Readiness:
-    """Outcome of :func:`check_ready`."""
-
-    ready: bool
-    detail: str
-
-
-def check_ready(engine: Engine) -> Readiness:
-    """Whether the database answers and its schema is at the migrations' head revision."""
-    # Imported here: the migrations module imports this one.
-    from rollnet.ledger.migrate import current_revision, head_revision
-
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-            current = current_revision(connection)
-    except sqlalchemy.exc.SQLAlchemyError as exc:
-        return Readiness(False, f"database unreachable: {exc.__class__.__name__}: {exc}")
-    head = head_revision()
-    if current != head:
-        return Readiness(False, f"schema at revision {current!r}, expected {head!r}")
-    return Readiness(True, f"schema at head revision {head}")

@@ -16,6 +16,8 @@ class NodeRole(StrEnum):
     VALIDATOR = "validator"
     TRAINER = "trainer"
     OPERATOR = "operator"
+    RELAY = "relay"
+    """Caches and serves checkpoints; reads only, never leases work."""
 
 
 class NodeState(StrEnum):

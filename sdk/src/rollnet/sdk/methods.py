@@ -71,7 +71,8 @@ _W: int = common_pb2.ROLE_WORKER
 _V: int = common_pb2.ROLE_VALIDATOR
 _T: int = common_pb2.ROLE_TRAINER
 _O: int = common_pb2.ROLE_OPERATOR
-ROLE_ORDER: tuple[int, ...] = (_W, _V, _T, _O)
+_R: int = common_pb2.ROLE_RELAY
+ROLE_ORDER: tuple[int, ...] = (_W, _V, _T, _O, _R)
 """The roles in the order the docs' roles table names them."""
 
 
@@ -86,13 +87,16 @@ class Access(enum.Enum):
 
 
 _A, _OWN = Access.ALL, Access.OWN
-_ANY = {_W: _A, _V: _A, _T: _A, _O: _A}
+_ANY = {_W: _A, _V: _A, _T: _A, _O: _A, _R: _A}
+"""Every role. Relays cache and serve checkpoints: besides keeping themselves registered they
+only read (checkpoints, blobs, the public ledger), so every method that leases work, submits
+or judges it leaves them out."""
 
 _ROLE_TABLE: dict[tuple[str, str], dict[int, Access]] = {
     ("NodeService", "RegisterNode"): _ANY,
     ("NodeService", "Heartbeat"): _ANY,
     ("NodeService", "DeregisterNode"): _ANY,
-    ("NodeService", "GetNode"): {_W: _OWN, _V: _OWN, _T: _OWN, _O: _A},
+    ("NodeService", "GetNode"): {_W: _OWN, _V: _OWN, _T: _OWN, _O: _A, _R: _OWN},
     ("NodeService", "ListNodes"): {_O: _A},
     ("NodeService", "EjectNode"): {_O: _A},
     ("NodeService", "BanNode"): {_O: _A},
@@ -140,7 +144,7 @@ def roles_text(method: str) -> str:
     access = ROLE_TABLE[method]
     if all(access.get(role) is Access.ALL for role in ROLE_ORDER):
         return "all (and any new key)" if method == REGISTER_NODE else "all"
-    names = {_W: "worker", _V: "validator", _T: "trainer", _O: "operator"}
+    names = {_W: "worker", _V: "validator", _T: "trainer", _O: "operator", _R: "relay"}
     return ", ".join(
         names[role] + (" (own)" if access[role] is Access.OWN else "")
         for role in ROLE_ORDER

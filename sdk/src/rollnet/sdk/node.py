@@ -104,6 +104,7 @@ _ROLE_NAMES = {
     common_pb2.ROLE_VALIDATOR: "validator",
     common_pb2.ROLE_TRAINER: "trainer",
     common_pb2.ROLE_OPERATOR: "operator",
+    common_pb2.ROLE_RELAY: "relay",
 }
 
 
@@ -158,8 +159,9 @@ class NodeConfig:
     target: str
     """Coordinator address, ``host:port``."""
     role: common_pb2.Role.ValueType
-    """``ROLE_WORKER``, ``ROLE_VALIDATOR``, ``ROLE_TRAINER`` or ``ROLE_OPERATOR``; every role but
-    the worker's needs the key on the coordinator's allow-list for it."""
+    """``ROLE_WORKER``, ``ROLE_VALIDATOR``, ``ROLE_TRAINER``, ``ROLE_OPERATOR`` or
+    ``ROLE_RELAY``; the validator's, trainer's and operator's need the key on the coordinator's
+    allow-list for it."""
     network_id: str = DEFAULT_NETWORK_ID
     """The network id every call is signed for. It must be known before the first call (the
     signature names it); registration checks that the coordinator serves it."""
@@ -190,7 +192,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.role not in _ROLE_NAMES:
             raise ValueError(
-                "role must be ROLE_WORKER, ROLE_VALIDATOR, ROLE_TRAINER or ROLE_OPERATOR"
+                "role must be ROLE_WORKER, ROLE_VALIDATOR, ROLE_TRAINER, ROLE_OPERATOR or "
+                "ROLE_RELAY"
             )
         if not self.network_id:
             raise ValueError("network_id must not be empty")
@@ -220,7 +223,7 @@ class NodeConfig:
 
     @property
     def role_name(self) -> str:
-        """``"worker"``, ``"validator"``, ``"trainer"`` or ``"operator"``."""
+        """``"worker"``, ``"validator"``, ``"trainer"``, ``"operator"`` or ``"relay"``."""
         return _ROLE_NAMES[self.role]
 
 

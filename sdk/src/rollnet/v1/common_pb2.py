@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollnet/v1/common.proto\x12\nrollnet.v1\"=\n\x0fProtocolVersion\x12\x14\n\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n\x05minor\x18\x02 \x01(\rR\x05minor\"X\n\x0eSamplingParams\x12 \n\x0btemperature\x18\x01 \x01(\x01R\x0btemperature\x12$\n\x0emax_new_tokens\x18\x02 \x01(\rR\x0cmaxNewTokens\"f\n\x06Reward\x12\x1f\n\x0btask_reward\x18\x01 \x01(\x01R\ntaskReward\x12%\n\x0elength_penalty\x18\x02 \x01(\x01R\rlengthPenalty\x12\x14\n\x05total\x18\x03 \x01(\x01R\x05total\"5\n\x07\x42lobRef\x12\x16\n\x06\x62lake3\x18\x01 \x01(\x0cR\x06\x62lake3\x12\x12\n\x04size\x18\x02 \x01(\x04R\x04size*f\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_WORKER\x10\x01\x12\x12\n\x0eROLE_VALIDATOR\x10\x02\x12\x10\n\x0cROLE_TRAINER\x10\x03\x12\x11\n\rROLE_OPERATOR\x10\x04*d\n\x0c\x43omputeDtype\x12\x1d\n\x19\x43OMPUTE_DTYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMPUTE_DTYPE_FLOAT32\x10\x01\x12\x1a\n\x16\x43OMPUTE_DTYPE_BFLOAT16\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollnet/v1/common.proto\x12\nrollnet.v1\"=\n\x0fProtocolVersion\x12\x14\n\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n\x05minor\x18\x02 \x01(\rR\x05minor\"X\n\x0eSamplingParams\x12 \n\x0btemperature\x18\x01 \x01(\x01R\x0btemperature\x12$\n\x0emax_new_tokens\x18\x02 \x01(\rR\x0cmaxNewTokens\"f\n\x06Reward\x12\x1f\n\x0btask_reward\x18\x01 \x01(\x01R\ntaskReward\x12%\n\x0elength_penalty\x18\x02 \x01(\x01R\rlengthPenalty\x12\x14\n\x05total\x18\x03 \x01(\x01R\x05total\"5\n\x07\x42lobRef\x12\x16\n\x06\x62lake3\x18\x01 \x01(\x0cR\x06\x62lake3\x12\x12\n\x04size\x18\x02 \x01(\x04R\x04size*v\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_WORKER\x10\x01\x12\x12\n\x0eROLE_VALIDATOR\x10\x02\x12\x10\n\x0cROLE_TRAINER\x10\x03\x12\x11\n\rROLE_OPERATOR\x10\x04\x12\x0e\n\nROLE_RELAY\x10\x05*d\n\x0c\x43omputeDtype\x12\x1d\n\x19\x43OMPUTE_DTYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43OMPUTE_DTYPE_FLOAT32\x10\x01\x12\x1a\n\x16\x43OMPUTE_DTYPE_BFLOAT16\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollnet.v1.common_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROLE']._serialized_start=351
-  _globals['_ROLE']._serialized_end=453
-  _globals['_COMPUTEDTYPE']._serialized_start=455
-  _globals['_COMPUTEDTYPE']._serialized_end=555
+  _globals['_ROLE']._serialized_end=469
+  _globals['_COMPUTEDTYPE']._serialized_start=471
+  _globals['_COMPUTEDTYPE']._serialized_end=571
   _globals['_PROTOCOLVERSION']._serialized_start=39
   _globals['_PROTOCOLVERSION']._serialized_end=100
   _globals['_SAMPLINGPARAMS']._serialized_start=102

@@ -33,6 +33,10 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     """Trusted and allow-listed: publishes checkpoints, requests and consumes rollouts."""
     ROLE_OPERATOR: _Role.ValueType  # 4
     """Trusted and allow-listed: inspects, ejects and bans nodes."""
+    ROLE_RELAY: _Role.ValueType  # 5
+    """Caches and serves checkpoints to other nodes (`rollnet relay`): reads checkpoints and
+    blobs and keeps itself registered, never leases work.
+    """
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a node key is registered with. A role decides which RPCs the key may call."""
@@ -47,6 +51,10 @@ ROLE_TRAINER: Role.ValueType  # 3
 """Trusted and allow-listed: publishes checkpoints, requests and consumes rollouts."""
 ROLE_OPERATOR: Role.ValueType  # 4
 """Trusted and allow-listed: inspects, ejects and bans nodes."""
+ROLE_RELAY: Role.ValueType  # 5
+"""Caches and serves checkpoints to other nodes (`rollnet relay`): reads checkpoints and
+blobs and keeps itself registered, never leases work.
+"""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
 class _ComputeDtype:

@@ -82,8 +82,9 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="the relay's key for --coordinator (created, mode 0600, if missing; registered as "
-        "a worker that serves no environment: coordinators answer registered keys only)",
+        help="the relay's key for --coordinator (created, mode 0600, if missing; registered in "
+        "the relay role, which may read checkpoints but not lease work: coordinators answer "
+        "registered keys only)",
     )
     parser.add_argument(
         "--tls-ca", type=readable_file, default=None, help="PEM roots of --coordinator's TLS"

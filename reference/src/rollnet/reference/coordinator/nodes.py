@@ -35,6 +35,7 @@ ROLE_TO_DB = {
     common_pb2.ROLE_VALIDATOR: NodeRole.VALIDATOR,
     common_pb2.ROLE_TRAINER: NodeRole.TRAINER,
     common_pb2.ROLE_OPERATOR: NodeRole.OPERATOR,
+    common_pb2.ROLE_RELAY: NodeRole.RELAY,
 }
 ROLE_FROM_DB = {db: wire for wire, db in ROLE_TO_DB.items()}
 STATE_FROM_DB = {

@@ -28,8 +28,8 @@ from rollnet.ledger import nodes as node_repo
 from rollnet.ledger import nonces as nonce_repo
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger import validation as job_repo
-from rollnet.ledger.engine import check_ready, create_engine, describe_database_error
-from rollnet.ledger.migrate import upgrade_to_head
+from rollnet.ledger.engine import create_engine, describe_database_error
+from rollnet.ledger.migrate import check_ready, upgrade_to_head
 from rollnet.reference.addresses import split_host_port
 from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blobstore import BlobStore

@@ -3,14 +3,16 @@
 the step so older versions are dropped.
 
 Coordinators answer reads from registered keys only, so :func:`watch_coordinator` registers the
-relay's key first, as a worker that serves no environment (it never leases a task; it shows in
-the node list with software version ``rollnet-relay/...``)."""
+relay's key first, in the relay role (``ROLE_RELAY``: reads only, it may not lease a task; it
+shows in the node list with software version ``rollnet-relay/...``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+
+import grpc
 
 from rollnet.reference.relay.cache import BlobCache, BlobUnavailable
 from rollnet.sdk import RollnetClient
@@ -19,6 +21,7 @@ from rollnet.sdk.checkpoints import (
     manifest_blobs,
     verify_checkpoint,
 )
+from rollnet.sdk.errors import RollnetError
 from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
 RELAY_SOFTWARE_VERSION = "rollnet-relay/0.1"
@@ -70,12 +73,34 @@ async def watch_coordinator(cache: BlobCache, client: RollnetClient, *, network_
     coordinator announces, from the newest on, until cancelled. From then on the versions kept
     follow the signed manifests, not clients' hints."""
     cache.hints_trusted = False
-    await client.nodes.register_node(
-        node_service_pb2.RegisterNodeRequest(
-            public_key=client.signer.identity.public_key,
-            role=common_pb2.ROLE_WORKER,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-            software_version=RELAY_SOFTWARE_VERSION,
-        )
-    )
+    await register_relay(client)
     await prefetch_checkpoints(cache, client.checkpoints.watch(0), network_id=network_id)
+
+
+def refuses_unknown_role(error: RollnetError) -> bool:
+    """Whether ``error`` is a coordinator's refusal of a role it does not know (its bounds on
+    ``RegisterNodeRequest.role``: INVALID_ARGUMENT naming the field)."""
+    return error.code == grpc.StatusCode.INVALID_ARGUMENT and "role" in error.message
+
+
+async def register_relay(client: RollnetClient) -> common_pb2.Role.ValueType:
+    """Register the relay's key as ``ROLE_RELAY``; a coordinator older than that role refuses
+    it as an invalid argument, and then the key registers as a worker (what relays did before).
+    Returns the role registered."""
+    for role in (common_pb2.ROLE_RELAY, common_pb2.ROLE_WORKER):
+        try:
+            await client.nodes.register_node(
+                node_service_pb2.RegisterNodeRequest(
+                    public_key=client.signer.identity.public_key,
+                    role=role,
+                    protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+                    software_version=RELAY_SOFTWARE_VERSION,
+                )
+            )
+        except RollnetError as error:
+            if role != common_pb2.ROLE_RELAY or not refuses_unknown_role(error):
+                raise
+            log.warning("relay_registered_as_worker", extra={"reason": error.message})
+            continue
+        return role
+    raise AssertionError("unreachable: the worker registration returns or raises")

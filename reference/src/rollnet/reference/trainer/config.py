@@ -41,7 +41,9 @@ class TrainerConfig:
     after ``c`` (0: synchronous)."""
     max_steps: int = 0
     """Stop after this step (0: train until stopped)."""
-    learning_rate: float = 2e-3
+    learning_rate: float = 1e-6
+    """AdamW's learning rate: RL on language models runs 3e-7 to 1e-6 (INTELLECT-2); the tiny
+    demo model needs about 3e-3 and sets it itself."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     weight_decay: float = 0.0

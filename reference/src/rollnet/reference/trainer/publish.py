@@ -44,6 +44,10 @@ def export_checkpoint(
         else tensor.detach().cpu()
         for name, tensor in state.items()
     }
+    if getattr(model.config, "tie_word_embeddings", False):
+        # The copies above no longer share storage, so save_pretrained would write the tied head
+        # as a second copy of the embedding table; loading ties it again.
+        half.pop("lm_head.weight", None)
     model.save_pretrained(staging, state_dict=half, safe_serialization=True)
     for name in TOKENIZER_FILES:
         source = base_dir / name

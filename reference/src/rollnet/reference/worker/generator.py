@@ -11,6 +11,7 @@ the environment's verifier. The rewards are claims: validators recompute them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -149,6 +150,12 @@ class InferenceGenerator(RolloutGenerator):
         with self._backend_lock:
             if self._loaded_step == step and self._backend is not None:
                 return
+            # Drop the previous checkpoint's backend before loading the next: an engine that
+            # reserves most of the GPU (vLLM) cannot have two copies loaded at once. A failed
+            # load leaves none, and the next task loads again.
+            self._backend = None
+            self._loaded_step = 0
+            gc.collect()
             backend = self._factory()
             backend.load(str(directory), device=self.device, dtype=self.dtype)
             self._tokenizer = CheckpointTokenizer.load(directory)

@@ -4,7 +4,7 @@
 
 const POLL_MS = 2000;
 const STATES = ["pending", "active", "suspect", "offline", "ejected", "banned", "deregistered"];
-const ROLES = ["worker", "validator", "trainer", "operator"];
+const ROLES = ["worker", "validator", "trainer", "operator", "relay"];
 const charts = {};
 let nodesAfter = "";
 let latestStep = null;
