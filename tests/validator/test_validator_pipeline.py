@@ -438,7 +438,14 @@ async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
             other.reason,
             other.rollout_index,
         )
-        assert dict(one.figures) == pytest.approx(dict(other.figures), rel=1e-5, abs=1e-6)
+        # Figures measured in tolerances (``*_fraction``) are ratios of the honest numeric noise
+        # itself, which the padding moves by tens of percent: compared on the tolerance's scale.
+        noise = {k for k in one.figures if k.endswith("_fraction")}
+        assert {k: v for k, v in one.figures.items() if k not in noise} == pytest.approx(
+            {k: v for k, v in other.figures.items() if k not in noise}, rel=1e-5, abs=1e-6
+        )
+        for key in noise:
+            assert one.figures[key] == pytest.approx(other.figures[key], abs=0.01)
     assert list(grouped.validated_rewards) == list(whole.validated_rewards)
 
 
