@@ -412,9 +412,10 @@ async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
     judge(bench, job, blob)
     assert calls == [len(rollouts)]
     calls.clear()
-    # Room for one rollout's logits per group.
+    # Room for one rollout's logits per group (a group holds at most half the budget: two are
+    # held at once, one checked while the next is prefilled).
     longest = max(len(r.completion_token_ids) for r in rollouts)
-    monkeypatch.setattr(pipeline, "LOGITS_BUDGET", longest * backend.vocab_size)
+    monkeypatch.setattr(pipeline, "LOGITS_BUDGET", 2 * longest * backend.vocab_size)
     grouped = judge(bench, job, blob)
     # Greedy over the rollouts by length, as the pipeline groups them: short ones may share.
     ordered = sorted(rollouts, key=lambda r: len(r.prompt_token_ids) + len(r.completion_token_ids))
