@@ -50,7 +50,6 @@ import numpy.typing as npt
 
 from rollnet.sdk.proofs.sampling import _MARGIN_CHUNK_ELEMENTS, _batch_margins, check_seed
 from rollnet.sdk.proofs.thresholds import Thresholds
-from rollnet.sdk.proofs.thresholds import sampling_tolerances as _row_tolerances
 
 if TYPE_CHECKING:
     from rollnet.sdk.proofs.logit_figures import TokenFigures
@@ -75,19 +74,6 @@ class RolloutStatistics:
     """``sum_t (log p_t(y_t) + H_t)`` under the validator's sampling distribution (nats)."""
     logprob_variance: float
     """``sum_t Var_{y ~ p_t}(log p_t(y))``: the excess's variance for honest draws (nats^2)."""
-
-
-def sampling_tolerances(
-    arrays: Sequence[npt.NDArray[Any]], thresholds: Thresholds, temperature: float
-) -> npt.NDArray[np.float64]:
-    """The per-token sampling tolerance the statistics normalize margins by: the sampling
-    check's own (:func:`rollnet.sdk.proofs.thresholds.sampling_tolerances`, from the error
-    model: dtype, the row's logit magnitude, ``1 / T``), for the stacked rows of ``arrays``."""
-    if not arrays:
-        return np.zeros(0, dtype=np.float64)
-    return np.concatenate([_row_tolerances(z, temperature, thresholds) for z in arrays]).astype(
-        np.float64
-    )
 
 
 def _distribution_moments(
