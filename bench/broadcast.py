@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -93,6 +94,23 @@ def plain_copies(source: Path, scratch: Path, copies: int) -> float:
     elapsed = time.monotonic() - started
     shutil.rmtree(scratch)
     return elapsed
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(processes: list[subprocess.Popen[str]]) -> float:
+    """User + system CPU seconds the live ``processes`` have used so far (``/proc/PID/stat``)."""
+    total = 0
+    for process in processes:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class Clients:
@@ -233,12 +251,15 @@ class RollnetTree:
     def run(self, model: Path, step: int, base: tuple[int, Path] | None = None) -> dict[str, Any]:
         import rollnet.reference.checkpoints  # noqa: F401 - imported before the clock starts
 
+        everyone = self.processes + self.clients.processes
+        cpu = cpu_seconds(everyone) + own_cpu_seconds()
         started = time.time()
         path, delta_bytes = asyncio.run(self.publish(model, step, base))
         published = time.time()
         self.clients.send(str(path))
         results = self.clients.results()
-        return summary(started, published, results) | {"delta_bytes": delta_bytes}
+        cpu = cpu_seconds(everyone) + own_cpu_seconds() - cpu
+        return summary(started, published, results) | {"delta_bytes": delta_bytes, "cpu_s": cpu}
 
     def close(self) -> None:
         self.clients.close()
@@ -358,13 +379,17 @@ class ShardcastTree:
     def run(self, weights: Path) -> dict[str, Any]:
         assert self.origin.stdin is not None
         assert self.origin.stdout is not None
+        everyone = [self.origin, *self.middles, *self.clients.processes]
+        cpu = cpu_seconds(everyone)
         started = time.time()
         self.origin.stdin.write(str(weights) + "\n")
         self.origin.stdin.flush()
         version = self.origin.stdout.readline().strip()
         published = time.time()
         self.clients.send(version)
-        return summary(started, published, self.clients.results())
+        results = self.clients.results()
+        cpu = cpu_seconds(everyone) - cpu
+        return summary(started, published, results) | {"cpu_s": cpu}
 
     def close(self) -> None:
         self.clients.close()
@@ -544,7 +569,8 @@ def main() -> int:
                 f"first byte at a leaf {first:.2f} s ({first / total:.1%} of total; "
                 f"{after:.2f} s after publishing, {after / total:.1%})  "
                 f"aggregate {copies * size / total / _MIB:,.0f} MiB/s "
-                f"({plain / total:.0%} of plain copies)"
+                f"({plain / total:.0%} of plain copies); CPU {figures['cpu_s']:.1f} s "
+                f"({figures['cpu_s'] * _MIB / (copies * size) * 1e3:.2f} ms per MiB landed)"
             )
 
         ratios = []

@@ -73,25 +73,23 @@ class Fetch:
             return self.received
         return min(self.received, (self.size or 0) - 1)
 
-    async def stream(self, start: int, end: int) -> AsyncIterator[bytes]:
-        """Bytes ``[start, end)`` as they become available; raises if the fetch fails. A
-        response that ends with the blob's last byte ends only after the digest matched."""
+    async def spans(self, start: int, end: int) -> AsyncIterator[tuple[int, int]]:
+        """``(offset, length)`` spans of ``[start, end)`` as they become readable in
+        :attr:`partial` (a client sends them from the file, with ``sendfile``); raises if the
+        fetch fails. The span that ends with the blob's last byte comes only after the digest
+        matched, and so does the end of an empty range at the blob's end."""
         position = start
-        # The bytes were written moments ago: reads hit the page cache and do not block.
-        with open(self.partial, "rb") as handle:  # noqa: ASYNC230
-            while position < end:
-                async with self.changed:
-                    await self.changed.wait_for(
-                        lambda at=position: self.readable() > at or self.error is not None  # type: ignore[misc]
-                    )
-                    available = self.readable()
-                if self.error is not None:
-                    raise self.error
-                handle.seek(position)
-                while position < min(available, end):
-                    chunk = handle.read(min(_CHUNK, min(available, end) - position))
-                    position += len(chunk)
-                    yield chunk
+        while position < end:
+            async with self.changed:
+                await self.changed.wait_for(
+                    lambda at=position: self.readable() > at or self.error is not None  # type: ignore[misc]
+                )
+                available = self.readable()
+            if self.error is not None:
+                raise self.error
+            stop = min(available, end)
+            yield position, stop - position
+            position = stop
         if end == self.size:  # an empty blob, too, is sent only once verified
             async with self.changed:
                 await self.changed.wait_for(lambda: self.done or self.error is not None)
