@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import (
     EntryKind,
+    LeaseClaim,
     LeaseOutcome,
     NewEntry,
     NewTask,
@@ -187,15 +188,11 @@ def test_validation_job_lease_verdict_and_credit(
         "reasons": [],
         "check_figures": {"toploc": {"exp_mismatch_max": 3, "mant_err_mean": 1.5}},
         "awarded_work": 1234,
-        "now": late,
     }
     with sessions.begin() as session:
         stale = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=job.lease_id,
-            fencing_token=job.fencing_token,
-            validator_id=first_validator,
+            LeaseClaim("j1", job.lease_id, job.fencing_token, first_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert stale is LeaseOutcome.STALE_LEASE
@@ -203,10 +200,7 @@ def test_validation_job_lease_verdict_and_credit(
     with sessions.begin() as session:
         ok = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=retry.lease_id,
-            fencing_token=retry.fencing_token,
-            validator_id=second_validator,
+            LeaseClaim("j1", retry.lease_id, retry.fencing_token, second_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert ok is LeaseOutcome.OK
@@ -228,10 +222,7 @@ def test_validation_job_lease_verdict_and_credit(
         assert balance(session, worker) == 1234
         again = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=retry.lease_id,
-            fencing_token=retry.fencing_token,
-            validator_id=second_validator,
+            LeaseClaim("j1", retry.lease_id, retry.fencing_token, second_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert again is LeaseOutcome.ALREADY_SUBMITTED
@@ -405,16 +396,12 @@ def test_migrations_rebuild_tables_that_rows_reference(
         assert (
             submit_verdict(
                 session,
-                job_id="j1",
-                lease_id=job.lease_id,
-                fencing_token=job.fencing_token,
-                validator_id=validator,
+                LeaseClaim("j1", job.lease_id, job.fencing_token, validator, T0),
                 verdict_id="v1",
                 accepted=False,
                 reasons=["TOKEN_NOT_SAMPLED"],
                 check_figures={},
                 awarded_work=0,
-                now=T0,
             )
             is LeaseOutcome.OK
         )

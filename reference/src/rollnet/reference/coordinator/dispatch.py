@@ -14,12 +14,11 @@ from typing import Any
 
 import blake3
 import numpy as np
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts, idempotency, nodes, tasks
-from rollnet.ledger.leases import LeaseOutcome
-from rollnet.ledger.models import Task
+from rollnet.ledger.leases import LeaseClaim, LeaseOutcome
 from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.ledger.tasks import LeasedTask, NewTask
 from rollnet.reference.coordinator.bounds import MAX_ROLLOUTS_PER_TASK
@@ -31,26 +30,34 @@ from rollnet.reference.coordinator.context import (
     wait_for,
 )
 from rollnet.reference.coordinator.logprobs import max_verdict_bytes
-from rollnet.reference.coordinator.nodes import (
-    Caller,
+from rollnet.reference.coordinator.prompt_lengths import PromptLengths
+from rollnet.reference.coordinator.refusal import (
+    Refusal,
+    Violations,
+    invalid,
+    lease_outcome_refusal,
+)
+from rollnet.reference.coordinator.serde import (
     capabilities_from_db,
     duration,
-    refuse_unless_in_standing,
-    refuse_unusable,
+    lease_to_proto,
+    task_to_proto,
     timestamp,
 )
-from rollnet.reference.coordinator.prompt_lengths import PromptLengths
-from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
+from rollnet.reference.coordinator.standing import (
+    Caller,
+    refuse_unless_in_standing,
+    refuse_unusable,
+)
 from rollnet.reference.envs.config import EnvironmentConfigError
 from rollnet.reference.envs.registry import (
     EnvironmentRegistryError,
     UnknownEnvironmentError,
     load_environment,
 )
-from rollnet.sdk.dtypes import FLOAT32, compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.verifier import current_nonce
-from rollnet.v1 import common_pb2, rollout_service_pb2, task_pb2, task_service_pb2
+from rollnet.v1 import rollout_service_pb2, task_pb2, task_service_pb2
 
 log = logging.getLogger("rollnet.coordinator")
 
@@ -59,77 +66,12 @@ MAX_TASKS_PER_REQUEST = 10_000
 _POLL_SECONDS = 1.0
 
 
-def lease_outcome_refusal(outcome: LeaseOutcome, what: str) -> Refusal:
-    """The refusal that explains a failed lease-guarded write."""
-    match outcome:
-        case LeaseOutcome.UNKNOWN | LeaseOutcome.WRONG_HOLDER:
-            return Refusal(ErrorReason.LEASE_NOT_FOUND, f"no such lease on {what} held by you")
-        case LeaseOutcome.STALE_LEASE:
-            return Refusal(
-                ErrorReason.FENCING_TOKEN_STALE,
-                f"the lease on {what} is not the current one (it expired and was re-leased)",
-            )
-        case LeaseOutcome.LEASE_EXPIRED:
-            return Refusal(ErrorReason.LEASE_EXPIRED, f"the lease on {what} has expired")
-        case _:
-            return Refusal(ErrorReason.LEASE_CLOSED, f"{what} is no longer open ({outcome})")
-
-
-def task_spec(row: Task | LeasedTask) -> dict[str, Any]:
-    """The protocol-level task description kept in the task row's JSON column."""
-    return dict(row.sampling)
-
-
 def _lease_response(leased: LeasedTask, now: datetime) -> task_service_pb2.PullTaskResponse:
-    lease = task_pb2.Lease(
-        lease_id=leased.lease_id,
-        fencing_token=leased.fencing_token,
-        deadline=timestamp(leased.lease_deadline),
-        issued_at=timestamp(now),
-    )
+    lease = lease_to_proto(leased.lease_id, leased.fencing_token, leased.lease_deadline, now)
     return task_service_pb2.PullTaskResponse(
         task=task_to_proto(leased, state=task_pb2.Task.STATE_LEASED, attempt=leased.fencing_token),
         lease=lease,
     )
-
-
-def task_to_proto(row: Task | LeasedTask, *, state: Any, attempt: int) -> task_pb2.Task:
-    """The wire form of a task."""
-    spec = task_spec(row)
-    config = struct_pb2.Struct()
-    config.update(spec.get("environment_config", {}))
-    task = task_pb2.Task(
-        task_id=row.task_id if isinstance(row, LeasedTask) else row.id,
-        environment=row.environment,
-        environment_config=config,
-        prompt_ids=[int(p) for p in row.prompt_ids],
-        samples_per_prompt=int(spec["samples_per_prompt"]),
-        sampling=common_pb2.SamplingParams(
-            temperature=float(spec["temperature"]), max_new_tokens=int(spec["max_new_tokens"])
-        ),
-        checkpoint_step=row.checkpoint_step,
-        rollout_step=int(spec["rollout_step"]),
-        sampling_seed=row.seed,
-        # Fixed when the task was created: a later change of the network's dtype leaves the
-        # tasks already queued (and their validation) in the dtype they were made for.
-        compute_dtype=compute_dtype_value(spec.get("compute_dtype", FLOAT32)),
-        state=state,
-        attempt=attempt,
-    )
-    if isinstance(row, Task):
-        task.created_at.CopyFrom(timestamp(row.created_at))
-    return task
-
-
-TASK_STATE_TO_PROTO = {
-    "queued": task_pb2.Task.STATE_QUEUED,
-    "leased": task_pb2.Task.STATE_LEASED,
-    "submitted": task_pb2.Task.STATE_SUBMITTED,
-    "validating": task_pb2.Task.STATE_VALIDATING,
-    "accepted": task_pb2.Task.STATE_ACCEPTED,
-    "rejected": task_pb2.Task.STATE_REJECTED,
-    "failed": task_pb2.Task.STATE_FAILED,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -608,13 +550,10 @@ class Dispatcher:
             row = tasks.find_by_lease(session, request.lease_id)
             if row is None or row.lease_holder != caller.node_id:
                 raise Refusal(ErrorReason.LEASE_NOT_FOUND, "no such lease held by you")
+            claim = LeaseClaim(row.id, request.lease_id, request.fencing_token, caller.node_id, now)
             outcome = tasks.give_back_task(
                 session,
-                task_id=row.id,
-                lease_id=request.lease_id,
-                fencing_token=request.fencing_token,
-                node_id=caller.node_id,
-                now=now,
+                claim,
                 max_attempts=config.max_attempts,
                 reason=task_service_pb2.FailReason.Name(request.reason),
                 detail=request.message,
