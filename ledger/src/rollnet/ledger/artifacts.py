@@ -178,7 +178,7 @@ def manifests_after(session: Session, step: int) -> Iterator[tuple[int, bytes]]:
         .where(Checkpoint.step > step)
         .order_by(Checkpoint.step)
     )
-    return iter(rows.tuples())
+    return ((step, manifest) for step, manifest in rows)
 
 
 def latest_checkpoint(session: Session) -> Checkpoint | None:

@@ -283,14 +283,14 @@ class VerdictDesk:
         assert worker is not None
         flag = None
         rejects = 0
+        tasks.transition_task(
+            session,
+            task.id,
+            from_state=TaskState.VALIDATING,
+            to_state=TaskState.ACCEPTED if accepted else TaskState.REJECTED,
+            now=now,
+        )
         if accepted:
-            tasks.transition_task(
-                session,
-                task.id,
-                from_state=TaskState.VALIDATING,
-                to_state=TaskState.ACCEPTED,
-                now=now,
-            )
             # One UPDATE reading the row it writes: a concurrent reject's reset (or another
             # accept) is never overwritten with a stale streak.
             nodes.record_accepted(session, commitment.node_id, config.trusted_streak)
@@ -309,13 +309,6 @@ class VerdictDesk:
                 now=now,
             )
         else:
-            tasks.transition_task(
-                session,
-                task.id,
-                from_state=TaskState.VALIDATING,
-                to_state=TaskState.REJECTED,
-                now=now,
-            )
             ended = attempts.EndedLease(
                 task.id, commitment.node_id, commitment.lease_id, commitment.fencing_token
             )
