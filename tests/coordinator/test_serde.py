@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -121,15 +122,13 @@ def test_node_to_proto_carries_the_row() -> None:
 
 
 def test_task_to_proto_of_a_row_and_of_a_lease() -> None:
-    row = Task(
-        id="t1",
-        environment="gsm8k",
-        checkpoint_step=5,
-        prompt_ids=["3", "9"],
-        seed=42,
-        sampling=SAMPLING,
-        created_at=MOMENT,
-    )
+    terms: dict[str, Any] = {
+        "environment": "gsm8k",
+        "checkpoint_step": 5,
+        "prompt_ids": ["3", "9"],
+        "seed": 42,
+    }
+    row = Task(id="t1", sampling=SAMPLING, created_at=MOMENT, **terms)
     task = serde.task_to_proto(row, state=task_pb2.Task.STATE_QUEUED, attempt=0)
     assert (task.task_id, task.environment, list(task.prompt_ids)) == ("t1", "gsm8k", [3, 9])
     assert (task.samples_per_prompt, task.rollout_step, task.sampling_seed) == (2, 3, 42)
@@ -140,10 +139,7 @@ def test_task_to_proto_of_a_row_and_of_a_lease() -> None:
     assert task.created_at.ToDatetime(tzinfo=UTC) == MOMENT
     leased = LeasedTask(
         task_id="t1",
-        environment="gsm8k",
-        checkpoint_step=5,
-        prompt_ids=["3", "9"],
-        seed=42,
+        **terms,
         sampling={k: v for k, v in SAMPLING.items() if k != "compute_dtype"},
         lease_id="l1",
         fencing_token=2,
@@ -193,15 +189,17 @@ def _commitment(record: commitment_pb2.Commitment | None, claimed_work: int) -> 
     )
 
 
+def _wire(
+    row: Commitment, task_state: TaskState, verdict: Verdict | None = None, blob_size: int = 0
+) -> commitment_pb2.Commitment:
+    return serde.commitment_to_proto(
+        row, task_state=task_state, checkpoint_step=5, verdict=verdict, blob_size=blob_size
+    )
+
+
 def test_a_recorded_commitment_comes_back_as_recorded() -> None:
     recorded = _record((6, 10))
-    wire = serde.commitment_to_proto(
-        _commitment(recorded, 16),
-        task_state=TaskState.SUBMITTED,
-        checkpoint_step=5,
-        verdict=None,
-        blob_size=0,
-    )
+    wire = _wire(_commitment(recorded, 16), TaskState.SUBMITTED)
     assert wire.state == commitment_pb2.Commitment.STATE_PENDING
     assert not wire.validated
     wire.ClearField("state")
@@ -209,25 +207,13 @@ def test_a_recorded_commitment_comes_back_as_recorded() -> None:
 
 
 def test_an_unchecked_claim_is_not_shown() -> None:
-    wire = serde.commitment_to_proto(
-        _commitment(_record((6, 10)), 17),
-        task_state=TaskState.SUBMITTED,
-        checkpoint_step=5,
-        verdict=None,
-        blob_size=0,
-    )
+    wire = _wire(_commitment(_record((6, 10)), 17), TaskState.SUBMITTED)
     assert not wire.HasField("claimed_work")
     assert wire.commitment_id == "c1"
 
 
 def test_a_commitment_stored_before_its_record_is_rebuilt_from_its_columns() -> None:
-    wire = serde.commitment_to_proto(
-        _commitment(None, 16),
-        task_state=TaskState.ACCEPTED,
-        checkpoint_step=5,
-        verdict=None,
-        blob_size=100,
-    )
+    wire = _wire(_commitment(None, 16), TaskState.ACCEPTED, blob_size=100)
     expected = _record((0, 16))
     expected.ClearField("binding_digest")
     expected.state = commitment_pb2.Commitment.STATE_ACCEPTED
@@ -249,13 +235,7 @@ def test_commitment_state_follows_the_verdict_then_the_task(
     task_state: TaskState, accepted: bool | None, state: int
 ) -> None:
     verdict = None if accepted is None else Verdict(accepted=accepted)
-    wire = serde.commitment_to_proto(
-        _commitment(_record((6, 10)), 16),
-        task_state=task_state,
-        checkpoint_step=5,
-        verdict=verdict,
-        blob_size=0,
-    )
+    wire = _wire(_commitment(_record((6, 10)), 16), task_state, verdict=verdict)
     assert wire.state == state
     assert wire.validated is (accepted is not None)
 

@@ -174,15 +174,12 @@ def test_extend_leases_extends_live_task_and_job_leases_of_their_holders(
     (validator,) = add_nodes(1, NodeRole.VALIDATOR)
     commitment_id = _commit_one_task(sessions, worker)
     later = T0 + timedelta(seconds=30)
+    second = NewTask("t2", "arithmetic", 0, ["p2"], seed=8, sampling={})
     with sessions.begin() as session:
-        enqueue_tasks(
-            session,
-            [NewTask("t2", "arithmetic", 0, ["p2"], seed=8, sampling={"temperature": 1.0})],
-            now=T0,
-        )
-        task = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
         enqueue_validation_job(session, job_id="j1", commitment_id=commitment_id, now=T0)
         job = lease_next_validation_job(session, node_id=validator, now=T0, lease_duration=LEASE)
+        enqueue_tasks(session, [second], now=T0)
+        task = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
         assert task is not None
         assert job is not None
         holders = [
