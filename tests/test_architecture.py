@@ -63,11 +63,11 @@ def test_contracts_hold_and_break_on_a_forbidden_import(tmp_path: Path) -> None:
 
     # The SDK importing a coordinator module, and the ledger importing the reference package.
     errors = tree / "sdk/src/rollnet/sdk/errors.py"
-    errors.write_text(errors.read_text() + "\nfrom rollnet.reference.coordinator import work\n")
+    errors.write_text(errors.read_text() + "\nfrom rollnet.reference.coordinator import verdicts\n")
     nonces = tree / "ledger/src/rollnet/ledger/nonces.py"
     nonces.write_text(nonces.read_text() + "\nimport rollnet.reference\n")
     broken = lint_imports(tree)
     assert broken.returncode == 1, broken.stdout + broken.stderr
-    assert "rollnet.sdk.errors -> rollnet.reference.coordinator.work" in broken.stdout
+    assert "rollnet.sdk.errors -> rollnet.reference.coordinator.verdicts" in broken.stdout
     assert "rollnet.ledger.nonces -> rollnet.reference" in broken.stdout
     assert "Contracts: 1 kept, 2 broken." in broken.stdout

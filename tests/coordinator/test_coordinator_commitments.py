@@ -24,16 +24,13 @@ from coordinator_testing import (
 )
 from google.protobuf import duration_pb2
 
+from rollnet.reference.coordinator.batches import count_rollouts
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.credit import spot_check_draw, spot_check_probability
 from rollnet.reference.coordinator.server import (
     Coordinator,
     prune_uncredited_blobs,
     start_coordinator,
-)
-from rollnet.reference.coordinator.work import (
-    count_rollouts,
-    spot_check_draw,
-    spot_check_probability,
 )
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
 from rollnet.sdk.commitments import max_batch_bytes

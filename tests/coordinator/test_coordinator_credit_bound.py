@@ -24,8 +24,8 @@ from google.protobuf import json_format
 
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
+from rollnet.reference.coordinator.credit import work_units
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.coordinator.work import work_units
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer

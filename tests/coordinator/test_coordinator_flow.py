@@ -16,10 +16,10 @@ import pytest
 from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
-from rollnet.reference.coordinator import work as work_module
+from rollnet.reference.coordinator import commitments
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
+from rollnet.reference.coordinator.credit import slash_amount
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.reference.coordinator.work import slash_amount
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
 from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.errors import ErrorReason, RollnetError
@@ -442,8 +442,8 @@ async def test_a_reject_is_slashed_the_work_over_its_check_probability(
 ) -> None:
     # A trusted node's work is checked with probability p and credited unchecked otherwise; a
     # reject costs the work / p, so cheating has a non-positive expected value.
-    monkeypatch.setattr(work_module, "spot_check_probability", lambda *_: 0.25)
-    monkeypatch.setattr(work_module, "spot_check_draw", lambda *_: 0.0)  # this one is checked
+    monkeypatch.setattr(commitments, "spot_check_probability", lambda *_: 0.25)
+    monkeypatch.setattr(commitments, "spot_check_draw", lambda *_: 0.0)  # this one is checked
     worker = Identity.generate()
     identities = (trainer_identity, validator_identity, worker)
     trainer, validator, client = (connect(coordinator, i) for i in identities)

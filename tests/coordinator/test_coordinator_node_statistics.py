@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from rollnet.ledger import create_engine
 from rollnet.ledger.enums import EntryKind, NodeState
 from rollnet.ledger.models import LedgerEntry, Node, NodeStatistics, Verdict
-from rollnet.reference.coordinator import work
+from rollnet.reference.coordinator import verdicts
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
@@ -136,7 +136,7 @@ async def swarm(
     validator_identity: Identity,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Swarm]:
-    monkeypatch.setattr(work, "statistics_policy_for", lambda dtype: QUICK)
+    monkeypatch.setattr(verdicts, "statistics_policy_for", lambda dtype: QUICK)
     # Every commitment validated (no unchecked credit), one reject never ejects.
     config = with_overrides(coordinator_config, trusted_streak=1000, eject_after_rejects=1000)
     coordinator = await start_coordinator(config)

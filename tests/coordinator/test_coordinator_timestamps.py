@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from rollnet.reference.coordinator.nodes import duration, timestamp
+from rollnet.reference.coordinator.serde import duration, timestamp
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from coordinator_testing import (
 )
 
 from rollnet.ledger.models import Blob
-from rollnet.reference.coordinator import blobstore, server, work
+from rollnet.reference.coordinator import blob_intake, blobstore, server
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
@@ -221,7 +221,7 @@ async def test_the_reserve_is_checked_in_whole_blocks_at_the_header(
         checks.append(size)
         return True
 
-    monkeypatch.setattr(work, "has_room", room)
+    monkeypatch.setattr(blob_intake, "has_room", room)
     try:
         await worker.blobs.upload(b"sixteen bytes!!!", BATCH)
         block = coordinator.ctx.uploads.block_bytes
@@ -459,7 +459,7 @@ def _disk_fills_after_the_header(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         checks.append(size)
         return len(checks) == 1
 
-    monkeypatch.setattr(work, "has_room", disk_fills)
+    monkeypatch.setattr(blob_intake, "has_room", disk_fills)
     return checks
 
 

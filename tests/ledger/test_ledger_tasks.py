@@ -6,14 +6,20 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from rollnet.ledger import LeaseOutcome, NewTask, TaskState, lease_next_task, submit_task
+from rollnet.ledger import (
+    LeaseClaim,
+    LeaseOutcome,
+    NewTask,
+    TaskState,
+    lease_next_task,
+    submit_task,
+)
 from rollnet.ledger.attempts import attempts_of_node, attempts_of_task
 from rollnet.ledger.enums import AttemptOutcome
 from rollnet.ledger.tasks import (
@@ -100,11 +106,7 @@ def test_stale_fencing_token_is_refused_after_expiry_and_release(
         # Expired but not yet requeued: the holder is told its lease expired.
         outcome = submit_task(
             session,
-            task_id=first.task_id,
-            lease_id=first.lease_id,
-            fencing_token=first.fencing_token,
-            node_id=slow,
-            now=late,
+            LeaseClaim(first.task_id, first.lease_id, first.fencing_token, slow, late),
         )
         assert outcome is LeaseOutcome.LEASE_EXPIRED
         assert requeue_expired_leases(session, now=late, max_attempts=3).requeued == [first.task_id]
@@ -115,47 +117,27 @@ def test_stale_fencing_token_is_refused_after_expiry_and_release(
     with sessions.begin() as session:
         stale = submit_task(
             session,
-            task_id=first.task_id,
-            lease_id=first.lease_id,
-            fencing_token=first.fencing_token,
-            node_id=slow,
-            now=late,
+            LeaseClaim(first.task_id, first.lease_id, first.fencing_token, slow, late),
         )
         assert stale is LeaseOutcome.STALE_LEASE
         thief = submit_task(
             session,
-            task_id=second.task_id,
-            lease_id=second.lease_id,
-            fencing_token=second.fencing_token,
-            node_id=slow,
-            now=late,
+            LeaseClaim(second.task_id, second.lease_id, second.fencing_token, slow, late),
         )
         assert thief is LeaseOutcome.WRONG_HOLDER
         unknown = submit_task(
             session,
-            task_id="nope",
-            lease_id=second.lease_id,
-            fencing_token=1,
-            node_id=fast,
-            now=late,
+            LeaseClaim("nope", second.lease_id, 1, fast, late),
         )
         assert unknown is LeaseOutcome.UNKNOWN
         ok = submit_task(
             session,
-            task_id=second.task_id,
-            lease_id=second.lease_id,
-            fencing_token=second.fencing_token,
-            node_id=fast,
-            now=late,
+            LeaseClaim(second.task_id, second.lease_id, second.fencing_token, fast, late),
         )
         assert ok is LeaseOutcome.OK
         duplicate = submit_task(
             session,
-            task_id=second.task_id,
-            lease_id=second.lease_id,
-            fencing_token=second.fencing_token,
-            node_id=fast,
-            now=late,
+            LeaseClaim(second.task_id, second.lease_id, second.fencing_token, fast, late),
         )
         assert duplicate is LeaseOutcome.ALREADY_SUBMITTED
         task = get_task(session, first.task_id)
@@ -280,22 +262,15 @@ def test_extend_give_back_and_transitions(
         enqueue_tasks(session, _tasks(2), now=T0)
         leased = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
         assert leased is not None
-        lease: dict[str, Any] = {
-            "task_id": leased.task_id,
-            "lease_id": leased.lease_id,
-            "fencing_token": leased.fencing_token,
-            "node_id": worker,
-        }
         later = T0 + timedelta(seconds=50)
-        assert extend_lease(session, **lease, now=later, lease_duration=LEASE) is LeaseOutcome.OK
+        claim = LeaseClaim(leased.task_id, leased.lease_id, leased.fencing_token, worker, later)
+        assert extend_lease(session, claim, lease_duration=LEASE) is LeaseOutcome.OK
         task = get_task(session, leased.task_id)
         assert task is not None
         session.refresh(task)
         assert task.lease_deadline == later + LEASE
-        assert give_back_task(session, **lease, now=later, max_attempts=3) is LeaseOutcome.OK
-        assert give_back_task(session, **lease, now=later, max_attempts=3) is (
-            LeaseOutcome.NOT_LEASED
-        )
+        assert give_back_task(session, claim, max_attempts=3) is LeaseOutcome.OK
+        assert give_back_task(session, claim, max_attempts=3) is (LeaseOutcome.NOT_LEASED)
         again = lease_next_task(session, node_id=worker, now=later, lease_duration=LEASE)
         assert again is not None
         assert again.fencing_token == 2
@@ -308,11 +283,7 @@ def test_extend_give_back_and_transitions(
         assert (
             submit_task(
                 session,
-                task_id=final.task_id,
-                lease_id=final.lease_id,
-                fencing_token=final.fencing_token,
-                node_id=worker,
-                now=later,
+                LeaseClaim(final.task_id, final.lease_id, final.fencing_token, worker, later),
             )
             is LeaseOutcome.OK
         )
@@ -427,11 +398,7 @@ def test_every_lease_that_ends_without_credit_is_recorded(
         assert (
             give_back_task(
                 session,
-                task_id=first.task_id,
-                lease_id=first.lease_id,
-                fencing_token=first.fencing_token,
-                node_id=worker,
-                now=T0,
+                LeaseClaim(first.task_id, first.lease_id, first.fencing_token, worker, T0),
                 max_attempts=5,
                 reason="FAIL_REASON_DEADLINE",
                 detail="x" * 500,
@@ -451,11 +418,7 @@ def test_every_lease_that_ends_without_credit_is_recorded(
         assert (
             give_back_task(
                 session,
-                task_id=third.task_id,
-                lease_id=third.lease_id,
-                fencing_token=third.fencing_token,
-                node_id=worker,
-                now=late,
+                LeaseClaim(third.task_id, third.lease_id, third.fencing_token, worker, late),
                 max_attempts=5,
             )
             is not LeaseOutcome.OK

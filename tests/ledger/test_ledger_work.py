@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import (
     EntryKind,
+    LeaseClaim,
     LeaseOutcome,
     NewEntry,
     NewTask,
@@ -31,11 +32,15 @@ from rollnet.ledger.artifacts import (
     get_blob,
     get_checkpoint,
     latest_checkpoint,
+    manifests_after,
+    mark_blobs_pruned,
     record_blob,
     record_checkpoint,
     record_commitment,
+    unpruned_blobs,
 )
 from rollnet.ledger.enums import TaskState
+from rollnet.ledger.leases import extend_leases
 from rollnet.ledger.migrate import alembic_config, check_models_match
 from rollnet.ledger.models import IdempotencyRecord, LedgerEntry, Task, ValidationJob
 from rollnet.ledger.tasks import enqueue_tasks, get_task, transition_task
@@ -128,6 +133,15 @@ def test_blobs_and_checkpoints_are_written_once(
         assert latest is not None
         assert (latest.step, latest.manifest) == (1, b"manifest 1")
         assert get_checkpoint(session, 0) is not None
+        assert list(manifests_after(session, -1)) == [(0, b"manifest 0"), (1, b"manifest 1")]
+        assert list(manifests_after(session, 0)) == [(1, b"manifest 1")]
+        assert list(manifests_after(session, 1)) == []
+        record_blob(session, blake3_hex="ef" * 32, size=5, location="z", uploader_id=None, now=T0)
+        assert mark_blobs_pruned(session, ["ef" * 32], now=T0) == 1
+        # A pruned blob's bytes are gone: it counts as unrecorded, like one never recorded.
+        asked = ["cd" * 32, "ef" * 32, "01" * 32]
+        assert unpruned_blobs(session, asked) == {"cd" * 32}
+        assert unpruned_blobs(session, []) == set()
 
 
 def test_one_commitment_per_lease(sessions: sessionmaker[Session], add_nodes: AddNodes) -> None:
@@ -151,6 +165,42 @@ def test_one_commitment_per_lease(sessions: sessionmaker[Session], add_nodes: Ad
             ),
             now=T0,
         )
+
+
+def test_extend_leases_extends_live_task_and_job_leases_of_their_holders(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    (validator,) = add_nodes(1, NodeRole.VALIDATOR)
+    commitment_id = _commit_one_task(sessions, worker)
+    later = T0 + timedelta(seconds=30)
+    second = NewTask("t2", "arithmetic", 0, ["p2"], seed=8, sampling={})
+    with sessions.begin() as session:
+        enqueue_validation_job(session, job_id="j1", commitment_id=commitment_id, now=T0)
+        job = lease_next_validation_job(session, node_id=validator, now=T0, lease_duration=LEASE)
+        enqueue_tasks(session, [second], now=T0)
+        task = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+        assert task is not None
+        assert job is not None
+        holders = [
+            (task.lease_id, worker),
+            (job.lease_id, validator),
+            (task.lease_id, validator),  # not its holder: not extended
+            ("no-such-lease", worker),
+        ]
+        extended = extend_leases(session, holders, now=later, lease_duration=LEASE)
+        assert extended == {task.lease_id, job.lease_id}
+        assert extend_leases(session, [], now=later, lease_duration=LEASE) == set()
+    with sessions.begin() as session:
+        row = get_task(session, "t2")
+        assert row is not None
+        assert row.lease_deadline == later + LEASE
+        job_row = session.get(ValidationJob, "j1")
+        assert job_row is not None
+        assert job_row.lease_deadline == later + LEASE
+        # An expired lease is not brought back.
+        gone = later + 2 * LEASE
+        assert extend_leases(session, holders, now=gone, lease_duration=LEASE) == set()
 
 
 def test_validation_job_lease_verdict_and_credit(
@@ -187,15 +237,11 @@ def test_validation_job_lease_verdict_and_credit(
         "reasons": [],
         "check_figures": {"toploc": {"exp_mismatch_max": 3, "mant_err_mean": 1.5}},
         "awarded_work": 1234,
-        "now": late,
     }
     with sessions.begin() as session:
         stale = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=job.lease_id,
-            fencing_token=job.fencing_token,
-            validator_id=first_validator,
+            LeaseClaim("j1", job.lease_id, job.fencing_token, first_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert stale is LeaseOutcome.STALE_LEASE
@@ -203,10 +249,7 @@ def test_validation_job_lease_verdict_and_credit(
     with sessions.begin() as session:
         ok = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=retry.lease_id,
-            fencing_token=retry.fencing_token,
-            validator_id=second_validator,
+            LeaseClaim("j1", retry.lease_id, retry.fencing_token, second_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert ok is LeaseOutcome.OK
@@ -228,10 +271,7 @@ def test_validation_job_lease_verdict_and_credit(
         assert balance(session, worker) == 1234
         again = submit_verdict(
             session,
-            job_id="j1",
-            lease_id=retry.lease_id,
-            fencing_token=retry.fencing_token,
-            validator_id=second_validator,
+            LeaseClaim("j1", retry.lease_id, retry.fencing_token, second_validator, late),
             **verdict,  # type: ignore[arg-type]
         )
         assert again is LeaseOutcome.ALREADY_SUBMITTED
@@ -405,16 +445,12 @@ def test_migrations_rebuild_tables_that_rows_reference(
         assert (
             submit_verdict(
                 session,
-                job_id="j1",
-                lease_id=job.lease_id,
-                fencing_token=job.fencing_token,
-                validator_id=validator,
+                LeaseClaim("j1", job.lease_id, job.fencing_token, validator, T0),
                 verdict_id="v1",
                 accepted=False,
                 reasons=["TOKEN_NOT_SAMPLED"],
                 check_figures={},
                 awarded_work=0,
-                now=T0,
             )
             is LeaseOutcome.OK
         )

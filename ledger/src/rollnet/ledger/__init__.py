@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState, ValidationJobState
     from rollnet.ledger.export import export_jsonl, verify_database
     from rollnet.ledger.group_commit import GroupCommitAppender
-    from rollnet.ledger.leases import LeaseOutcome
+    from rollnet.ledger.leases import LeaseClaim, LeaseOutcome
     from rollnet.ledger.migrate import Readiness, check_models_match, check_ready, upgrade_to_head
     from rollnet.ledger.tasks import LeasedTask, NewTask, lease_next_task, submit_task
     from rollnet.ledger.validation import LeasedValidationJob, lease_next_validation_job
@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "ChainTip": "rollnet.ledger.chain",
     "EntryKind": "rollnet.ledger.enums",
     "GroupCommitAppender": "rollnet.ledger.group_commit",
+    "LeaseClaim": "rollnet.ledger.leases",
     "LeaseOutcome": "rollnet.ledger.leases",
     "LeasedTask": "rollnet.ledger.tasks",
     "LeasedValidationJob": "rollnet.ledger.validation",
@@ -89,6 +90,7 @@ __all__ = [
     "ChainTip",
     "EntryKind",
     "GroupCommitAppender",
+    "LeaseClaim",
     "LeaseOutcome",
     "LeasedTask",
     "LeasedValidationJob",

@@ -10,7 +10,7 @@ Core statements: building and caching an ORM query costs more than SQLite takes 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -75,6 +75,17 @@ def mark_blobs_pruned(session: Session, blake3_hexes: Sequence[str], *, now: dat
 def get_blob(session: Session, blake3_hex: str) -> Blob | None:
     """The blob with this BLAKE3 hex digest, if recorded."""
     return session.get(Blob, blake3_hex)
+
+
+def unpruned_blobs(session: Session, blake3_hexes: Sequence[str]) -> set[str]:
+    """Those of ``blake3_hexes`` whose blob is recorded and its bytes not pruned."""
+    if not blake3_hexes:
+        return set()
+    return set(
+        session.scalars(
+            select(Blob.hash).where(Blob.hash.in_(list(blake3_hexes)), Blob.pruned_at.is_(None))
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +168,17 @@ def record_checkpoint(
 def get_checkpoint(session: Session, step: int) -> Checkpoint | None:
     """The checkpoint published for ``step``, if any."""
     return session.get(Checkpoint, step)
+
+
+def manifests_after(session: Session, step: int) -> Iterator[tuple[int, bytes]]:
+    """``(step, manifest)`` of every checkpoint published for a step above ``step``, in step
+    order, read as they are iterated."""
+    rows = session.execute(
+        select(Checkpoint.step, Checkpoint.manifest)
+        .where(Checkpoint.step > step)
+        .order_by(Checkpoint.step)
+    )
+    return ((step, manifest) for step, manifest in rows)
 
 
 def latest_checkpoint(session: Session) -> Checkpoint | None:

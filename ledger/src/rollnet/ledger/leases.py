@@ -1,9 +1,19 @@
-"""What tasks and validation jobs share: lease ids and the outcome of using a lease."""
+"""What tasks and validation jobs share: lease ids, the claim to hold a lease, the outcome of
+using one, and extending the leases nodes hold."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from sqlalchemy import tuple_, update
+from sqlalchemy.orm import Session
+
+from rollnet.ledger.enums import TaskState, ValidationJobState
+from rollnet.ledger.models import Task, ValidationJob
 
 
 class LeaseOutcome(StrEnum):
@@ -25,6 +35,53 @@ class LeaseOutcome(StrEnum):
     NOT_LEASED = "not_leased"
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseClaim:
+    """A node's claim, made at ``now``, to hold the current lease on a task or validation job:
+    what every lease-guarded write checks before it writes."""
+
+    #: The task's id, or the validation job's.
+    work_id: str
+    lease_id: str
+    fencing_token: int
+    #: The node that claims to hold the lease.
+    node_id: str
+    now: datetime
+
+
 def new_lease_id() -> str:
     """A fresh random lease id (128 bits, hex)."""
     return secrets.token_hex(16)
+
+
+def extend_leases(
+    session: Session,
+    holders: Collection[tuple[str, str]],
+    *,
+    now: datetime,
+    lease_duration: timedelta,
+) -> set[str]:
+    """Extend many live task and validation-job leases at once to ``now + lease_duration``;
+    ``holders`` are ``(lease id, holder node id)``.
+
+    One UPDATE per kind; returns the lease ids that were live, held by the named node, and
+    extended.
+    """
+    pairs = sorted(set(holders))
+    if not pairs:
+        return set()
+    extended: set[str] = set()
+    for model, leased in ((Task, TaskState.LEASED), (ValidationJob, ValidationJobState.LEASED)):
+        rows = session.execute(
+            update(model)
+            .where(
+                tuple_(model.lease_id, model.lease_holder).in_(pairs),
+                model.state == leased,
+                model.lease_deadline > now,
+            )
+            .values(lease_deadline=now + lease_duration, updated_at=now)
+            .returning(model.lease_id)
+            .execution_options(synchronize_session=False)
+        )
+        extended.update(row.lease_id for row in rows)
+    return extended

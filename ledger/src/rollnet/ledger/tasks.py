@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger.attempts import EndedLease, record_attempts
 from rollnet.ledger.engine import is_postgresql
 from rollnet.ledger.enums import AttemptOutcome, TaskState
-from rollnet.ledger.leases import LeaseOutcome, new_lease_id
+from rollnet.ledger.leases import LeaseClaim, LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Node, Task, table_of
 from rollnet.ledger.prepared import Prepared
 
@@ -126,55 +126,31 @@ def get_terms(session: Session, task_id: str) -> TaskTerms | None:
     return _terms_of(_TERMS.one_or_none(session, {"task_id": task_id}))
 
 
-def submit_and_get_terms(
-    session: Session,
-    *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> TaskTerms | None:
+def submit_and_get_terms(session: Session, claim: LeaseClaim) -> TaskTerms | None:
     """:func:`submit_task` that returns the task's terms, in one statement; ``None`` when the
     lease does not allow it (nothing changed then: :func:`why_not_submitted` says why)."""
     row = _SUBMIT_RETURNING.one_or_none(
         session,
         {
-            "task_id": task_id,
-            "lease": lease_id,
-            "token": fencing_token,
-            "holder": node_id,
-            "now": now,
+            "task_id": claim.work_id,
+            "lease": claim.lease_id,
+            "token": claim.fencing_token,
+            "holder": claim.node_id,
+            "now": claim.now,
         },
     )
     return _terms_of(row)
 
 
-def why_not_submitted(
-    session: Session,
-    *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> LeaseOutcome:
+def why_not_submitted(session: Session, claim: LeaseClaim) -> LeaseOutcome:
     """Why a submission under this lease is refused (read after the UPDATE matched nothing)."""
-    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+    return _refusal(session, claim)
 
 
-def submission_outcome(
-    session: Session,
-    *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> LeaseOutcome:
+def submission_outcome(session: Session, claim: LeaseClaim) -> LeaseOutcome:
     """``OK`` when this lease may submit the task now, else why not. A read, for refusing early
     (before a rollout blob is read); the submission itself checks again in its UPDATE."""
-    return _lease_outcome(session, task_id, lease_id, fencing_token, node_id, now)
+    return _lease_outcome(session, claim)
 
 
 def _terms_of(row: tuple[Any, ...] | None) -> TaskTerms | None:
@@ -321,68 +297,40 @@ def _lease(
     )
 
 
-def _lease_matches(lease_id: str, fencing_token: int, node_id: str) -> Any:
+def _lease_matches(claim: LeaseClaim) -> Any:
     return (
-        (Task.lease_id == lease_id)
-        & (Task.fencing_token == fencing_token)
-        & (Task.lease_holder == node_id)
+        (Task.id == claim.work_id)
+        & (Task.state == TaskState.LEASED)
+        & (Task.lease_id == claim.lease_id)
+        & (Task.fencing_token == claim.fencing_token)
+        & (Task.lease_holder == claim.node_id)
     )
 
 
-def submit_task(
-    session: Session,
-    *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> LeaseOutcome:
+def submit_task(session: Session, claim: LeaseClaim) -> LeaseOutcome:
     """Move a leased task to SUBMITTED if the caller holds its current, unexpired lease.
 
     One conditional UPDATE decides; on refusal the task is read to say why.
     """
-    terms = submit_and_get_terms(
-        session,
-        task_id=task_id,
-        lease_id=lease_id,
-        fencing_token=fencing_token,
-        node_id=node_id,
-        now=now,
-    )
-    if terms is not None:
+    if submit_and_get_terms(session, claim) is not None:
         return LeaseOutcome.OK
-    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+    return _refusal(session, claim)
 
 
-def _refusal(
-    session: Session,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> LeaseOutcome:
+def _refusal(session: Session, claim: LeaseClaim) -> LeaseOutcome:
     """Why an UPDATE conditioned on this lease matched nothing (read right after it)."""
-    outcome = _lease_outcome(session, task_id, lease_id, fencing_token, node_id, now)
+    outcome = _lease_outcome(session, claim)
     # OK here means the UPDATE would have matched: only a race gets here.
     return LeaseOutcome.NOT_LEASED if outcome is LeaseOutcome.OK else outcome
 
 
-def _lease_outcome(
-    session: Session,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-) -> LeaseOutcome:
-    task = session.get(Task, task_id, populate_existing=True)
+def _lease_outcome(session: Session, claim: LeaseClaim) -> LeaseOutcome:
+    task = session.get(Task, claim.work_id, populate_existing=True)
     if task is None:
         return LeaseOutcome.UNKNOWN
-    if task.lease_id != lease_id or task.fencing_token != fencing_token:
+    if task.lease_id != claim.lease_id or task.fencing_token != claim.fencing_token:
         return LeaseOutcome.STALE_LEASE
-    if task.lease_holder != node_id:
+    if task.lease_holder != claim.node_id:
         return LeaseOutcome.WRONG_HOLDER
     if task.state in (
         TaskState.SUBMITTED,
@@ -391,7 +339,7 @@ def _lease_outcome(
         TaskState.REJECTED,
     ):
         return LeaseOutcome.ALREADY_SUBMITTED
-    return lease_state_outcome(task.state, task.lease_deadline, now)
+    return lease_state_outcome(task.state, task.lease_deadline, claim.now)
 
 
 def lease_state_outcome(
@@ -407,41 +355,24 @@ def lease_state_outcome(
     return LeaseOutcome.LEASE_EXPIRED if expired else LeaseOutcome.OK
 
 
-def extend_lease(
-    session: Session,
-    *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
-    lease_duration: timedelta,
-) -> LeaseOutcome:
+def extend_lease(session: Session, claim: LeaseClaim, *, lease_duration: timedelta) -> LeaseOutcome:
     """Push the deadline of a current, unexpired lease to ``now + lease_duration``."""
+    now = claim.now
     result = session.execute(
         update(Task)
-        .where(
-            Task.id == task_id,
-            Task.state == TaskState.LEASED,
-            _lease_matches(lease_id, fencing_token, node_id),
-            Task.lease_deadline > now,
-        )
+        .where(_lease_matches(claim), Task.lease_deadline > now)
         .values(lease_deadline=now + lease_duration, updated_at=now)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
         return LeaseOutcome.OK
-    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+    return _refusal(session, claim)
 
 
 def give_back_task(
     session: Session,
+    claim: LeaseClaim,
     *,
-    task_id: str,
-    lease_id: str,
-    fencing_token: int,
-    node_id: str,
-    now: datetime,
     max_attempts: int,
     reason: str = "",
     detail: str = "",
@@ -452,21 +383,18 @@ def give_back_task(
     The lease is recorded in ``task_attempts`` with ``outcome``, ``reason`` (the FailReason
     name) and ``detail`` (the worker's message).
     """
+    now = claim.now
     result = session.execute(
         update(Task)
-        .where(
-            Task.id == task_id,
-            Task.state == TaskState.LEASED,
-            _lease_matches(lease_id, fencing_token, node_id),
-        )
+        .where(_lease_matches(claim))
         .values(state=_requeue_state(max_attempts), updated_at=now)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
-        ended = EndedLease(task_id, node_id, lease_id, fencing_token)
+        ended = EndedLease(claim.work_id, claim.node_id, claim.lease_id, claim.fencing_token)
         record_attempts(session, [ended], outcome=outcome, now=now, reason=reason, detail=detail)
         return LeaseOutcome.OK
-    return _refusal(session, task_id, lease_id, fencing_token, node_id, now)
+    return _refusal(session, claim)
 
 
 def _requeue_state(max_attempts: int) -> Any:
@@ -629,33 +557,6 @@ def find_by_lease(session: Session, lease_id: str) -> Task | None:
     return session.scalars(select(Task).where(Task.lease_id == lease_id).limit(1)).first()
 
 
-def extend_lease_by_id(
-    session: Session,
-    *,
-    lease_id: str,
-    node_id: str,
-    now: datetime,
-    lease_duration: timedelta,
-) -> datetime | None:
-    """Extend the caller's current, unexpired task lease named ``lease_id``; the new deadline.
-
-    ``None`` when no such live lease is held by ``node_id`` (expired, re-leased, completed).
-    """
-    deadline = now + lease_duration
-    result = session.execute(
-        update(Task)
-        .where(
-            Task.lease_id == lease_id,
-            Task.lease_holder == node_id,
-            Task.state == TaskState.LEASED,
-            Task.lease_deadline > now,
-        )
-        .values(lease_deadline=deadline, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return deadline if result.rowcount == 1 else None  # type: ignore[attr-defined]
-
-
 def requeue_copy(session: Session, task_id: str, *, new_task_id: str, now: datetime) -> None:
     """Queue a fresh task with the same prompts and settings as ``task_id`` (after a reject)."""
     task = session.get(Task, task_id)
@@ -675,36 +576,6 @@ def requeue_copy(session: Session, task_id: str, *, new_task_id: str, now: datet
         ],
         now=now,
     )
-
-
-def extend_leases(
-    session: Session,
-    holders: Collection[tuple[str, str]],
-    *,
-    now: datetime,
-    lease_duration: timedelta,
-) -> set[str]:
-    """Extend many live task leases at once; ``holders`` are ``(lease id, holder node id)``.
-
-    One UPDATE; returns the lease ids that were live, held by the named node, and extended.
-    """
-    from sqlalchemy import tuple_
-
-    pairs = sorted(set(holders))
-    if not pairs:
-        return set()
-    rows = session.execute(
-        update(Task)
-        .where(
-            tuple_(Task.lease_id, Task.lease_holder).in_(pairs),
-            Task.state == TaskState.LEASED,
-            Task.lease_deadline > now,
-        )
-        .values(lease_deadline=now + lease_duration, updated_at=now)
-        .returning(Task.lease_id)
-        .execution_options(synchronize_session=False)
-    )
-    return {row.lease_id for row in rows}
 
 
 def has_queued_task(

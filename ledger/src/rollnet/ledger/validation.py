@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import tasks
 from rollnet.ledger.attempts import EndedLease, record_attempts
 from rollnet.ledger.enums import AttemptOutcome, TaskState, ValidationJobState
-from rollnet.ledger.leases import LeaseOutcome, new_lease_id
+from rollnet.ledger.leases import LeaseClaim, LeaseOutcome, new_lease_id
 from rollnet.ledger.models import Blob, Commitment, ValidationJob, Verdict, table_of
 from rollnet.ledger.prepared import prepared_insert
 
@@ -107,31 +107,29 @@ def lease_next_validation_job(
 
 def submit_verdict(
     session: Session,
+    claim: LeaseClaim,
     *,
-    job_id: str,
-    lease_id: str,
-    fencing_token: int,
-    validator_id: str,
     verdict_id: str,
     accepted: bool,
     reasons: Sequence[str],
     check_figures: Mapping[str, Any],
     awarded_work: int,
-    now: datetime,
     validated_logprobs: bytes | None = None,
 ) -> LeaseOutcome:
-    """Complete a leased job and store its verdict, if the caller holds the current lease.
+    """Complete a leased job (``claim.work_id``) and store its verdict, if the validator
+    (``claim.node_id``) holds the current lease.
 
     ``validated_logprobs`` is :func:`pack_logprobs` of the validator's recomputed
     log-probabilities (``None`` when it sent none)."""
+    now = claim.now
     commitment_id = session.execute(
         update(ValidationJob)
         .where(
-            ValidationJob.id == job_id,
+            ValidationJob.id == claim.work_id,
             ValidationJob.state == ValidationJobState.LEASED,
-            ValidationJob.lease_id == lease_id,
-            ValidationJob.fencing_token == fencing_token,
-            ValidationJob.lease_holder == validator_id,
+            ValidationJob.lease_id == claim.lease_id,
+            ValidationJob.fencing_token == claim.fencing_token,
+            ValidationJob.lease_holder == claim.node_id,
             ValidationJob.lease_deadline > now,
         )
         .values(state=ValidationJobState.DONE, updated_at=now)
@@ -139,13 +137,13 @@ def submit_verdict(
         .execution_options(synchronize_session=False)
     ).scalar_one_or_none()
     if commitment_id is None:
-        return _refusal(session, job_id, lease_id, fencing_token, validator_id, now)
+        return _refusal(session, claim)
     session.add(
         Verdict(
             id=verdict_id,
-            validation_job_id=job_id,
+            validation_job_id=claim.work_id,
             commitment_id=commitment_id,
-            validator_id=validator_id,
+            validator_id=claim.node_id,
             accepted=accepted,
             reasons=list(reasons),
             check_figures=dict(check_figures),
@@ -206,25 +204,18 @@ def unpack_logprobs(data: bytes) -> list[list[float]]:
     return out
 
 
-def _refusal(
-    session: Session,
-    job_id: str,
-    lease_id: str,
-    fencing_token: int,
-    validator_id: str,
-    now: datetime,
-) -> LeaseOutcome:
-    job = session.get(ValidationJob, job_id, populate_existing=True)
+def _refusal(session: Session, claim: LeaseClaim) -> LeaseOutcome:
+    job = session.get(ValidationJob, claim.work_id, populate_existing=True)
     if job is None:
         return LeaseOutcome.UNKNOWN
-    if job.lease_id != lease_id or job.fencing_token != fencing_token:
+    if job.lease_id != claim.lease_id or job.fencing_token != claim.fencing_token:
         return LeaseOutcome.STALE_LEASE
-    if job.lease_holder != validator_id:
+    if job.lease_holder != claim.node_id:
         return LeaseOutcome.WRONG_HOLDER
     if job.state is ValidationJobState.DONE:
         return LeaseOutcome.ALREADY_SUBMITTED
     # A lease whose deadline passed is expired whether or not the sweep took the job back yet.
-    if job.lease_deadline is not None and job.lease_deadline <= now:
+    if job.lease_deadline is not None and job.lease_deadline <= claim.now:
         return LeaseOutcome.LEASE_EXPIRED
     if job.state is not ValidationJobState.LEASED:
         return LeaseOutcome.NOT_LEASED
@@ -290,30 +281,6 @@ def get_job(session: Session, job_id: str) -> ValidationJob | None:
     return session.get(ValidationJob, job_id)
 
 
-def extend_validation_lease_by_id(
-    session: Session,
-    *,
-    lease_id: str,
-    node_id: str,
-    now: datetime,
-    lease_duration: timedelta,
-) -> datetime | None:
-    """Extend a validator's current, unexpired job lease; the new deadline or ``None``."""
-    deadline = now + lease_duration
-    result = session.execute(
-        update(ValidationJob)
-        .where(
-            ValidationJob.lease_id == lease_id,
-            ValidationJob.lease_holder == node_id,
-            ValidationJob.state == ValidationJobState.LEASED,
-            ValidationJob.lease_deadline > now,
-        )
-        .values(lease_deadline=deadline, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return deadline if result.rowcount == 1 else None  # type: ignore[attr-defined]
-
-
 def requeue_validation_jobs_of_node(
     session: Session, node_id: str, *, now: datetime, max_attempts: int
 ) -> tasks.RequeueResult:
@@ -356,33 +323,6 @@ def count_rejected_commitments(session: Session, node_id: str) -> int:
         .where(Commitment.node_id == node_id, Verdict.accepted.is_(False))
     )
     return int(count or 0)
-
-
-def extend_validation_leases(
-    session: Session,
-    holders: Sequence[tuple[str, str]],
-    *,
-    now: datetime,
-    lease_duration: timedelta,
-) -> set[str]:
-    """Extend many live validation-job leases; ``holders`` are ``(lease id, validator id)``."""
-    from sqlalchemy import tuple_
-
-    pairs = sorted(set(holders))
-    if not pairs:
-        return set()
-    rows = session.execute(
-        update(ValidationJob)
-        .where(
-            tuple_(ValidationJob.lease_id, ValidationJob.lease_holder).in_(pairs),
-            ValidationJob.state == ValidationJobState.LEASED,
-            ValidationJob.lease_deadline > now,
-        )
-        .values(lease_deadline=now + lease_duration, updated_at=now)
-        .returning(ValidationJob.lease_id)
-        .execution_options(synchronize_session=False)
-    )
-    return {row.lease_id for row in rows}
 
 
 def has_queued_validation_job(session: Session) -> bool:

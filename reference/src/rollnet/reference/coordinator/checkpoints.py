@@ -10,31 +10,20 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts
 from rollnet.ledger.artifacts import ConflictError
-from rollnet.ledger.models import Checkpoint as CheckpointRow
 from rollnet.reference.coordinator.context import (
     CoordinatorContext,
     run_to_completion,
     wait_for,
 )
-from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.serde import checkpoint_to_proto
+from rollnet.reference.coordinator.standing import Caller
 from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
 
 CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
-
-
-def checkpoint_to_proto(row: CheckpointRow) -> checkpoint_pb2.Checkpoint:
-    """The wire form of a stored checkpoint."""
-    return checkpoint_pb2.Checkpoint(
-        manifest=row.manifest,
-        signature=row.signature,
-        trainer_public_key=row.signer_public_key,
-        step=row.step,
-        published_at=timestamp(row.published_at),
-    )
 
 
 def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str) -> None:

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import artifacts, nodes, tasks, validation
+from rollnet.ledger import artifacts, leases, nodes
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.reference.coordinator.context import CoordinatorContext
@@ -250,10 +250,7 @@ class HeartbeatBatcher:
                 if p.node_id in states and states[p.node_id][0] not in _NOT_WORKING
                 for lease_id in p.lease_ids
             ]
-            extended = tasks.extend_leases(
-                session, holders, now=now, lease_duration=config.lease_duration
-            )
-            extended |= validation.extend_validation_leases(
+            extended = leases.extend_leases(
                 session, holders, now=now, lease_duration=config.lease_duration
             )
             step = artifacts.latest_checkpoint_step(session) or 0

@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import nodes as node_repo
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.reference.coordinator.context import CoordinatorContext
-from rollnet.reference.coordinator.nodes import ROLE_FROM_DB, off_allow_list
+from rollnet.reference.coordinator.serde import ROLE_FROM_DB
+from rollnet.reference.coordinator.standing import off_allow_list
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.sdk.verifier import KnownKey
 

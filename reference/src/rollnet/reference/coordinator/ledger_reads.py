@@ -10,15 +10,9 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import artifacts, chain, tasks, validation
 from rollnet.ledger.enums import EntryKind
 from rollnet.reference.coordinator.context import CoordinatorContext, wait_for
-from rollnet.reference.coordinator.nodes import timestamp
+from rollnet.reference.coordinator.serde import entry_to_proto, timestamp
 from rollnet.v1 import common_pb2, ledger_pb2, ledger_service_pb2, rollout_pb2
 
-KIND_TO_PROTO = {
-    EntryKind.CREDIT: ledger_pb2.LedgerEntry.KIND_CREDIT,
-    EntryKind.SLASH: ledger_pb2.LedgerEntry.KIND_SLASH,
-    EntryKind.VALIDATOR_REWARD: ledger_pb2.LedgerEntry.KIND_VALIDATOR_REWARD,
-    EntryKind.ADJUSTMENT: ledger_pb2.LedgerEntry.KIND_ADJUSTMENT,
-}
 # AcceptedRollout.sequence = ledger sequence of the credit entry << 16 | rollout index.
 ROLLOUT_INDEX_BITS = 16
 
@@ -44,21 +38,7 @@ class LedgerDesk:
             )
             tip = chain.chain_tip(session)
             return ledger_service_pb2.ListEntriesResponse(
-                entries=[
-                    ledger_pb2.LedgerEntry(
-                        sequence=e.sequence,
-                        recorded_at=timestamp(e.recorded_at),
-                        node_id=e.node_id,
-                        kind=KIND_TO_PROTO[e.kind],
-                        amount=e.amount,
-                        commitment_id=e.commitment_id or "",
-                        verdict_id=e.verdict_id or "",
-                        memo=e.memo,
-                        prev_hash=e.prev_hash,
-                        entry_hash=e.entry_hash,
-                    )
-                    for e in entries
-                ],
+                entries=[entry_to_proto(e) for e in entries],
                 head_sequence=tip.sequence,
             )
 

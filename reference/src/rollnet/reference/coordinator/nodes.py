@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import nodes, tasks, validation
 from rollnet.ledger.enums import NodeRole, NodeState
-from rollnet.ledger.models import Node
-from rollnet.ledger.nodes import NodeStanding
-from rollnet.reference.coordinator.config import SAMPLE_CONFIG, CoordinatorConfig
 from rollnet.reference.coordinator.context import (
     PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
@@ -23,31 +19,29 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.heartbeats import HeartbeatBatcher
 from rollnet.reference.coordinator.refusal import Refusal, invalid
+from rollnet.reference.coordinator.serde import (
+    ROLE_TO_DB,
+    STATE_FROM_DB,
+    STATE_TO_DB,
+    capabilities_to_db,
+    duration,
+    hardware_to_db,
+    node_to_proto,
+    timestamp,
+)
+from rollnet.reference.coordinator.standing import (
+    Caller,
+    eject_node,
+    off_allow_list,
+    refuse_unless_reaching_others,
+    refuse_unusable,
+)
 from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
-from rollnet.sdk.methods import may_reach_others, method_path
+from rollnet.sdk.methods import method_path
 from rollnet.sdk.verifier import current_nonce
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
-
-ROLE_TO_DB = {
-    common_pb2.ROLE_WORKER: NodeRole.WORKER,
-    common_pb2.ROLE_VALIDATOR: NodeRole.VALIDATOR,
-    common_pb2.ROLE_TRAINER: NodeRole.TRAINER,
-    common_pb2.ROLE_OPERATOR: NodeRole.OPERATOR,
-    common_pb2.ROLE_RELAY: NodeRole.RELAY,
-}
-ROLE_FROM_DB = {db: wire for wire, db in ROLE_TO_DB.items()}
-STATE_FROM_DB = {
-    NodeState.PENDING: node_pb2.Node.STATE_PENDING,
-    NodeState.ACTIVE: node_pb2.Node.STATE_ACTIVE,
-    NodeState.SUSPECT: node_pb2.Node.STATE_SUSPECT,
-    NodeState.OFFLINE: node_pb2.Node.STATE_OFFLINE,
-    NodeState.EJECTED: node_pb2.Node.STATE_EJECTED,
-    NodeState.BANNED: node_pb2.Node.STATE_BANNED,
-    NodeState.DEREGISTERED: node_pb2.Node.STATE_DEREGISTERED,
-}
-STATE_TO_DB = {wire: db for db, wire in STATE_FROM_DB.items()}
 
 GET_NODE = method_path("NodeService", "GetNode")
 
@@ -57,157 +51,6 @@ MAX_CPU_CORES = 4096
 MAX_HOST_MEMORY = 64 * 2**40
 MAX_ACCELERATORS = 64
 MAX_ACCELERATOR_MEMORY = 2 * 2**40
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """The verified identity of the node making a call."""
-
-    node_id: str
-    public_key: bytes
-    role: NodeRole | None
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
-    """A protobuf Timestamp of a timezone-aware datetime (exact, in integer arithmetic).
-
-    Every reply carries several; protobuf's ``FromDatetime`` costs about ten times as much.
-    """
-    delta = moment - _EPOCH
-    return timestamp_pb2.Timestamp(
-        seconds=delta.days * 86_400 + delta.seconds, nanos=delta.microseconds * 1_000
-    )
-
-
-def duration(delta: timedelta) -> duration_pb2.Duration:
-    """A protobuf Duration of a timedelta (exact, in integer arithmetic, like :func:`timestamp`)."""
-    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    # Protobuf's sign rule: seconds and nanos never have opposite signs.
-    seconds, rest = divmod(abs(micros), 1_000_000)
-    sign = -1 if micros < 0 else 1
-    return duration_pb2.Duration(seconds=sign * seconds, nanos=sign * rest * 1_000)
-
-
-def capabilities_to_db(caps: node_pb2.Capabilities) -> list[str]:
-    """Flatten capabilities into the node row's list of ``kind:value`` strings."""
-    items = [f"backend:{b}" for b in caps.backends]
-    items += [f"env:{e}" for e in caps.environments]
-    items += [f"dtype:{d}" for d in caps.dtypes]
-    if caps.max_concurrent_leases:
-        items.append(f"max_leases:{caps.max_concurrent_leases}")
-    return items
-
-
-def capabilities_from_db(items: list[str]) -> node_pb2.Capabilities:
-    """Rebuild capabilities from the node row."""
-    caps = node_pb2.Capabilities()
-    for item in items:
-        kind, _, value = item.partition(":")
-        if kind == "backend":
-            caps.backends.append(value)
-        elif kind == "env":
-            caps.environments.append(value)
-        elif kind == "dtype":
-            caps.dtypes.append(value)
-        elif kind == "max_leases":
-            caps.max_concurrent_leases = int(value)
-    return caps
-
-
-def node_to_proto(row: Node, reject_count: int = 0) -> node_pb2.Node:
-    """The wire form of a node row."""
-    major, _, minor = row.protocol_version.partition(".")
-    node = node_pb2.Node(
-        node_id=row.id,
-        public_key=row.public_key,
-        role=ROLE_FROM_DB[row.role],
-        state=STATE_FROM_DB[row.state],
-        pool=row.pool or "",
-        protocol_version=common_pb2.ProtocolVersion(major=int(major), minor=int(minor or 0)),
-        software_version=row.software_version,
-        capabilities=capabilities_from_db(list(row.capabilities)),
-        trust_streak=row.accepted_streak,
-        reject_count=reject_count,
-        registered_at=timestamp(row.registered_at),
-        last_heartbeat_at=timestamp(row.last_heartbeat_at),
-        state_reason=row.state_reason or "",
-    )
-    hardware = row.hardware
-    node.hardware.cpu_cores = int(hardware.get("cpu_cores", 0))
-    node.hardware.memory_bytes = int(hardware.get("memory_bytes", 0))
-    for acc in hardware.get("accelerators", []):
-        node.hardware.accelerators.add(
-            name=acc["name"], memory_bytes=acc["memory_bytes"], count=acc["count"]
-        )
-    return node
-
-
-#: States in which a node may not work (refused by :func:`refuse_state`).
-REFUSED_STATES = frozenset({NodeState.BANNED, NodeState.EJECTED, NodeState.DEREGISTERED})
-
-
-def refuse_unusable(row: Node | NodeStanding) -> None:
-    """Refuse a call from a node that may not work (ejected, banned, deregistered)."""
-    refuse_state(row.id, row.state)
-
-
-def refuse_state(node_id: str, state: NodeState) -> None:
-    """Refuse a call from node ``node_id`` if ``state`` may not work."""
-    if state is NodeState.BANNED:
-        raise Refusal(ErrorReason.NODE_BANNED, f"node {node_id} is banned")
-    if state is NodeState.EJECTED:
-        raise Refusal(ErrorReason.NODE_EJECTED, f"node {node_id} was ejected")
-    if state is NodeState.DEREGISTERED:
-        raise Refusal(
-            ErrorReason.NODE_DEREGISTERED, f"node {node_id} deregistered; call RegisterNode"
-        )
-
-
-def off_allow_list(
-    config: CoordinatorConfig,
-    role: NodeRole,
-    node_id: str,
-    public_key: bytes,
-    *,
-    now: bool = False,
-) -> str:
-    """Why ``role`` is not permitted to this key by the configured allow-lists ("" when it is,
-    or the role needs none). ``now``: said of a node registered before the list changed."""
-    allow = {
-        NodeRole.VALIDATOR: config.validators,
-        NodeRole.TRAINER: config.trainers,
-        NodeRole.OPERATOR: config.operators,
-    }.get(role)
-    if allow is None or node_id in allow or public_key.hex() in allow:
-        return ""
-    return (
-        f"key {node_id} is {'no longer' if now else 'not'} on the coordinator's {role} allow-list: "
-        f'add "{node_id}" to {role}s = [...] in the coordinator\'s TOML file (--config; sample: '
-        f"{SAMPLE_CONFIG}) and restart it"
-    )
-
-
-def refuse_unless_reaching_others(method: str, caller: Caller, what: str) -> None:
-    """Refuse (``ROLE_NOT_ALLOWED``) a caller whose role may use ``method`` on its own objects
-    only (the roles table, :data:`rollnet.sdk.methods.ROLE_TABLE`)."""
-    role = ROLE_FROM_DB.get(caller.role) if caller.role is not None else None
-    if role is None or not may_reach_others(method, role):
-        raise Refusal(
-            ErrorReason.ROLE_NOT_ALLOWED,
-            f"role {caller.role or 'unregistered'} may not {what} ({method}: own only)",
-        )
-
-
-def refuse_unless_in_standing(session: Session, caller: Caller) -> None:
-    """Refuse work from a node that is not registered, or is ejected, banned or deregistered,
-    read in the caller's transaction (the key cache may be another replica's, 30 s old)."""
-    standing = nodes.get_standing(session, caller.node_id)
-    if standing is None:
-        raise Refusal(ErrorReason.UNKNOWN_KEY, "node is not registered")
-    refuse_unusable(standing)
 
 
 class RegistrationLimiter:
@@ -317,14 +160,7 @@ class NodeRegistry:
                 f"too many registrations from {peer_ip}",
                 retry_after=wait,
             )
-        hardware = {
-            "cpu_cores": request.hardware.cpu_cores,
-            "memory_bytes": request.hardware.memory_bytes,
-            "accelerators": [
-                {"name": a.name, "memory_bytes": a.memory_bytes, "count": a.count}
-                for a in request.hardware.accelerators
-            ],
-        }
+        hardware = hardware_to_db(request.hardware)
         now = self.ctx.clock()
 
         def work(session: Session) -> node_pb2.Node:
@@ -594,25 +430,3 @@ class NodeRegistry:
 def reject_count(session: Session, node_id: str) -> int:
     """How many of the node's commitments were rejected."""
     return validation.count_rejected_commitments(session, node_id)
-
-
-def eject_node(
-    session: Session,
-    node_id: str,
-    state: NodeState,
-    reason: str,
-    *,
-    now: datetime,
-    max_attempts: int,
-    max_validation_attempts: int,
-) -> None:
-    """Move a node to EJECTED or BANNED (never back from BANNED) and take back its leases."""
-    from_states = [s for s in NodeState if s is not NodeState.BANNED]
-    if state is NodeState.EJECTED:
-        from_states = [s for s in from_states if s is not NodeState.EJECTED]
-    nodes.set_node_state(session, node_id, state, now=now, from_states=from_states)
-    nodes.set_state_reason(session, node_id, reason)
-    tasks.requeue_leases_of_node(session, node_id, now=now, max_attempts=max_attempts)
-    validation.requeue_validation_jobs_of_node(
-        session, node_id, now=now, max_attempts=max_validation_attempts
-    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rollnet.ledger.leases import LeaseOutcome
 from rollnet.sdk.errors import ErrorReason, FieldViolation
 
 
@@ -52,3 +53,19 @@ class Violations:
         """Raise an INVALID_FIELDS refusal if anything was recorded."""
         if self._items:
             raise invalid(*self._items)
+
+
+def lease_outcome_refusal(outcome: LeaseOutcome, what: str) -> Refusal:
+    """The refusal that explains a failed lease-guarded write."""
+    match outcome:
+        case LeaseOutcome.UNKNOWN | LeaseOutcome.WRONG_HOLDER:
+            return Refusal(ErrorReason.LEASE_NOT_FOUND, f"no such lease on {what} held by you")
+        case LeaseOutcome.STALE_LEASE:
+            return Refusal(
+                ErrorReason.FENCING_TOKEN_STALE,
+                f"the lease on {what} is not the current one (it expired and was re-leased)",
+            )
+        case LeaseOutcome.LEASE_EXPIRED:
+            return Refusal(ErrorReason.LEASE_EXPIRED, f"the lease on {what} has expired")
+        case _:
+            return Refusal(ErrorReason.LEASE_CLOSED, f"{what} is no longer open ({outcome})")

@@ -32,9 +32,11 @@ from rollnet.ledger.engine import create_engine, describe_database_error
 from rollnet.ledger.migrate import check_ready, upgrade_to_head
 from rollnet.reference.addresses import split_host_port
 from rollnet.reference.coordinator import uploads
+from rollnet.reference.coordinator.blob_intake import BlobDesk
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
+from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
 from rollnet.reference.coordinator.database_lock import lock_database
@@ -64,7 +66,7 @@ from rollnet.reference.coordinator.servicers import (
     TaskServicer,
     ValidationServicer,
 )
-from rollnet.reference.coordinator.work import WorkDesk
+from rollnet.reference.coordinator.verdicts import VerdictDesk
 from rollnet.sdk.identity import Identity, KeyFileError
 from rollnet.sdk.methods import EXEMPT_PREFIXES, default_method_policy, method_path
 from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
@@ -547,7 +549,6 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     )
     dispatcher = Dispatcher(ctx)
     metrics.watch_pulls(lambda: dispatcher.leases.batches, lambda: dispatcher.leases.pulls)
-    desk = WorkDesk(ctx)
     checkpoints = CheckpointDesk(ctx)
     ledger = LedgerDesk(ctx)
     node_service_pb2_grpc.add_NodeServiceServicer_to_server(
@@ -556,12 +557,14 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     task_service_pb2_grpc.add_TaskServiceServicer_to_server(
         TaskServicer(ctx, idem, dispatcher), server
     )
-    blob_service_pb2_grpc.add_BlobServiceServicer_to_server(BlobServicer(ctx, idem, desk), server)
+    blob_service_pb2_grpc.add_BlobServiceServicer_to_server(
+        BlobServicer(ctx, idem, BlobDesk(ctx)), server
+    )
     commitment_service_pb2_grpc.add_CommitmentServiceServicer_to_server(
-        CommitmentServicer(ctx, idem, desk), server
+        CommitmentServicer(ctx, idem, CommitmentDesk(ctx)), server
     )
     validation_service_pb2_grpc.add_ValidationServiceServicer_to_server(
-        ValidationServicer(ctx, idem, desk), server
+        ValidationServicer(ctx, idem, VerdictDesk(ctx)), server
     )
     checkpoint_service_pb2_grpc.add_CheckpointServiceServicer_to_server(
         CheckpointServicer(ctx, idem, checkpoints), server

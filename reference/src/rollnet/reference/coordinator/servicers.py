@@ -1,8 +1,8 @@
 """gRPC servicers of the coordinator: convert, check idempotency, delegate, map refusals.
 
-Rules live in the domain modules (nodes, dispatch, work, checkpoints, stream); this module only
-reads the verified caller, replays stored responses of repeated request ids, and turns a
-:class:`Refusal` into a rich gRPC error.
+Rules live in the domain modules (nodes, dispatch, blob_intake, commitments, verdicts,
+checkpoints, ledger_reads); this module only reads the verified caller, replays stored
+responses of repeated request ids, and turns a :class:`Refusal` into a rich gRPC error.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import idempotency
 from rollnet.ledger.enums import NodeState
+from rollnet.reference.coordinator.blob_intake import BlobDesk
 from rollnet.reference.coordinator.checkpoints import CheckpointDesk
+from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.context import (
     IDEMPOTENCY_SCOPE,
     CoordinatorContext,
@@ -27,9 +29,11 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
-from rollnet.reference.coordinator.nodes import ROLE_TO_DB, Caller, NodeRegistry, timestamp
+from rollnet.reference.coordinator.nodes import NodeRegistry
 from rollnet.reference.coordinator.refusal import Refusal
-from rollnet.reference.coordinator.work import WorkDesk
+from rollnet.reference.coordinator.serde import ROLE_TO_DB, timestamp
+from rollnet.reference.coordinator.standing import Caller
+from rollnet.reference.coordinator.verdicts import VerdictDesk
 from rollnet.sdk.errors import REASON_CODES, ErrorReason, abort
 from rollnet.sdk.verifier import current_caller
 from rollnet.v1 import (
@@ -322,7 +326,7 @@ class TaskServicer(_Base, task_service_pb2_grpc.TaskServiceServicer):
 class BlobServicer(_Base, blob_service_pb2_grpc.BlobServiceServicer):
     """BlobService."""
 
-    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: WorkDesk) -> None:
+    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: BlobDesk) -> None:
         super().__init__(ctx, idem)
         self.desk = desk
 
@@ -360,7 +364,7 @@ class BlobServicer(_Base, blob_service_pb2_grpc.BlobServiceServicer):
 class CommitmentServicer(_Base, commitment_service_pb2_grpc.CommitmentServiceServicer):
     """CommitmentService."""
 
-    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: WorkDesk) -> None:
+    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: CommitmentDesk) -> None:
         super().__init__(ctx, idem)
         self.desk = desk
 
@@ -385,7 +389,7 @@ class CommitmentServicer(_Base, commitment_service_pb2_grpc.CommitmentServiceSer
 class ValidationServicer(_Base, validation_service_pb2_grpc.ValidationServiceServicer):
     """ValidationService."""
 
-    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: WorkDesk) -> None:
+    def __init__(self, ctx: CoordinatorContext, idem: Idempotency, desk: VerdictDesk) -> None:
         super().__init__(ctx, idem)
         self.desk = desk
 

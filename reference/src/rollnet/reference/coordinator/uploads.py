@@ -44,10 +44,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from rollnet.ledger.models import Blob, Checkpoint
+from rollnet.ledger import artifacts
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.v1 import checkpoint_pb2
@@ -356,12 +355,7 @@ class ShardIndex:
 
     def refresh(self, session: Session) -> set[bytes]:
         """Add the manifests published since the last refresh; returns every shard digest."""
-        rows = session.execute(
-            select(Checkpoint.step, Checkpoint.manifest)
-            .where(Checkpoint.step > self._step)
-            .order_by(Checkpoint.step)
-        )
-        for step, manifest in rows:
+        for step, manifest in artifacts.manifests_after(session, self._step):
             try:
                 parsed = checkpoint_pb2.CheckpointManifest.FromString(manifest)
             except DecodeError:  # recorded only after parsing; never expected
@@ -379,9 +373,7 @@ def unreferenced(session: Session, digests: list[bytes], shards: ShardIndex) -> 
     for start in range(0, len(digests), _CHECK_CHUNK):
         chunk = digests[start : start + _CHECK_CHUNK]
         names = [d.hex() for d in chunk]
-        recorded = set(
-            session.scalars(select(Blob.hash).where(Blob.hash.in_(names), Blob.pruned_at.is_(None)))
-        )
+        recorded = artifacts.unpruned_blobs(session, names)
         left += [d for d, name in zip(chunk, names, strict=True) if name not in recorded]
     if left:
         named = shards.refresh(session)
