@@ -53,6 +53,8 @@ from rollnet.reference.envs import (
 )
 from rollnet.reference.inference.base import Prefill
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.sdk import batches
+from rollnet.sdk.batches import BatchRule, BatchTerms
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import (
     CheckName,
@@ -63,7 +65,6 @@ from rollnet.sdk.proofs import (
     Thresholds,
     check_assigned_data,
     check_binding,
-    proof_digest,
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
@@ -299,43 +300,28 @@ def _from_proof(check: ProofCheck, rollout_index: int) -> validation_pb2.CheckRe
     return _result(check.name.value, check.passed, reason, check.figures, rollout_index)
 
 
+def job_binding(job: validation_pb2.ValidationJob) -> LeaseBinding:
+    """The lease the job's commitment was made under."""
+    commitment = job.commitment
+    return LeaseBinding(
+        network_id=job.network_id,
+        node_id=commitment.node_id,
+        task_id=commitment.task_id,
+        lease_id=commitment.lease_id,
+        fencing_token=commitment.fencing_token,
+    )
+
+
 def _batch_problems(
     job: validation_pb2.ValidationJob, batch: rollout_pb2.RolloutBatch
 ) -> list[str]:
-    commitment, task = job.commitment, job.task
-    problems: list[str] = []
-    if batch.task_id != commitment.task_id or commitment.task_id != task.task_id:
-        problems.append("task")
-    if batch.lease_id != commitment.lease_id or batch.fencing_token != commitment.fencing_token:
-        problems.append("lease")
-    if batch.node_id != commitment.node_id:
-        problems.append("node")
-    if batch.checkpoint_step != task.checkpoint_step:
-        problems.append("checkpoint_step")
-    samples = task.samples_per_prompt
-    expected = len(task.prompt_ids) * samples
-    if samples < 1 or expected == 0 or len(batch.rollouts) != expected:
-        problems.append("rollout_count")
-        return problems
-    for index, rollout in enumerate(batch.rollouts):
-        prompt_index, sample = divmod(index, samples)
-        if (rollout.prompt_index, rollout.sample_index) != (prompt_index, sample):
-            problems.append(f"rollouts[{index}].order")
-        elif rollout.prompt_id != task.prompt_ids[prompt_index]:
-            problems.append(f"rollouts[{index}].prompt_id")
-    if len(commitment.rollouts) != len(batch.rollouts):
-        problems.append("commitment_rollouts")
-        return problems
-    for index, (rollout, digest) in enumerate(
-        zip(batch.rollouts, commitment.rollouts, strict=True)
-    ):
-        if (
-            digest.sampling_seed != rollout.sampling_seed
-            or digest.completion_tokens != len(rollout.completion_token_ids)
-            or digest.proof_blake3 != proof_digest(rollout.toploc_proof)
-        ):
-            problems.append(f"rollouts[{index}].digest")
-    return problems
+    problems = batches.check(
+        job_binding(job), BatchTerms.of_task(job.task), batch, job.commitment.rollouts
+    )
+    # A seed that is not the derived one is judged per rollout by the binding check, whose
+    # verdict names the rollout and the reason (SEED_NOT_DERIVED).
+    notes = (p.note for p in problems if p.rule is not BatchRule.SEED_NOT_DERIVED)
+    return list(dict.fromkeys(notes))
 
 
 def validate_job(
@@ -477,13 +463,7 @@ def _validate_rollouts(
     outcome: JobOutcome,
 ) -> None:
     commitment, task = job.commitment, job.task
-    lease = LeaseBinding(
-        network_id=job.network_id,
-        node_id=commitment.node_id,
-        task_id=commitment.task_id,
-        lease_id=commitment.lease_id,
-        fencing_token=commitment.fencing_token,
-    )
+    lease = job_binding(job)
     blob_digest = commitment.rollout_batch.blake3
     temperature = task.sampling.temperature
     max_new_tokens = task.sampling.max_new_tokens

@@ -24,8 +24,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
+from rollnet.sdk.batches import SealedBatch, seal
 from rollnet.sdk.client import RollnetClient
-from rollnet.sdk.commitments import seal_batch, verify_receipt
+from rollnet.sdk.commitments import verify_receipt
 from rollnet.sdk.dtypes import compute_dtype_name
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
@@ -333,7 +334,7 @@ class Worker:
             rollouts = await self._generate(context)
             if rollouts is not None:
                 try:
-                    item = self._seal(context, rollouts)
+                    item = self._pending(context, rollouts)
                 except ValueError as error:
                     _log(logging.ERROR, "rollouts_invalid", {"detail": str(error)})
                     await self._give_back(
@@ -484,18 +485,21 @@ class Worker:
 
     # ------------------------------------------------------------------ sealing and submitting
 
-    def _seal(
+    def seal(self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]) -> SealedBatch:
+        """The batch and commitment request for the generated ``rollouts`` of a lease:
+        :func:`rollnet.sdk.batches.seal` under ``context.binding`` (``ValueError`` for rollouts
+        a validator would refuse; the task is then given back).
+
+        The hook for what a worker commits: a subclass may override it (the adversary of the
+        reference implementation does, to commit work it should not)."""
+        return seal(context.binding, context.task, rollouts)
+
+    def _pending(
         self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]
     ) -> PendingSubmission:
-        """Build the batch and the commitment request; check what a validator would refuse."""
+        """The outbox entry for ``rollouts``: :meth:`seal`, with a fresh request id."""
         task, lease = context.task, context.lease
-        sealed = seal_batch(
-            network_id=self.config.network_id,
-            node_id=self.node_id,
-            task=task,
-            lease=lease,
-            rollouts=rollouts,
-        )
+        sealed = self.seal(context, rollouts)
         request = sealed.request
         request.request_id = uuid.uuid4().hex
         return PendingSubmission(
