@@ -37,7 +37,7 @@ CHALLENGE_DRAW_DOMAIN: Final = "rollnet/v1/challenge-draw"
 
 # ---------------------------------------------------------------- prefixes of signed bytes
 
-REQUEST_DOMAIN: Final = b"rollnet-request-v1"
+SIGNING_DOMAIN: Final = b"rollnet-request-v1"
 """First line of every signed request's bytes."""
 NODE_ID_DOMAIN: Final = b"rollnet-node-id-v1"
 """Hashed in front of the public key to derive a node id."""
@@ -52,13 +52,13 @@ LEDGER_HEAD_DOMAIN: Final = b"rollnet.ledger.chain-head"
 
 # ---------------------------------------------------------------- environments
 
-ENVIRONMENT_CONFIG_DOMAIN: Final = b"rollnet.environment-config.v1\x00"
+CONFIG_DIGEST_DOMAIN: Final = b"rollnet.environment-config.v1\x00"
 """Prefix of an environment config's digest."""
-ENVIRONMENT_DRAW_DOMAIN: Final = b"rollnet.environment-draw.v1\x00"
+DRAW_DOMAIN: Final = b"rollnet.environment-draw.v1\x00"
 """Prefix of every environment draw stream."""
-VERIFIERS_TASKS_DOMAIN: Final = b"rollnet.verifiers-tasks.v1\x00"
+TASKS_DIGEST_DOMAIN: Final = b"rollnet.verifiers-tasks.v1\x00"
 """Prefix of a verifiers environment's task listing digest."""
-VERIFIERS_PACKAGE_DOMAIN: Final = b"rollnet.verifiers-package.v1\x00"
+PACKAGE_DIGEST_DOMAIN: Final = b"rollnet.verifiers-package.v1\x00"
 """Prefix of a verifiers environment's package distribution digest."""
 
 __all__ = [
@@ -67,16 +67,16 @@ __all__ = [
     "CHALLENGE_DRAW_DOMAIN",
     "CHECKPOINT_DOMAIN",
     "COMMITMENT_DOMAIN",
-    "ENVIRONMENT_CONFIG_DOMAIN",
-    "ENVIRONMENT_DRAW_DOMAIN",
+    "CONFIG_DIGEST_DOMAIN",
+    "DRAW_DOMAIN",
     "LEDGER_ENTRY_DOMAIN",
     "LEDGER_HEAD_DOMAIN",
     "NODE_ID_DOMAIN",
+    "PACKAGE_DIGEST_DOMAIN",
     "PROOF_DOMAIN",
     "RECEIPT_DOMAIN",
-    "REQUEST_DOMAIN",
     "SEED_DOMAIN",
+    "SIGNING_DOMAIN",
+    "TASKS_DIGEST_DOMAIN",
     "TOKENS_DOMAIN",
-    "VERIFIERS_PACKAGE_DOMAIN",
-    "VERIFIERS_TASKS_DOMAIN",
 ]
