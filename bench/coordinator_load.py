@@ -36,8 +36,8 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.sdk import Identity, RequestSigner, batches
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import (
     blob_service_pb2,

@@ -51,8 +51,8 @@ from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
 from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
-from rollnet.reference.worker import encode_prompt
 from rollnet.sdk import Identity, batches
+from rollnet.sdk.prompts import encode_prompt
 from rollnet.sdk.proofs import (
     LeaseBinding,
     derive_sampling_seed,

@@ -17,11 +17,9 @@ import pytest
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
-from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk import (
     ConnectionConfig,
     Identity,
@@ -32,7 +30,9 @@ from rollnet.sdk import (
     batches,
     from_rpc_error,
 )
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import (
     blob_service_pb2,

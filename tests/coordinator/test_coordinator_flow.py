@@ -17,11 +17,11 @@ from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator import work as work_module
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.reference.coordinator.work import slash_amount
 from rollnet.sdk import batches
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.binding import derive_sampling_seed

@@ -65,7 +65,8 @@ class BatchTerms:
     per rollout)."""
     prompt_lengths: Sequence[int] | None = None
     """Prompt tokens of each prompt with the task's checkpoint, where the checking side knows
-    them (the coordinator credits unchecked work by them); ``None``: not checked."""
+    them (the coordinator credits unchecked work by them); ``None``, or prompts past its end:
+    not checked."""
 
     @classmethod
     def of_task(cls, task: task_pb2.Task) -> BatchTerms:
@@ -189,7 +190,11 @@ def check(
             )
             if add(BatchRule.PROMPT_ID, index, message):
                 return problems
-        elif lengths is not None and len(rollout.prompt_token_ids) != lengths[prompt]:
+        elif (
+            lengths is not None
+            and prompt < len(lengths)
+            and len(rollout.prompt_token_ids) != lengths[prompt]
+        ):
             message = (
                 f"rollouts[{index}] has {len(rollout.prompt_token_ids)} prompt tokens; "
                 f"prompt {prompt} has {lengths[prompt]} with the task's checkpoint"

@@ -31,6 +31,7 @@ from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.retry import RetryPolicy, is_retryable
 from rollnet.sdk.signing import RequestSigner, signing_interceptors
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -96,7 +97,7 @@ class ConnectionConfig:
     max_reconnect_backoff: float | None = 10.0
     """Longest wait, in seconds, between gRPC's attempts to re-open a broken connection
     (``None``: gRPC's default of 120 s, which can keep a node away long after an outage)."""
-    user_agent: str = "rollnet-sdk/0.1"
+    user_agent: str = software_version("sdk")
 
 
 def _channel_options(config: ConnectionConfig) -> list[tuple[str, Any]]:

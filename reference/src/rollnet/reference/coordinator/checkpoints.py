@@ -19,11 +19,10 @@ from rollnet.reference.coordinator.context import (
 from rollnet.reference.coordinator.nodes import Caller, timestamp
 from rollnet.reference.coordinator.refusal import Refusal, Violations
 from rollnet.sdk.checkpoints import manifest_blobs
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
-
-CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
 
 
 def checkpoint_to_proto(row: CheckpointRow) -> checkpoint_pb2.Checkpoint:

@@ -56,6 +56,7 @@ from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.sdk import batches
 from rollnet.sdk.batches import BatchRule, BatchTerms
 from rollnet.sdk.commitments import max_batch_bytes
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs import (
     CheckName,
     LeaseBinding,
@@ -478,7 +479,7 @@ def _validate_rollouts(
         assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
         for prompt_id in dict.fromkeys(int(p) for p in task.prompt_ids):
             problem = environment.prompt(prompt_id)
-            assigned_prompts[prompt_id] = (problem, _encode_problem(model.tokenizer, problem))
+            assigned_prompts[prompt_id] = (problem, encode_problem(model.tokenizer, problem))
     except Exception as error:
         # Not the worker's doing: the trainer chose the environment and prompts, and the
         # coordinator accepted them. This validator cannot judge the job; another may.
@@ -928,14 +929,6 @@ def _reward_check(
     figures["claimed_target_length"] = slot.rollout.target_length
     figures["target_length"] = target
     return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
-
-
-def _encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[int]:
-    # The worker's rule (rollnet.reference.worker.encode_problem): the prompt text, or the
-    # messages rendered once by the checkpoint's chat template, encoded by its tokenizer.json.
-    from rollnet.reference.worker import encode_problem
-
-    return encode_problem(tokenizer, problem)
 
 
 __all__ = [

@@ -35,6 +35,7 @@ from rollnet.sdk.errors import RollnetError, from_rpc_error
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed, proof_digest
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -332,7 +333,7 @@ def registration(
         public_key=identity.public_key,
         role=role,  # type: ignore[arg-type]
         protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-        software_version="rollnet-conformance/0.1",
+        software_version=software_version("conformance"),
         capabilities=node_pb2.Capabilities(environments=[]),
         hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
     )

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import blake3
 
-from rollnet.sdk.domains import COMMITMENT_DOMAIN, PROOF_DOMAIN, SEED_DOMAIN, TOKENS_DOMAIN
+from rollnet.sdk.domains import COMMITMENT_DOMAIN, PROOF_DOMAIN, TOKENS_DOMAIN
+from rollnet.sdk.domains import SEED_DOMAIN as SEED_DOMAIN  # still imported from here by some
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
 
 _STR, _BYTES, _INT = b"\x01", b"\x02", b"\x03"

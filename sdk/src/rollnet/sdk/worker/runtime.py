@@ -139,10 +139,12 @@ class Worker:
         )
         """The node's registration, heartbeats and stop (shared with every role)."""
         self.hardware = self.session.hardware
-        self.receipts_received = 0
-        #: Receipts refused because their signature did not verify (their work dropped).
+        self.receipts_kept = 0
+        """Commitments acknowledged in this run with a receipt the worker kept (replays
+        included): its signature verified with the coordinator key of registration, or no key
+        was given to check it with."""
         self.receipts_invalid = 0
-        """Commitments acknowledged with a receipt in this run (replays included)."""
+        """Receipts refused because their signature did not verify (their work dropped)."""
         self._outbox: Outbox | None = None
         self._leases: dict[str, LeaseContext] = {}
         self._submitting: dict[str, PendingSubmission] = {}
@@ -483,6 +485,12 @@ class Worker:
         except (RollnetError, TimeoutError, NodeFatalError) as error:
             _log(logging.WARNING, "give_back_failed", {"detail": str(error)[:200]})
 
+    @property
+    def receipts_received(self) -> int:
+        """:attr:`receipts_kept` under its rollnet 0.1 name (it never counted receipts refused
+        for their signature: those are :attr:`receipts_invalid`)."""
+        return self.receipts_kept
+
     # ------------------------------------------------------------------ sealing and submitting
 
     def seal(self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]) -> SealedBatch:
@@ -555,7 +563,7 @@ class Worker:
             )
             return
         self.outbox.complete(item, response)
-        self.receipts_received += 1
+        self.receipts_kept += 1
         _log(
             logging.INFO,
             "commitment_receipt",
