@@ -76,6 +76,10 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                     continue
                 request = _python_type(method.input_type, files)
                 response = _python_type(method.output_type, files)
+                # A request without fields may be left out: the method sends an empty one.
+                empty = not _message(method.input_type, files).field
+                parameter = f"{request} | None = None" if empty else request
+                argument = f"request or {request}()" if empty else "request"
                 modules.update({request.split(".")[0], response.split(".")[0]})
                 constant = "_" + snake_case(method.name).upper()
                 doc = docstring(notes.get((_SERVICE, s_index, _METHOD, m_index), ""), method.name)
@@ -83,7 +87,7 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                     f"    {constant} = method_path({service.name!r}, {method.name!r})\n\n"
                     f"    async def {snake_case(method.name)}(\n"
                     f"        self,\n"
-                    f"        request: {request},\n"
+                    f"        request: {parameter},\n"
                     f"        *,\n"
                     f"        timeout: float | None = None,\n"
                     f"        metadata: Metadata | None = None,\n"
@@ -92,7 +96,7 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                     f"{doc}\n"
                     f"        return await self._unary(\n"
                     f"            self.{constant},\n"
-                    f"            request,\n"
+                    f"            {argument},\n"
                     f"            {response},\n"
                     f"            timeout=timeout,\n"
                     f"            metadata=metadata,\n"
@@ -128,15 +132,27 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
     return header + "\n\n".join(classes) + f"\n\n__all__ = [\n{exports}]\n"
 
 
-def _python_type(full_name: str, files: list[descriptor_pb2.FileDescriptorProto]) -> str:
+def _find(
+    full_name: str, files: list[descriptor_pb2.FileDescriptorProto]
+) -> tuple[descriptor_pb2.FileDescriptorProto, descriptor_pb2.DescriptorProto]:
     name = full_name.lstrip(".")
     for proto in files:
         prefix = proto.package + "."
-        if name.startswith(prefix) and any(
-            message.name == name[len(prefix) :] for message in proto.message_type
-        ):
-            return pathlib.PurePosixPath(proto.name).stem + "_pb2." + name[len(prefix) :]
+        for message in proto.message_type:
+            if name == prefix + message.name:
+                return proto, message
     raise ValueError(f"no top-level message {full_name} in the request's files")
+
+
+def _python_type(full_name: str, files: list[descriptor_pb2.FileDescriptorProto]) -> str:
+    proto, message = _find(full_name, files)
+    return pathlib.PurePosixPath(proto.name).stem + "_pb2." + message.name
+
+
+def _message(
+    full_name: str, files: list[descriptor_pb2.FileDescriptorProto]
+) -> descriptor_pb2.DescriptorProto:
+    return _find(full_name, files)[1]
 
 
 def format_source(source: str) -> str:

@@ -50,7 +50,7 @@ class CheckpointServiceMethods(ServiceClient):
 
     async def get_latest_checkpoint(
         self,
-        request: checkpoint_service_pb2.GetLatestCheckpointRequest,
+        request: checkpoint_service_pb2.GetLatestCheckpointRequest | None = None,
         *,
         timeout: float | None = None,
         metadata: Metadata | None = None,
@@ -59,7 +59,7 @@ class CheckpointServiceMethods(ServiceClient):
         """Returns the newest published checkpoint."""
         return await self._unary(
             self._GET_LATEST_CHECKPOINT,
-            request,
+            request or checkpoint_service_pb2.GetLatestCheckpointRequest(),
             checkpoint_service_pb2.GetLatestCheckpointResponse,
             timeout=timeout,
             metadata=metadata,
