@@ -89,12 +89,12 @@ lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts
 	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench
 	$(BIN)/lint-imports --no-cache
 
-codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 from protos/
+codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 and the SDK's unary client methods from protos/
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/buf generate 2>/dev/null
 
 check-codegen: codegen ## fail when the generated code differs from protos/
-	git diff --exit-code -- sdk/src/rollnet/v1
-	test -z "$$(git status --porcelain -- sdk/src/rollnet/v1)"
+	git diff --exit-code -- sdk/src/rollnet/v1 sdk/src/rollnet/sdk/_client_generated.py
+	test -z "$$(git status --porcelain -- sdk/src/rollnet/v1 sdk/src/rollnet/sdk/_client_generated.py)"
 
 screenshot: $(STAMP) browser ## re-make docs/dashboard.png (the README's screenshot)
 	$(BIN)/python scripts/dashboard_screenshot.py docs/dashboard.png

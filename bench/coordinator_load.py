@@ -36,15 +36,13 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
-from rollnet.sdk import Identity, RequestSigner
-from rollnet.sdk.commitments import batch_binding_digest
-from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
+from rollnet.sdk import Identity, RequestSigner, batches
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
     checkpoint_service_pb2,
-    commitment_pb2,
     commitment_service_pb2,
     common_pb2,
     node_pb2,
@@ -547,43 +545,30 @@ def _cycle_messages(
     request_id: str,
 ) -> tuple[bytes, bytes, bytes]:
     """A lease cycle's upload header and chunk (a one-rollout batch) and its commit request."""
-    batch = rollout_pb2.RolloutBatch(
-        task_id=task_id,
-        lease_id=lease_id,
-        fencing_token=fencing_token,
+    binding = LeaseBinding(
+        network_id=NETWORK,
         node_id=node.identity.node_id,
-        checkpoint_step=checkpoint_step,
-        rollouts=[
-            rollout_pb2.Rollout(
-                prompt_index=0,
-                prompt_id=prompt_id,
-                prompt_token_ids=[1, 2, 3],
-                completion_token_ids=[4, 5],
-                behaviour_logprobs=[-0.5, -0.5],
-                sampling_seed=derive_sampling_seed(NETWORK, task_id, 0),
-                finish_reason=rollout_pb2.FINISH_REASON_EOS,
-            )
-        ],
-    ).SerializeToString()
-    digest, header, chunk = _upload_messages(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
-    commit = commitment_service_pb2.SubmitCommitmentRequest(
-        request_id=request_id,
+        task_id=task_id,
         lease_id=lease_id,
         fencing_token=fencing_token,
-        task_id=task_id,
-        rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
-        rollouts=[
-            commitment_pb2.RolloutDigest(
-                sampling_seed=derive_sampling_seed(NETWORK, task_id, 0),
-                proof_blake3=proof_digest(b""),
-                completion_tokens=2,
-            )
-        ],
-        binding_digest=batch_binding_digest(
-            NETWORK, node.identity.node_id, task_id, lease_id, fencing_token, digest
-        ),
-    ).SerializeToString()
-    return header, chunk, commit
+    )
+    rollouts = [
+        rollout_pb2.Rollout(
+            prompt_index=0,
+            prompt_id=prompt_id,
+            prompt_token_ids=[1, 2, 3],
+            completion_token_ids=[4, 5],
+            behaviour_logprobs=[-0.5, -0.5],
+            sampling_seed=derive_sampling_seed(NETWORK, task_id, 0),
+            finish_reason=rollout_pb2.FINISH_REASON_EOS,
+        )
+    ]
+    batch = batches.encode_batch(binding, checkpoint_step, rollouts)
+    digest, header, chunk = _upload_messages(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
+    blob = common_pb2.BlobRef(blake3=digest, size=len(batch))
+    commit = batches.commitment_request(binding, blob, rollouts)
+    commit.request_id = request_id
+    return header, chunk, commit.SerializeToString()
 
 
 def _upload_messages(data: bytes, kind: Any) -> tuple[bytes, bytes, bytes]:

@@ -28,7 +28,7 @@ from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import init_tiny_model
 from rollnet.reference.trainer.warm_start import warm_start
-from rollnet.reference.worker.generator import encode_problem
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs import derive_sampling_seed
 
 

@@ -51,9 +51,8 @@ from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
 from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
-from rollnet.reference.worker import encode_prompt
-from rollnet.sdk import Identity
-from rollnet.sdk.commitments import seal_batch
+from rollnet.sdk import Identity, batches
+from rollnet.sdk.prompts import encode_prompt
 from rollnet.sdk.proofs import (
     LeaseBinding,
     derive_sampling_seed,
@@ -402,13 +401,7 @@ def seal(
     task: task_pb2.Task, lease: LeaseBinding, rollouts: list[rollout_pb2.Rollout]
 ) -> tuple[validation_pb2.ValidationJob, bytes]:
     """The job and blob a coordinator would hand a validator for these rollouts."""
-    sealed = seal_batch(
-        network_id=lease.network_id,
-        node_id=lease.node_id,
-        task=task,
-        lease=task_pb2.Lease(lease_id=lease.lease_id, fencing_token=lease.fencing_token),
-        rollouts=rollouts,
-    )
+    sealed = batches.seal(lease, task, rollouts)
     request = sealed.request
     commitment = commitment_pb2.Commitment(
         commitment_id="c-" + task.task_id,

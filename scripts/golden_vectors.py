@@ -34,13 +34,14 @@ from google.protobuf.message import Message
 from rollnet.reference.envs import load_environment
 from rollnet.reference.inference.tokenization import ChatTemplate, CheckpointTokenizer
 from rollnet.reference.model.tokenizer import build_char_tokenizer
-from rollnet.sdk import FieldViolation, Identity, RequestSigner, build_status, signed_bytes
+from rollnet.sdk import FieldViolation, Identity, RequestSigner, batches, build_status, signed_bytes
+from rollnet.sdk.batches import batch_binding_digest
 from rollnet.sdk.broadcast.delta import encode_delta
 from rollnet.sdk.checkpoints import (
     CHECKPOINT_DOMAIN,
     checkpoint_path_violations,
 )
-from rollnet.sdk.commitments import batch_binding_digest, receipt_message, seal_batch
+from rollnet.sdk.commitments import receipt_message
 from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.proofs import (
     LeaseBinding,
@@ -378,9 +379,14 @@ def rollout_batch() -> dict[str, Any]:
                 claimed_reward=common_pb2.Reward(task_reward=1.0, total=1.0),
             )
         )
-    sealed = seal_batch(
-        network_id=NETWORK, node_id=worker.node_id, task=task, lease=lease, rollouts=rollouts
+    binding = LeaseBinding(
+        network_id=NETWORK,
+        node_id=worker.node_id,
+        task_id=task.task_id,
+        lease_id=lease.lease_id,
+        fencing_token=lease.fencing_token,
     )
+    sealed = batches.seal(binding, task, rollouts)
     return {
         "spec": "docs/protocol.md, A worker's life; rollout.proto RolloutBatch, commitment.proto",
         "network_id": NETWORK,

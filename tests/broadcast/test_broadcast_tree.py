@@ -196,7 +196,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
 
     import blake3
 
-    from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
+    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
     from rollnet.v1 import checkpoint_pb2
 
     upstream = await GatedUpstream().start()

@@ -17,11 +17,9 @@ import pytest
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
-from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk import (
     ConnectionConfig,
     Identity,
@@ -29,11 +27,13 @@ from rollnet.sdk import (
     RollnetClient,
     RollnetError,
     TlsConfig,
+    batches,
     from_rpc_error,
 )
-from rollnet.sdk.commitments import batch_binding_digest
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
+from rollnet.sdk.prompts import encode_problem
+from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -224,47 +224,27 @@ def make_work(
         for prompt_index, prompt_id in enumerate(task.prompt_ids)
         for sample in range(task.samples_per_prompt)
     ]
-    batch = rollout_pb2.RolloutBatch(
+    batch = batches.encode_batch(lease_binding(worker, task, lease), task.checkpoint_step, rollouts)
+    return Work(task=task, lease=lease, batch=batch, rollouts=rollouts)
+
+
+def lease_binding(worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease) -> LeaseBinding:
+    """What ``worker`` holds ``task`` under, with ``lease``."""
+    return LeaseBinding(
+        network_id=NETWORK,
+        node_id=worker.node_id,
         task_id=task.task_id,
         lease_id=lease.lease_id,
         fencing_token=lease.fencing_token,
-        node_id=worker.node_id,
-        checkpoint_step=task.checkpoint_step,
-        rollouts=rollouts,
-    ).SerializeToString()
-    return Work(task=task, lease=lease, batch=batch, rollouts=rollouts)
+    )
 
 
 def commitment_request(
     worker: Identity, work: Work, blob: common_pb2.BlobRef
 ) -> commitment_service_pb2.SubmitCommitmentRequest:
     """The SubmitCommitment request for uploaded ``work``."""
-    return commitment_service_pb2.SubmitCommitmentRequest(
-        lease_id=work.lease.lease_id,
-        fencing_token=work.lease.fencing_token,
-        task_id=work.task.task_id,
-        rollout_batch=blob,
-        rollouts=[
-            commitment_pb2.RolloutDigest(
-                sampling_seed=r.sampling_seed,
-                proof_blake3=proof_digest(r.toploc_proof),
-                completion_tokens=len(r.completion_token_ids),
-            )
-            for r in work.rollouts
-        ],
-        claimed_work=commitment_pb2.WorkClaim(
-            prefill_tokens=sum(len(r.prompt_token_ids) for r in work.rollouts),
-            decode_tokens=sum(len(r.completion_token_ids) for r in work.rollouts),
-        ),
-        binding_digest=batch_binding_digest(
-            NETWORK,
-            worker.node_id,
-            work.task.task_id,
-            work.lease.lease_id,
-            work.lease.fencing_token,
-            blob.blake3,
-        ),
-    )
+    binding = lease_binding(worker, work.task, work.lease)
+    return batches.commitment_request(binding, blob, work.rollouts)
 
 
 async def upload_and_commit(

@@ -13,9 +13,9 @@ import grpc
 import pytest
 from coordinator_testing import NETWORK, connect, register, sqlite_only
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity, RollnetError
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,

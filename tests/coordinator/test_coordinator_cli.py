@@ -28,7 +28,6 @@ from coordinator_testing import (
 from safetensors.numpy import save_file
 
 from rollnet.reference.checkpoints import (
-    CHECKPOINT_DOMAIN,
     CheckpointDirError,
     flops_per_token,
     model_files,
@@ -38,6 +37,7 @@ from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.v1 import (
     checkpoint_pb2,
     checkpoint_service_pb2,

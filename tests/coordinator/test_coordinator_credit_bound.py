@@ -22,15 +22,15 @@ from coordinator_testing import (
 )
 from google.protobuf import json_format
 
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.credit import work_units
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
-from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+from rollnet.sdk.prompts import encode_problem
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,

@@ -29,10 +29,10 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import NodeState, TaskState
+from rollnet.ledger.group_commit import GroupCommitWriter
 from rollnet.ledger.models import Node, Task
 from rollnet.reference.coordinator import context as context_module
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
-from rollnet.reference.coordinator.context import GroupCommitWriter
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.identity import node_id_from_public_key

@@ -17,14 +17,14 @@ from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator import commitments
-from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.credit import slash_amount
 from rollnet.reference.coordinator.server import Coordinator
+from rollnet.sdk import batches
 from rollnet.sdk.client import ConnectionConfig, RollnetClient
-from rollnet.sdk.commitments import batch_binding_digest
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
+from rollnet.sdk.proofs.binding import derive_sampling_seed
 from rollnet.sdk.proofs.challenge import verify_challenge
 from rollnet.v1 import (
     blob_service_pb2,
@@ -138,41 +138,10 @@ async def do_task(
                 assert len(unknown_fields.UnknownFieldSet(rollout)) == 1
                 assert len(unknown_fields.UnknownFieldSet(rollout.claimed_reward)) == 1
             rollouts.append(rollout)
-    batch = rollout_pb2.RolloutBatch(
-        task_id=task.task_id,
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
-        node_id=worker.node_id,
-        checkpoint_step=task.checkpoint_step,
-        rollouts=rollouts,
-    ).SerializeToString()
+    binding = coordinator_testing.lease_binding(worker, task, lease)
+    batch = batches.encode_batch(binding, task.checkpoint_step, rollouts)
     uploaded = await client.blobs.upload(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
-    request = commitment_service_pb2.SubmitCommitmentRequest(
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
-        task_id=task.task_id,
-        rollout_batch=uploaded.blob,
-        rollouts=[
-            commitment_pb2.RolloutDigest(
-                sampling_seed=r.sampling_seed,
-                proof_blake3=proof_digest(r.toploc_proof),
-                completion_tokens=len(r.completion_token_ids),
-            )
-            for r in rollouts
-        ],
-        claimed_work=commitment_pb2.WorkClaim(
-            prefill_tokens=sum(len(r.prompt_token_ids) for r in rollouts),
-            decode_tokens=3 * len(rollouts),
-        ),
-        binding_digest=batch_binding_digest(
-            NETWORK,
-            worker.node_id,
-            task.task_id,
-            lease.lease_id,
-            lease.fencing_token,
-            uploaded.blob.blake3,
-        ),
-    )
+    request = batches.commitment_request(binding, uploaded.blob, rollouts)
     response = await client.commitments.submit_commitment(request)
     return response, len(rollouts)
 

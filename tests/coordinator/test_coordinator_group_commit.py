@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rollnet.ledger.engine import create_engine, session_factory
-from rollnet.reference.coordinator.context import GroupCommitWriter
+from rollnet.ledger.group_commit import GroupCommitWriter
 
 
 @pytest.fixture

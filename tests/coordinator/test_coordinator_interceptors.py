@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 
 from rollnet.reference.coordinator.interceptors import (
-    Readiness,
     ReadinessGate,
     ResolvedInterceptors,
+    ServingState,
 )
 
 
@@ -42,7 +42,7 @@ async def _lookup(details: Any) -> Any:
 
 
 async def test_the_chain_runs_once_per_method_while_serving_and_every_call_otherwise() -> None:
-    readiness = Readiness()
+    readiness = ServingState()
     outer, inner = _Counting(), _Counting()
     gate = ReadinessGate(readiness, frozenset({"/grpc.health."}))
     chain = ResolvedInterceptors([outer, gate, inner], readiness)

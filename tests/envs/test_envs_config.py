@@ -16,7 +16,7 @@ from rollnet.reference.envs import (
     config_digest,
     load_environment,
 )
-from rollnet.reference.envs.config import CONFIG_DIGEST_DOMAIN
+from rollnet.sdk.domains import CONFIG_DIGEST_DOMAIN
 
 
 @pytest.mark.parametrize(

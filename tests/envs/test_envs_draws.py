@@ -9,7 +9,7 @@ import blake3
 import pytest
 
 from rollnet.reference.envs import MAX_PROMPT_ID, DrawStream
-from rollnet.reference.envs.draws import DRAW_DOMAIN
+from rollnet.sdk.domains import DRAW_DOMAIN
 
 
 def _words_from_spec(

@@ -13,8 +13,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import (
+    AppendedEntry,
     EntryKind,
-    GroupCommitAppender,
+    GroupCommitWriter,
     NewEntry,
     append_entries,
     balance,
@@ -186,19 +187,25 @@ def test_concurrent_appenders_never_fork_the_chain(
         assert len(set(memos)) == 1
 
 
-def test_group_commit_appender_batches_concurrent_submissions(
+def appending(entry: NewEntry) -> Callable[[Session], AppendedEntry]:
+    """The unit of work that appends ``entry`` alone."""
+    return lambda session: append_entries(session, [entry])[0]
+
+
+def test_group_commit_writer_batches_concurrent_appends(
     migrated_engine: Engine, sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:
     nodes = add_nodes(8)
     per_thread = 50
-    with GroupCommitAppender(sessions, max_batch=64) as appender:
+    with GroupCommitWriter(sessions, max_batch=64) as appender:
         barrier = threading.Barrier(len(nodes))
         results: dict[str, list[int]] = {}
 
         def caller(node_id: str) -> None:
             barrier.wait(timeout=30)
             futures = [
-                appender.submit(NewEntry(node_id, EntryKind.CREDIT, i)) for i in range(per_thread)
+                appender.submit_threadsafe(appending(NewEntry(node_id, EntryKind.CREDIT, i)))
+                for i in range(per_thread)
             ]
             results[node_id] = [future.result(timeout=60).sequence for future in futures]
 
@@ -207,7 +214,7 @@ def test_group_commit_appender_batches_concurrent_submissions(
             thread.start()
         for thread in threads:
             thread.join(timeout=120)
-        batches = appender.batches_committed
+        batches = appender.batches
     sequences = sorted(sequence for values in results.values() for sequence in values)
     assert sequences == list(range(1, len(nodes) * per_thread + 1))
     for values in results.values():
@@ -223,14 +230,15 @@ def test_group_commit_refuses_a_bad_entry_and_then_closes(
     sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:
     (alice,) = add_nodes(1)
-    with GroupCommitAppender(sessions) as appender:
-        bad = appender.submit(NewEntry("f" * 32, EntryKind.CREDIT, 1))  # unknown node: FK fails
+    with GroupCommitWriter(sessions) as appender:
+        # unknown node: FK fails
+        bad = appender.submit_threadsafe(appending(NewEntry("f" * 32, EntryKind.CREDIT, 1)))
         with pytest.raises(IntegrityError):
             bad.result(timeout=60)
-        good = appender.append(NewEntry(alice, EntryKind.CREDIT, 2), timeout=60)
+        good = appender.run(appending(NewEntry(alice, EntryKind.CREDIT, 2)), timeout=60)
     assert good.sequence == 1
-    with pytest.raises(RuntimeError, match="closed"):
-        appender.submit(NewEntry(alice, EntryKind.CREDIT, 3))
+    with pytest.raises(RuntimeError, match="shut down"):
+        appender.submit_threadsafe(appending(NewEntry(alice, EntryKind.CREDIT, 3)))
 
 
 def test_group_commit_failure_fails_only_the_entry_that_broke_the_batch(
@@ -239,15 +247,16 @@ def test_group_commit_failure_fails_only_the_entry_that_broke_the_batch(
     """Entries queued behind a held chain tip share one transaction; one of them breaks it (its
     node does not exist). That entry fails alone: the batch is appended again in halves."""
     alice, bob = add_nodes(2)
-    with GroupCommitAppender(sessions) as appender:
+    with GroupCommitWriter(sessions) as appender:
+        submit = appender.submit_threadsafe
         with sessions.begin() as holder:
             chain_tip(holder, for_update=True)  # the appender waits for this lock
-            first = appender.submit(NewEntry(alice, EntryKind.CREDIT, 1))
+            first = submit(appending(NewEntry(alice, EntryKind.CREDIT, 1)))
             queued = [
-                appender.submit(NewEntry(bob, EntryKind.CREDIT, 2)),
-                appender.submit(NewEntry("f" * 32, EntryKind.CREDIT, 3)),  # unknown node
-                appender.submit(NewEntry(alice, EntryKind.CREDIT, 4)),
-                appender.submit(NewEntry(bob, EntryKind.CREDIT, 5, memo="after")),
+                submit(appending(NewEntry(bob, EntryKind.CREDIT, 2))),
+                submit(appending(NewEntry("f" * 32, EntryKind.CREDIT, 3))),  # unknown node
+                submit(appending(NewEntry(alice, EntryKind.CREDIT, 4))),
+                submit(appending(NewEntry(bob, EntryKind.CREDIT, 5, memo="after"))),
             ]
         with pytest.raises(IntegrityError):
             queued[1].result(timeout=60)

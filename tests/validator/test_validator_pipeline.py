@@ -56,7 +56,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     model_dir = init_tiny_model(root / "checkpoints" / "step-1", seed=0)
     backend = TorchBackend()
     backend.load(str(model_dir))
-    # As the validator loads it (validator/checkpoints.py): the checkpoint's tokenizer.json.
+    # As the validator loads it (validator/checkpoint_cache.py): the checkpoint's tokenizer.json.
     tokenizer = CheckpointTokenizer.load(model_dir)
     model = CheckpointModel(step=1, backend=backend, tokenizer=tokenizer, thresholds=FLOAT32)
     environments = EnvironmentCache()

@@ -64,7 +64,7 @@ async def test_sigkilled_validator_job_completes_on_restart(
     first = second = None
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="a commitment")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         [commitment_id] = ledger.commitment_ids()
@@ -143,7 +143,7 @@ async def test_a_job_the_validator_cannot_check_is_abandoned_not_fatal(
     validating = asyncio.create_task(validator.run())
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="a commitment")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         [commitment_id] = ledger.commitment_ids()
         await eventually(
             lambda: ledger.verdicts_per_commitment() == {commitment_id: 1},
@@ -189,7 +189,7 @@ async def test_a_stop_does_not_wait_forever_for_a_jobs_inputs(
     validator = None
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="a commitment")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         worker.request_stop()
         await asyncio.wait_for(working, 30)
         fetching = asyncio.Event()

@@ -28,9 +28,9 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, load_config,
 from rollnet.reference.inference.base import DType
 from rollnet.reference.validator import Validator, ValidatorConfig
 from rollnet.reference.worker import InferenceGenerator, make_backend
-from rollnet.sdk import Identity
+from rollnet.sdk import Identity, batches
 from rollnet.sdk.checkpoints import CheckpointStore
-from rollnet.sdk.proofs import LeaseBinding, commitment_digest, proof_digest
+from rollnet.sdk.proofs import LeaseBinding
 from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
 from rollnet.v1 import (
     commitment_pb2,
@@ -213,41 +213,18 @@ def seal_job(
     """The job a coordinator would hand out for these rollouts, and the blob bytes.
 
     ``digest_lease``: seal the commitment digests for another lease (a replay)."""
-    batch = rollout_pb2.RolloutBatch(
-        task_id=task.task_id,
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
-        node_id=lease.node_id,
-        checkpoint_step=task.checkpoint_step,
-        rollouts=rollouts,
-    ).SerializeToString(deterministic=True)
-    digest = blake3.blake3(batch).digest()
+    batch = batches.encode_batch(lease, task.checkpoint_step, rollouts)
+    blob = common_pb2.BlobRef(blake3=blake3.blake3(batch).digest(), size=len(batch))
     commitment = commitment_pb2.Commitment(
         commitment_id="c-" + task.task_id,
         task_id=task.task_id,
         lease_id=lease.lease_id,
         fencing_token=lease.fencing_token,
         node_id=lease.node_id,
-        rollout_batch=common_pb2.BlobRef(blake3=digest, size=len(batch)),
+        rollout_batch=blob,
         checkpoint_step=task.checkpoint_step,
+        rollouts=batches.rollout_digests(digest_lease or lease, blob.blake3, rollouts),
     )
-    for index, rollout in enumerate(rollouts):
-        commitment.rollouts.append(
-            commitment_pb2.RolloutDigest(
-                sampling_seed=rollout.sampling_seed,
-                proof_blake3=proof_digest(rollout.toploc_proof),
-                completion_tokens=len(rollout.completion_token_ids),
-                commitment_digest=commitment_digest(
-                    digest_lease or lease,
-                    blob_blake3=digest,
-                    rollout_index=index,
-                    sampling_seed=rollout.sampling_seed,
-                    prompt_ids=rollout.prompt_token_ids,
-                    completion_ids=rollout.completion_token_ids,
-                    proof=rollout.toploc_proof,
-                ),
-            )
-        )
     job = validation_pb2.ValidationJob(
         job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=lease.network_id
     )

@@ -116,7 +116,7 @@ async def test_deregistered_worker_is_told_to_register_again(
         await eventually(active, within=30, what="ReregisterCommand to bring it back")
         # And it still does work.
         await request_tasks(trainer, 1)
-        await eventually(lambda: worker.receipts_received == 1, within=40, what="a receipt")
+        await eventually(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
     finally:

@@ -14,10 +14,11 @@ from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs import load_environment
 from rollnet.reference.inference.torch_backend import TorchBackend
-from rollnet.reference.worker import InferenceGenerator, encode_prompt, make_backend
+from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.commitments import verify_receipt
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.prompts import encode_prompt
 from rollnet.sdk.proofs import LeaseBinding, RolloutAssignment, RolloutClaim, verify_rollout
 from rollnet.sdk.proofs.binding import commitment_digest
 from rollnet.sdk.proofs.thresholds import FLOAT32
@@ -51,7 +52,7 @@ async def test_worker_commits_verifiable_rollouts(
     running = asyncio.create_task(worker.run())
     try:
         task_ids = await request_tasks(trainer, 2)
-        await eventually(lambda: worker.receipts_received == 2, within=90, what="two receipts")
+        await eventually(lambda: worker.receipts_kept == 2, within=90, what="two receipts")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
 

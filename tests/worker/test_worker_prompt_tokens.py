@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from rollnet.reference.envs import Problem
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
-from rollnet.reference.worker import encode_problem
+from rollnet.sdk.prompts import encode_problem
 
 # Exercises what transformers' renderer adds to plain Jinja2: trim_blocks and lstrip_blocks
 # (the indented block tags leave nothing), loop controls, raise_exception, a tojson that does

@@ -87,7 +87,7 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
         kept = worker.outbox.pending()[0]
         coordinator = await start_coordinator(config)
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="receipt 1")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
 
         # 2. It dies again mid-task; this time the worker is stopped with the work unsubmitted.
         await asyncio.wait_for(generator.generated.wait(), 60)
@@ -101,7 +101,7 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         coordinator = await start_coordinator(config)
         restarted = Worker(settings, identity, GatedGenerator(data_dir))
         running = asyncio.create_task(restarted.run())
-        await eventually(lambda: restarted.receipts_received == 1, within=60, what="resubmit")
+        await eventually(lambda: restarted.receipts_kept == 1, within=60, what="resubmit")
         restarted.request_stop()
         await asyncio.wait_for(running, 30)
 
@@ -164,7 +164,7 @@ async def test_coordinator_process_sigkilled_mid_run(
         running = asyncio.create_task(worker.run())
         await asyncio.wait_for(generator.generated.wait(), 90)
         generator.gate.set()
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="receipt 1")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
         # The second task is generated and held: kill the coordinator, then let it go.
         await asyncio.wait_for(generator.generated.wait(), 90)
         coordinator.kill()
@@ -173,7 +173,7 @@ async def test_coordinator_process_sigkilled_mid_run(
         await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
         coordinator.start()
         await coordinator.wait_listening()
-        await eventually(lambda: worker.receipts_received == 3, within=90, what="all receipts")
+        await eventually(lambda: worker.receipts_kept == 3, within=90, what="all receipts")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         assert ledger.commitments_per_task() == {t: [identity.node_id] for t in task_ids}

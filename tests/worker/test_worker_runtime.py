@@ -28,8 +28,8 @@ from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import build_char_tokenizer
-from rollnet.reference.worker.generator import encode_problem
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
 from rollnet.v1 import rollout_pb2, task_pb2, task_service_pb2
 
@@ -114,7 +114,7 @@ async def test_waits_for_an_unreachable_coordinator_then_works(
         trainer = await start_trainer(address, trainer_identity, tiny_model)
         await request_tasks(trainer, 1)
         await trainer.close()
-        await eventually(lambda: worker.receipts_received == 1, within=60, what="a receipt")
+        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a receipt")
         worker.request_stop()
         await asyncio.wait_for(running, 20)
     finally:
@@ -170,7 +170,7 @@ async def test_lease_reported_invalid_cancels_the_generation(
         await eventually(lambda: held.cancelled, within=30, what="the heartbeat to cancel it")
         assert "no longer valid" in held.cancel_reason
         # The requeued task is leased again (attempt 2) and this time committed, once.
-        await eventually(lambda: worker.receipts_received == 1, within=40, what="a receipt")
+        await eventually(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
         assert ledger.commitments_per_task() == {task_id: [identity.node_id]}
         assert generator.leases[1].lease.fencing_token == 2
         worker.request_stop()
@@ -285,7 +285,7 @@ async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
         reasons = [reason for _, reason in worker.outbox.dropped()]
         assert all("UPLOAD_QUOTA_EXCEEDED" in reason for reason in reasons), reasons
         assert not running.done(), "a refused upload is not fatal"
-        assert worker.receipts_received == 0
+        assert worker.receipts_kept == 0
         worker.request_stop()
         await asyncio.wait_for(running, 20)
     finally:
@@ -318,7 +318,7 @@ async def test_a_receipt_whose_signature_fails_is_not_stored(
         [(_, reason)] = worker.outbox.dropped()
         assert "receipt's signature does not verify" in reason
         assert worker.receipts_invalid == 1
-        assert worker.receipts_received == 0
+        assert worker.receipts_kept == 0
         assert worker.outbox.receipts() == []
         worker.request_stop()
         await asyncio.wait_for(running, 20)

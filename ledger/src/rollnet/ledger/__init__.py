@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rollnet.ledger.engine import create_engine, session_factory
     from rollnet.ledger.enums import EntryKind, NodeRole, NodeState, TaskState, ValidationJobState
     from rollnet.ledger.export import export_jsonl, verify_database
-    from rollnet.ledger.group_commit import GroupCommitAppender
+    from rollnet.ledger.group_commit import GroupCommitWriter
     from rollnet.ledger.leases import LeaseClaim, LeaseOutcome
     from rollnet.ledger.migrate import Readiness, check_models_match, check_ready, upgrade_to_head
     from rollnet.ledger.tasks import LeasedTask, NewTask, lease_next_task, submit_task
@@ -41,7 +41,7 @@ _EXPORTS: dict[str, str] = {
     "AppendedEntry": "rollnet.ledger.chain",
     "ChainTip": "rollnet.ledger.chain",
     "EntryKind": "rollnet.ledger.enums",
-    "GroupCommitAppender": "rollnet.ledger.group_commit",
+    "GroupCommitWriter": "rollnet.ledger.group_commit",
     "LeaseClaim": "rollnet.ledger.leases",
     "LeaseOutcome": "rollnet.ledger.leases",
     "LeasedTask": "rollnet.ledger.tasks",
@@ -89,7 +89,7 @@ __all__ = [
     "AppendedEntry",
     "ChainTip",
     "EntryKind",
-    "GroupCommitAppender",
+    "GroupCommitWriter",
     "LeaseClaim",
     "LeaseOutcome",
     "LeasedTask",

@@ -31,18 +31,18 @@ from datetime import UTC, datetime, timedelta
 
 from blake3 import blake3
 
-#: Domain tag and format version that open every canonical entry.
-ENTRY_DOMAIN = b"rollnet.ledger.entry"
+from rollnet.sdk.domains import LEDGER_ENTRY_DOMAIN, LEDGER_HEAD_DOMAIN
+
+#: Format version after the domain tag (rollnet.sdk.domains) that opens every canonical entry.
 ENTRY_FORMAT_VERSION = 1
-#: Domain tag and format version that open every signed chain-head message.
-HEAD_DOMAIN = b"rollnet.ledger.chain-head"
+#: Format version after the domain tag that opens every signed chain-head message.
 HEAD_FORMAT_VERSION = 1
 #: ``prev_hash`` of the first entry, and the head hash of an empty chain.
 GENESIS_HASH = bytes(32)
 HASH_SIZE = 32
 
-_ENTRY_PREFIX = ENTRY_DOMAIN + bytes([ENTRY_FORMAT_VERSION])
-_HEAD_PREFIX = HEAD_DOMAIN + bytes([HEAD_FORMAT_VERSION])
+_ENTRY_PREFIX = LEDGER_ENTRY_DOMAIN + bytes([ENTRY_FORMAT_VERSION])
+_HEAD_PREFIX = LEDGER_HEAD_DOMAIN + bytes([HEAD_FORMAT_VERSION])
 _SEQUENCE_TIME = struct.Struct(">Qq")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")

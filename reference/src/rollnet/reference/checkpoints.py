@@ -30,9 +30,9 @@ from google.protobuf import timestamp_pb2
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.sdk.broadcast.delta import encode_delta
 from rollnet.sdk.checkpoints import checkpoint_path_violations
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
-CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
 """Domain prefix of the trainer's signature over the manifest bytes."""
 
 DEFAULT_SHARD_SIZE = 64 * 1024 * 1024

@@ -36,6 +36,7 @@ from rollnet.reference.demo_control import (
 )
 from rollnet.reference.demo_view import SwarmWatch
 from rollnet.sdk import PROTOCOL_VERSION, ConnectionConfig, Identity, RollnetClient
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     common_pb2,
     ledger_pb2,
@@ -382,7 +383,7 @@ async def _run_locked(
                     public_key=trainer.public_key,
                     role=common_pb2.ROLE_TRAINER,
                     protocol_version=PROTOCOL_VERSION,
-                    software_version="rollnet-demo/0.1",
+                    software_version=software_version("demo"),
                     capabilities=node_pb2.Capabilities(),
                 )
             )

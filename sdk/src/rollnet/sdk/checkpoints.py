@@ -38,14 +38,13 @@ import blake3
 from google.protobuf.message import DecodeError
 
 from rollnet.sdk.broadcast.delta import DeltaError, apply_delta
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
 if TYPE_CHECKING:
     from rollnet.sdk.client import RollnetClient
 
-CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
-"""Prefix of the bytes a trainer signs: ``CHECKPOINT_DOMAIN + manifest``."""
 
 _STEP_PREFIX = "step-"
 _MANIFEST_NAME = ".manifest.pb"

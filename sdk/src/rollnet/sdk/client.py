@@ -7,6 +7,11 @@ per attempt; ``None`` means the client's default for unary calls), ``metadata`` 
 ``retry`` (a :class:`~rollnet.sdk.retry.RetryPolicy`; ``None`` means the client's default). It
 returns the response message or raises a :class:`~rollnet.sdk.errors.RollnetError` subclass.
 
+The unary methods that only convert and call are generated from the service descriptors
+(:mod:`rollnet.sdk._client_generated`, written by ``make codegen``); the ones written here add
+behaviour: uploads and downloads in chunks, resumable streams, long polls whose deadline covers
+their wait.
+
 Requests are serialized once, deterministically, and the signing interceptor hashes exactly the
 bytes that are sent. A mutating request whose ``request_id`` is empty gets a fresh one (uuid4 hex)
 that every retry of that call reuses; the caller's message is never modified.
@@ -14,39 +19,38 @@ that every retry of that call reuses; the caller's message is never modified.
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import blake3
 import grpc
 from google.protobuf import duration_pb2
 
-from rollnet.sdk.errors import from_rpc_error
+from rollnet.sdk import _client_generated as generated
+from rollnet.sdk._service_client import Metadata as Metadata  # public here
+from rollnet.sdk._service_client import (
+    ServiceClient,
+    call_metadata,
+    serialize_request,
+)
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.retry import RetryPolicy, is_retryable
+from rollnet.sdk.retry import RetryPolicy
 from rollnet.sdk.signing import RequestSigner, signing_interceptors
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
     checkpoint_service_pb2,
-    commitment_service_pb2,
     common_pb2,
-    ledger_service_pb2,
-    node_service_pb2,
     rollout_pb2,
     rollout_service_pb2,
     task_service_pb2,
     validation_service_pb2,
 )
-
-Metadata = Sequence[tuple[str, str]]
-"""Extra call metadata: (key, value) pairs, keys lowercase ASCII."""
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 """Bytes per upload chunk (well under gRPC's default 4 MiB message cap)."""
@@ -96,7 +100,7 @@ class ConnectionConfig:
     max_reconnect_backoff: float | None = 10.0
     """Longest wait, in seconds, between gRPC's attempts to re-open a broken connection
     (``None``: gRPC's default of 120 s, which can keep a node away long after an outage)."""
-    user_agent: str = "rollnet-sdk/0.1"
+    user_agent: str = software_version("sdk")
 
 
 def _channel_options(config: ConnectionConfig) -> list[tuple[str, Any]]:
@@ -147,136 +151,6 @@ def _read(path: Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
-M = TypeVar("M")
-
-
-def _with_request_id(request: M) -> M:
-    """A copy of ``request`` with a fresh request id when it has an empty ``request_id`` field."""
-    descriptor = getattr(request, "DESCRIPTOR", None)
-    if descriptor is None or "request_id" not in descriptor.fields_by_name:
-        return request
-    if getattr(request, "request_id", ""):
-        return request
-    filled = type(request)()
-    filled.CopyFrom(request)  # type: ignore[attr-defined]
-    filled.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
-    return filled
-
-
-def _serialize(request: Any) -> bytes:
-    data: bytes = request.SerializeToString(deterministic=True)
-    return data
-
-
-class _ServiceClient:
-    """Shared machinery: per-attempt deadline, retries, error conversion."""
-
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        *,
-        timeout: float | None = 30.0,
-        retry: RetryPolicy | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        """``timeout`` and ``retry`` are the defaults of every call; ``sleep`` waits between
-        attempts (tests pass one that records the delays)."""
-        self._channel = channel
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-        self._sleep = sleep
-
-    async def _unary(
-        self,
-        method: str,
-        request: Any,
-        response_type: type[M],
-        *,
-        timeout: float | None,
-        metadata: Metadata | None,
-        retry: RetryPolicy | None,
-        default_timeout: float | None = None,
-    ) -> M:
-        payload = _serialize(_with_request_id(request))
-        call = self._channel.unary_unary(
-            method,
-            request_serializer=None,
-            response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
-        )
-        deadline = timeout if timeout is not None else (default_timeout or self._timeout)
-
-        async def attempt() -> M:
-            response: M = await call(payload, timeout=deadline, metadata=_metadata(metadata))
-            return response
-
-        return await self._with_retries(attempt, retry)
-
-    async def _with_retries(
-        self, attempt: Callable[[], Awaitable[M]], retry: RetryPolicy | None
-    ) -> M:
-        policy = retry or self._retry
-        number = 1
-        while True:
-            try:
-                return await attempt()
-            except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc)
-                if number >= policy.max_attempts or not is_retryable(error):
-                    raise error from exc
-            await self._sleep(policy.backoff(number, error.retry_after))
-            number += 1
-
-    async def _server_stream(
-        self,
-        method: str,
-        make_request: Callable[[], Any],
-        response_type: type[M],
-        on_message: Callable[[M], None],
-        *,
-        timeout: float | None,
-        metadata: Metadata | None,
-        retry: RetryPolicy | None,
-    ) -> AsyncIterator[M]:
-        """Stream responses; after a retryable failure, reconnect with ``make_request()``.
-
-        ``on_message`` updates the resume cursor that ``make_request`` reads. The attempt count
-        starts over whenever an attempt delivered a message, so a long stream survives many
-        disconnects but a server that fails at once is not retried forever.
-        """
-        policy = retry or self._retry
-        call_factory = self._channel.unary_stream(
-            method,
-            request_serializer=None,
-            response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
-        )
-        number = 1
-        while True:
-            progressed = False
-            call = call_factory(
-                _serialize(make_request()), timeout=timeout, metadata=_metadata(metadata)
-            )
-            try:
-                async for response in call:
-                    progressed = True
-                    on_message(response)
-                    yield response
-                return
-            except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc)
-                if progressed:
-                    number = 1
-                if number >= policy.max_attempts or not is_retryable(error):
-                    raise error from exc
-            finally:
-                call.cancel()
-            await self._sleep(policy.backoff(number, error.retry_after))
-            number += 1
-
-
-def _metadata(metadata: Metadata | None) -> tuple[tuple[str, str], ...] | None:
-    return tuple(metadata) if metadata else None
-
-
 # The longest wait a request may carry (docs/protocol.md, "Bounds on every field"); a longer one
 # is the server's to refuse, and must not overflow the deadline computed here first.
 _MAX_WAIT = 86_400.0
@@ -289,169 +163,14 @@ def _long_poll_timeout(default: float | None, wait: duration_pb2.Duration) -> fl
     return max(default, seconds + _LONG_POLL_MARGIN)
 
 
-class NodeClient(_ServiceClient):
+class NodeClient(generated.NodeServiceMethods):
     """``rollnet.v1.NodeService``: admission and liveness."""
 
-    _REGISTER = method_path("NodeService", "RegisterNode")
-    _HEARTBEAT = method_path("NodeService", "Heartbeat")
-    _DEREGISTER = method_path("NodeService", "DeregisterNode")
-    _GET = method_path("NodeService", "GetNode")
-    _LIST = method_path("NodeService", "ListNodes")
-    _EJECT = method_path("NodeService", "EjectNode")
-    _BAN = method_path("NodeService", "BanNode")
-    _REINSTATE = method_path("NodeService", "ReinstateNode")
 
-    async def register_node(
-        self,
-        request: node_service_pb2.RegisterNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.RegisterNodeResponse:
-        """Register the signing key with a role (idempotent for the same key and role)."""
-        return await self._unary(
-            self._REGISTER,
-            request,
-            node_service_pb2.RegisterNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def heartbeat(
-        self,
-        request: node_service_pb2.HeartbeatRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.HeartbeatResponse:
-        """Report liveness; the reply extends held leases and carries commands."""
-        return await self._unary(
-            self._HEARTBEAT,
-            request,
-            node_service_pb2.HeartbeatResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def deregister_node(
-        self,
-        request: node_service_pb2.DeregisterNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.DeregisterNodeResponse:
-        """Leave the swarm cleanly: open leases are given back."""
-        return await self._unary(
-            self._DEREGISTER,
-            request,
-            node_service_pb2.DeregisterNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_node(
-        self,
-        request: node_service_pb2.GetNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.GetNodeResponse:
-        """Return one node."""
-        return await self._unary(
-            self._GET,
-            request,
-            node_service_pb2.GetNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def list_nodes(
-        self,
-        request: node_service_pb2.ListNodesRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.ListNodesResponse:
-        """List nodes (operator)."""
-        return await self._unary(
-            self._LIST,
-            request,
-            node_service_pb2.ListNodesResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def eject_node(
-        self,
-        request: node_service_pb2.EjectNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.EjectNodeResponse:
-        """Eject a node: its leases are revoked (operator)."""
-        return await self._unary(
-            self._EJECT,
-            request,
-            node_service_pb2.EjectNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def ban_node(
-        self,
-        request: node_service_pb2.BanNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.BanNodeResponse:
-        """Ban a node's key for good (operator)."""
-        return await self._unary(
-            self._BAN,
-            request,
-            node_service_pb2.BanNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def reinstate_node(
-        self,
-        request: node_service_pb2.ReinstateNodeRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> node_service_pb2.ReinstateNodeResponse:
-        """Undo a node's ejection; it works again from its next heartbeat (operator)."""
-        return await self._unary(
-            self._REINSTATE,
-            request,
-            node_service_pb2.ReinstateNodeResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-
-class TaskClient(_ServiceClient):
+class TaskClient(generated.TaskServiceMethods):
     """``rollnet.v1.TaskService``: leases on rollout tasks (worker role)."""
 
     _PULL = method_path("TaskService", "PullTask")
-    _PROGRESS = method_path("TaskService", "ReportProgress")
-    _FAIL = method_path("TaskService", "FailTask")
 
     async def pull_task(
         self,
@@ -472,44 +191,8 @@ class TaskClient(_ServiceClient):
             default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
-    async def report_progress(
-        self,
-        request: task_service_pb2.ReportProgressRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> task_service_pb2.ReportProgressResponse:
-        """Report progress on a leased task (extends the lease)."""
-        return await self._unary(
-            self._PROGRESS,
-            request,
-            task_service_pb2.ReportProgressResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
 
-    async def fail_task(
-        self,
-        request: task_service_pb2.FailTaskRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> task_service_pb2.FailTaskResponse:
-        """Give a leased task back with a reason."""
-        return await self._unary(
-            self._FAIL,
-            request,
-            task_service_pb2.FailTaskResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-
-class BlobClient(_ServiceClient):
+class BlobClient(ServiceClient):
     """``rollnet.v1.BlobService``: content-addressed uploads and downloads."""
 
     _UPLOAD = method_path("BlobService", "UploadBlob")
@@ -552,14 +235,14 @@ class BlobClient(_ServiceClient):
         )
 
         async def messages() -> AsyncIterator[bytes]:
-            yield _serialize(header)
+            yield serialize_request(header)
             for start in range(0, len(content), chunk_size):
                 chunk = bytes(content[start : start + chunk_size])
-                yield _serialize(blob_service_pb2.UploadBlobRequest(chunk=chunk))
+                yield serialize_request(blob_service_pb2.UploadBlobRequest(chunk=chunk))
 
         async def attempt() -> blob_service_pb2.UploadBlobResponse:
             response: blob_service_pb2.UploadBlobResponse = await call(
-                messages(), timeout=timeout, metadata=_metadata(metadata)
+                messages(), timeout=timeout, metadata=call_metadata(metadata)
             )
             return response
 
@@ -640,54 +323,14 @@ class BlobClient(_ServiceClient):
         return content
 
 
-class CommitmentClient(_ServiceClient):
+class CommitmentClient(generated.CommitmentServiceMethods):
     """``rollnet.v1.CommitmentService``: signed claims of finished work."""
 
-    _SUBMIT = method_path("CommitmentService", "SubmitCommitment")
-    _GET = method_path("CommitmentService", "GetCommitment")
 
-    async def submit_commitment(
-        self,
-        request: commitment_service_pb2.SubmitCommitmentRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> commitment_service_pb2.SubmitCommitmentResponse:
-        """Submit a commitment for a leased task; returns the coordinator's receipt."""
-        return await self._unary(
-            self._SUBMIT,
-            request,
-            commitment_service_pb2.SubmitCommitmentResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_commitment(
-        self,
-        request: commitment_service_pb2.GetCommitmentRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> commitment_service_pb2.GetCommitmentResponse:
-        """Return a commitment and its state."""
-        return await self._unary(
-            self._GET,
-            request,
-            commitment_service_pb2.GetCommitmentResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-
-class ValidationClient(_ServiceClient):
+class ValidationClient(generated.ValidationServiceMethods):
     """``rollnet.v1.ValidationService``: validation jobs and verdicts (validator role)."""
 
     _PULL = method_path("ValidationService", "PullValidationJob")
-    _SUBMIT = method_path("ValidationService", "SubmitVerdict")
 
     async def pull_validation_job(
         self,
@@ -708,86 +351,11 @@ class ValidationClient(_ServiceClient):
             default_timeout=_long_poll_timeout(self._timeout, request.wait),
         )
 
-    async def submit_verdict(
-        self,
-        request: validation_service_pb2.SubmitVerdictRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> validation_service_pb2.SubmitVerdictResponse:
-        """Record the verdict on a leased validation job."""
-        return await self._unary(
-            self._SUBMIT,
-            request,
-            validation_service_pb2.SubmitVerdictResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
 
-
-class CheckpointClient(_ServiceClient):
+class CheckpointClient(generated.CheckpointServiceMethods):
     """``rollnet.v1.CheckpointService``: signed checkpoint manifests."""
 
-    _PUBLISH = method_path("CheckpointService", "PublishCheckpoint")
-    _LATEST = method_path("CheckpointService", "GetLatestCheckpoint")
-    _GET = method_path("CheckpointService", "GetCheckpoint")
     _WATCH = method_path("CheckpointService", "WatchCheckpoints")
-
-    async def publish_checkpoint(
-        self,
-        request: checkpoint_service_pb2.PublishCheckpointRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> checkpoint_service_pb2.PublishCheckpointResponse:
-        """Publish a checkpoint whose shards are uploaded (trainer role)."""
-        return await self._unary(
-            self._PUBLISH,
-            request,
-            checkpoint_service_pb2.PublishCheckpointResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_latest_checkpoint(
-        self,
-        request: checkpoint_service_pb2.GetLatestCheckpointRequest | None = None,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> checkpoint_service_pb2.GetLatestCheckpointResponse:
-        """Return the newest published checkpoint."""
-        return await self._unary(
-            self._LATEST,
-            request or checkpoint_service_pb2.GetLatestCheckpointRequest(),
-            checkpoint_service_pb2.GetLatestCheckpointResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_checkpoint(
-        self,
-        request: checkpoint_service_pb2.GetCheckpointRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> checkpoint_service_pb2.GetCheckpointResponse:
-        """Return the checkpoint of one step."""
-        return await self._unary(
-            self._GET,
-            request,
-            checkpoint_service_pb2.GetCheckpointResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
 
     def watch(
         self,
@@ -823,29 +391,10 @@ class CheckpointClient(_ServiceClient):
         return checkpoints()
 
 
-class RolloutClient(_ServiceClient):
+class RolloutClient(generated.RolloutServiceMethods):
     """``rollnet.v1.RolloutService``: the trainer's demand and supply of rollouts."""
 
-    _REQUEST = method_path("RolloutService", "RequestRollouts")
     _STREAM = method_path("RolloutService", "StreamRollouts")
-
-    async def request_rollouts(
-        self,
-        request: rollout_service_pb2.RequestRolloutsRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> rollout_service_pb2.RequestRolloutsResponse:
-        """Declare demand for rollouts; the coordinator turns it into tasks (trainer role)."""
-        return await self._unary(
-            self._REQUEST,
-            request,
-            rollout_service_pb2.RequestRolloutsResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
 
     def stream(
         self,
@@ -883,66 +432,8 @@ class RolloutClient(_ServiceClient):
         return rollouts()
 
 
-class LedgerClient(_ServiceClient):
+class LedgerClient(generated.LedgerServiceMethods):
     """``rollnet.v1.LedgerService``: read access to the contribution ledger."""
-
-    _LIST = method_path("LedgerService", "ListEntries")
-    _BALANCE = method_path("LedgerService", "GetBalance")
-    _HEAD = method_path("LedgerService", "GetChainHead")
-
-    async def list_entries(
-        self,
-        request: ledger_service_pb2.ListEntriesRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> ledger_service_pb2.ListEntriesResponse:
-        """List ledger entries in sequence order."""
-        return await self._unary(
-            self._LIST,
-            request,
-            ledger_service_pb2.ListEntriesResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_balance(
-        self,
-        request: ledger_service_pb2.GetBalanceRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> ledger_service_pb2.GetBalanceResponse:
-        """Return a node's totals."""
-        return await self._unary(
-            self._BALANCE,
-            request,
-            ledger_service_pb2.GetBalanceResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
-
-    async def get_chain_head(
-        self,
-        request: ledger_service_pb2.GetChainHeadRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> ledger_service_pb2.GetChainHeadResponse:
-        """Return the newest signed chain head."""
-        return await self._unary(
-            self._HEAD,
-            request,
-            ledger_service_pb2.GetChainHeadResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-        )
 
 
 class RollnetClient:

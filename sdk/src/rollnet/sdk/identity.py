@@ -20,8 +20,7 @@ import nacl.exceptions
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-NODE_ID_DOMAIN = b"rollnet-node-id-v1"
-"""Domain separator hashed in front of the public key to derive a node id."""
+from rollnet.sdk.domains import NODE_ID_DOMAIN
 
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64

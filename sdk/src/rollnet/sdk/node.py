@@ -53,11 +53,12 @@ from rollnet.sdk.dtypes import FLOAT32, compute_dtype_name
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.retry import Backoff, RetryPolicy, is_retryable
+from rollnet.sdk.version import PROTOCOL_MAJOR, PROTOCOL_MINOR, software_version
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 T = TypeVar("T")
 
-PROTOCOL_VERSION = common_pb2.ProtocolVersion(major=1, minor=0)
+PROTOCOL_VERSION = common_pb2.ProtocolVersion(major=PROTOCOL_MAJOR, minor=PROTOCOL_MINOR)
 """The protocol version this SDK speaks: what every node registers with, and what the reference
 coordinator serves (it admits any ``1.x``)."""
 
@@ -175,7 +176,7 @@ class NodeConfig:
     """Pool to join (``""`` for the default pool)."""
     invite_token: str = ""
     """Invite token for invite-only pools."""
-    software_version: str = "rollnet-sdk/0.1"
+    software_version: str = software_version("sdk")
     """Reported at registration (at most 64 characters)."""
     call_timeout: float = 30.0
     """Deadline of one unary call attempt, in seconds."""

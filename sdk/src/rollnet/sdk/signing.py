@@ -24,10 +24,8 @@ from typing import Any
 import blake3
 import grpc
 
+from rollnet.sdk.domains import SIGNING_DOMAIN
 from rollnet.sdk.identity import Identity, b64url_encode
-
-SIGNING_DOMAIN = b"rollnet-request-v1"
-"""First line of every signed byte string."""
 
 KEY_HEADER = "x-rollnet-key"
 AUDIENCE_HEADER = "x-rollnet-audience"

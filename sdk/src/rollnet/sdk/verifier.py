@@ -100,7 +100,7 @@ class SignedNonce:
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
+class VerifiedCaller:
     """The verified identity behind the current call."""
 
     node_id: str
@@ -110,12 +110,12 @@ class Caller:
     registered: bool
 
 
-_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rollnet_caller")
+_CALLER: contextvars.ContextVar[VerifiedCaller] = contextvars.ContextVar("rollnet_caller")
 _SIGNED_NONCE: contextvars.ContextVar[SignedNonce] = contextvars.ContextVar("rollnet_nonce")
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("rollnet_request_id")
 
 
-def current_caller() -> Caller:
+def current_caller() -> VerifiedCaller:
     """The verified caller of the call being handled.
 
     Raises ``LookupError`` outside a call admitted by a :class:`RequestVerifier` (for example in a
@@ -310,7 +310,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
         self._wrappers = WrapperCache(self._wrap)
 
-    async def verify(self, method: str, metadata: Any, body: bytes) -> Caller:
+    async def verify(self, method: str, metadata: Any, body: bytes) -> VerifiedCaller:
         """Check one call's signing headers against the bytes of its (first) request message.
 
         ``metadata`` is the call's invocation metadata (key/value pairs). Returns the caller, or
@@ -379,13 +379,15 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if allowed is None:
             raise VerificationError(ErrorReason.ROLE_NOT_ALLOWED, f"{method} is not callable")
         if known is None:
-            return Caller(node_id_from_public_key(key), common_pb2.ROLE_UNSPECIFIED, key, False)
+            return VerifiedCaller(
+                node_id_from_public_key(key), common_pb2.ROLE_UNSPECIFIED, key, False
+            )
         if known.role not in allowed:
             raise VerificationError(
                 ErrorReason.ROLE_NOT_ALLOWED,
                 f"role {_role_name(known.role)} may not call {method}",
             )
-        return Caller(known.node_id, known.role, key, True)
+        return VerifiedCaller(known.node_id, known.role, key, True)
 
     async def intercept_service(
         self,
@@ -405,7 +407,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return self._wrap_stream_request(handler, method)
         return self._wrap_unary_request(handler, method)
 
-    async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> Caller:
+    async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> VerifiedCaller:
         cap = self.config.max_message_bytes
         if cap is not None and len(body) > cap:
             await _refuse_size(context, len(body), cap)

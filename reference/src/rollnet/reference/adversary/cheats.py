@@ -29,11 +29,12 @@ from rollnet.reference.inference import harness
 from rollnet.reference.inference.base import DType, Generation, SamplingParams
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.worker import InferenceGenerator
+from rollnet.sdk.batches import SealedBatch, rollout_digests
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.proofs import LeaseBinding, commitment_digest, toploc
+from rollnet.sdk.proofs import LeaseBinding, toploc
 from rollnet.sdk.proofs.thresholds import thresholds_for
-from rollnet.sdk.worker import LeaseContext, PendingSubmission, Worker, WorkerConfig
+from rollnet.sdk.worker import LeaseContext, Worker, WorkerConfig
 from rollnet.v1 import rollout_pb2, task_pb2
 
 
@@ -315,29 +316,19 @@ class CheatingWorker(Worker):
         self.cheat = generator.cheat
         self._previous: LeaseBinding | None = None
 
-    def _seal(
-        self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]
-    ) -> PendingSubmission:
-        item = super()._seal(context, rollouts)
+    def seal(self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]) -> SealedBatch:
+        sealed = super().seal(context, rollouts)
         if self.cheat is not Cheat.PROOF_REUSED:
-            return item
+            return sealed
         other = self._previous or replace(
             context.binding, lease_id=context.binding.lease_id + "-replayed"
         )
         self._previous = context.binding
-        request = item.request()
-        blob = request.rollout_batch.blake3
-        for index, (digest, rollout) in enumerate(zip(request.rollouts, rollouts, strict=True)):
-            digest.commitment_digest = commitment_digest(
-                other,
-                blob_blake3=blob,
-                rollout_index=index,
-                sampling_seed=rollout.sampling_seed,
-                prompt_ids=rollout.prompt_token_ids,
-                completion_ids=rollout.completion_token_ids,
-                proof=rollout.toploc_proof,
-            )
-        return replace(item, commitment_request=request.SerializeToString(deterministic=True))
+        request = sealed.request
+        replayed = rollout_digests(other, request.rollout_batch.blake3, rollouts)
+        del request.rollouts[:]
+        request.rollouts.extend(replayed)
+        return sealed
 
 
 def build_cheating_worker(

@@ -17,6 +17,7 @@ from rollnet.reference.cli.option_types import (
     readable_file,
 )
 from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
+from rollnet.sdk.version import software_version
 
 
 def register(subparsers: Any) -> None:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         environments=tuple(args.environment),
         dtypes=(args.dtype,),
         max_concurrent_tasks=args.max_concurrent_tasks,
-        software_version="rollnet-reference-worker/0.1",
+        software_version=software_version("reference-worker"),
         pull_wait=args.pull_wait,
         drain_timeout=args.drain_timeout,
     )

@@ -38,6 +38,7 @@ from rollnet.sdk.conformance.suite import Case, CaseFailure, Report, Result, run
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.version import PROTOCOL_MAJOR
 from rollnet.v1 import (
     checkpoint_pb2,
     checkpoint_service_pb2,
@@ -390,7 +391,10 @@ async def registers(harness: Harness) -> None:
     [first, *_] = [c for c in harness.calls(worker, REGISTER) if c.code.value[0] == 0]
     request = node_service_pb2.RegisterNodeRequest.FromString(first.body)
     expect(request.role == common_pb2.ROLE_WORKER, f"registered with role {request.role}")
-    expect(request.protocol_version.major == 1, "protocol_version.major is not 1")
+    expect(
+        request.protocol_version.major == PROTOCOL_MAJOR,
+        f"protocol_version.major is not {PROTOCOL_MAJOR}",
+    )
     expect(request.public_key == worker.identity.public_key, "public_key is not its key")
     assert harness.proxy is not None
     try:

@@ -19,11 +19,10 @@ from rollnet.reference.coordinator.refusal import Refusal, Violations
 from rollnet.reference.coordinator.serde import checkpoint_to_proto
 from rollnet.reference.coordinator.standing import Caller
 from rollnet.sdk.checkpoints import manifest_blobs
+from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2
-
-CHECKPOINT_DOMAIN = b"rollnet-checkpoint-v1\n"
 
 
 def _check_manifest(manifest: checkpoint_pb2.CheckpointManifest, network_id: str) -> None:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from rollnet.ledger import idempotency
 from rollnet.ledger.engine import read_only_session, session_factory
 from rollnet.ledger.enums import NodeState
+from rollnet.ledger.group_commit import GroupCommitWriter
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import CoordinatorConfig, write_threads
 from rollnet.reference.coordinator.database_lock import DatabaseLock
@@ -232,120 +230,6 @@ class CoordinatorContext:
                 return work(session)
 
         return await asyncio.to_thread(_run)
-
-
-@dataclass(slots=True)
-class _WriteJob:
-    work: Callable[[Session], Any]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-
-def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    for future, ok, value in settled:
-        if future.cancelled():
-            continue  # the caller went away; the work itself committed (or not) all the same
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-
-class GroupCommitWriter:
-    """One thread runs every write transaction; calls queued meanwhile share one commit.
-
-    Each call's work runs in its own SAVEPOINT inside the batch's transaction, so a refusal or a
-    constraint violation in one call rolls back that call's writes only. Nobody hears success
-    before the batch's COMMIT has returned (with ``synchronous=FULL``: after the fsync). Should
-    the shared transaction itself fail (its COMMIT: a deferred constraint one call broke, say),
-    each half of the batch is run again in a transaction of its own, down to the call that
-    fails alone: one call's failure never becomes the others'. A batch forms only from calls
-    that arrived while the previous commit was running: a lone call is never delayed, and under
-    load one fsync serves many calls instead of one each. Work may run again after a failed
-    transaction, so it must depend on nothing but its session (and restore what it changes
-    outside it, as :meth:`CoordinatorContext.run_in_transaction` does for its request id).
-    """
-
-    def __init__(self, sessions: sessionmaker[Session], *, max_batch: int = 256) -> None:
-        self._sessions = sessions
-        self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="rollnet-write", daemon=True)
-        self._thread.start()
-        #: Transactions committed so far, and the calls they carried (for tests and metrics).
-        self.batches = 0
-        self.jobs = 0
-
-    def submit(self, work: Callable[[Session], T]) -> asyncio.Future[T]:
-        """Queue ``work``; the future resolves once its batch has committed (or failed)."""
-        if not self._thread.is_alive():
-            raise RuntimeError("the database writer is shut down")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_WriteJob(work, loop, future))
-        return future
-
-    def shutdown(self, wait: bool = True) -> None:
-        """Finish the queued work, then stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            if wait:
-                self._thread.join()
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            job = self._queue.get()
-            if job is None:
-                return
-            batch = [job]
-            while len(batch) < self._max_batch:
-                try:
-                    queued = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if queued is None:
-                    stopping = True
-                    break
-                batch.append(queued)
-            # One wake-up per event loop for the whole batch, not one per call.
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]]
-            by_loop = {}
-            for item, (ok, value) in zip(batch, self._commit(batch), strict=True):
-                by_loop.setdefault(item.loop, []).append((item.future, ok, value))
-            for loop, settled in by_loop.items():
-                # A closed event loop (its caller gone) must not take the writer down with it.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_settle_all, settled)
-
-    def _commit(self, batch: list[_WriteJob]) -> list[tuple[bool, Any]]:
-        outcomes: list[tuple[bool, Any]] = []
-        try:
-            with self._sessions.begin() as session:
-                if len(batch) == 1:
-                    # Alone in its transaction: a failure rolls the whole of it back (below).
-                    outcomes.append((True, batch[0].work(session)))
-                else:
-                    for item in batch:
-                        try:
-                            with session.begin_nested():
-                                outcomes.append((True, item.work(session)))
-                        except Exception as error:
-                            outcomes.append((False, error))
-        except Exception as error:  # the commit (or a lone call) failed: nothing was stored
-            if len(batch) == 1:
-                return [(False, error)]
-            log.warning(
-                "a group commit of %d calls failed (%s: %s); committing each half alone",
-                len(batch),
-                type(error).__name__,
-                error,
-            )
-            middle = len(batch) // 2
-            return self._commit(batch[:middle]) + self._commit(batch[middle:])
-        self.batches += 1
-        self.jobs += len(batch)
-        return outcomes
 
 
 @dataclass

@@ -154,7 +154,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 @dataclass
-class Readiness:
+class ServingState:
     """Whether the coordinator serves (database ready, not draining); health follows it too."""
 
     serving: bool = False
@@ -173,7 +173,7 @@ class ResolvedInterceptors(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """
 
     def __init__(
-        self, interceptors: Sequence[grpc.aio.ServerInterceptor], readiness: Readiness
+        self, interceptors: Sequence[grpc.aio.ServerInterceptor], readiness: ServingState
     ) -> None:
         self._interceptors = tuple(interceptors)
         self._readiness = readiness
@@ -206,7 +206,7 @@ class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     NOT_SERVING and a RetryInfo, rather than failing later inside with an opaque error."""
 
     def __init__(
-        self, readiness: Readiness, exempt_prefixes: frozenset[str], retry_after: float = 1.0
+        self, readiness: ServingState, exempt_prefixes: frozenset[str], retry_after: float = 1.0
     ) -> None:
         self.readiness = readiness
         self.exempt_prefixes = exempt_prefixes

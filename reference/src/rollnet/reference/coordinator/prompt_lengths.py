@@ -29,6 +29,7 @@ import blake3
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.envs import Environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.sdk.prompts import encode_problem
 from rollnet.v1 import checkpoint_pb2
 
 log = logging.getLogger("rollnet.coordinator")
@@ -106,8 +107,6 @@ class PromptLengths:
     ) -> list[int] | None:
         """The token count of each prompt, as a worker encodes it; ``None`` when any of them
         cannot be encoded (its environment or the tokenizer fails on it)."""
-        from rollnet.reference.worker.generator import encode_problem
-
         try:
             return [len(encode_problem(tokenizer, environment.prompt(int(p)))) for p in prompt_ids]
         except Exception as error:  # an environment's or template's own failure

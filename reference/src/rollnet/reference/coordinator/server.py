@@ -44,10 +44,10 @@ from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
     CallerLimiter,
     FieldBoundsCheck,
-    Readiness,
     ReadinessGate,
     ResolvedInterceptors,
     RpcObserver,
+    ServingState,
     TokenBuckets,
 )
 from rollnet.reference.coordinator.keys import KeyDirectory
@@ -236,7 +236,7 @@ class Coordinator:
     registry: NodeRegistry
     dispatcher: Dispatcher
     metrics_port: int | None = None
-    readiness: Readiness = field(default_factory=Readiness)
+    readiness: ServingState = field(default_factory=ServingState)
     ledger: LedgerDesk | None = None
     dashboard: Dashboard | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -509,7 +509,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         TokenBuckets(rate=config.rate_limit_per_key, burst=config.rate_burst_per_key),
         EXEMPT_PREFIXES,
     )
-    serving = Readiness()
+    serving = ServingState()
     server = grpc.aio.server(
         # Outermost first: observe everything, refuse all but health while not serving, verify
         # signatures (after the message size), limit verified callers, check every field.

@@ -55,7 +55,7 @@ class Problem:
         source_id: Stable identifier of the underlying question (a dataset id, or the question
             text for synthetic environments), for logs and offline difficulty filtering.
         messages: The prompt as chat messages, ``(role, content)`` pairs, when the model is to
-            read it through its chat template (see :func:`rollnet.reference.worker.encode_problem`);
+            read it through its chat template (see :func:`rollnet.sdk.prompts.encode_problem`);
             ``None`` when ``prompt`` is fed as plain text.
     """
 

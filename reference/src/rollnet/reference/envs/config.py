@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 
 import blake3
 
+from rollnet.sdk.domains import CONFIG_DIGEST_DOMAIN
+
 __all__ = [
     "CONFIG_DIGEST_DOMAIN",
     "MAX_SAFE_INTEGER",
@@ -27,10 +29,6 @@ __all__ = [
 #: Integers in a configuration must lie within ±(2**53 − 1): JSON numbers are IEEE-754 doubles in
 #: most languages (and in ``google.protobuf.Struct``), so larger ones would not survive the trip.
 MAX_SAFE_INTEGER = 2**53 - 1
-
-#: Domain separation prefix of :func:`config_digest`, so the digest cannot collide with any other
-#: BLAKE3 hash in the protocol.
-CONFIG_DIGEST_DOMAIN = b"rollnet.environment-config.v1\x00"
 
 
 class EnvironmentConfigError(ValueError):

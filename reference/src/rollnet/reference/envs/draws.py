@@ -21,10 +21,10 @@ from typing import TypeVar
 
 import blake3
 
+from rollnet.sdk.domains import DRAW_DOMAIN
+
 __all__ = ["DRAW_DOMAIN", "MAX_PROMPT_ID", "DrawStream"]
 
-#: Domain separation prefix of every draw stream.
-DRAW_DOMAIN = b"rollnet.environment-draw.v1\x00"
 
 #: Prompt ids are unsigned 64-bit integers (``uint64 prompt_ids`` in ``rollnet.v1.Task``).
 MAX_PROMPT_ID = 2**64 - 1

@@ -54,6 +54,7 @@ from rollnet.reference.envs.isolation import (
     isolated_popen,
     python_paths,
 )
+from rollnet.sdk.domains import PACKAGE_DIGEST_DOMAIN, TASKS_DIGEST_DOMAIN
 
 __all__ = [
     "LISTING_LIMITS",
@@ -62,8 +63,6 @@ __all__ = [
     "distribution_digest",
 ]
 
-TASKS_DIGEST_DOMAIN = b"rollnet.verifiers-tasks.v1\x00"
-PACKAGE_DIGEST_DOMAIN = b"rollnet.verifiers-package.v1\x00"
 
 LISTING_LIMITS = Limits(memory_bytes=2 << 30, processes=256, cpu_s=300, file_bytes=1 << 20)
 """rlimits of the sandboxed child that loads a taskset and lists its tasks."""

@@ -22,9 +22,10 @@ from rollnet.sdk.checkpoints import (
     verify_checkpoint,
 )
 from rollnet.sdk.errors import RollnetError
+from rollnet.sdk.version import software_version
 from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
-RELAY_SOFTWARE_VERSION = "rollnet-relay/0.1"
+RELAY_SOFTWARE_VERSION = software_version("relay")
 
 log = logging.getLogger(__name__)
 

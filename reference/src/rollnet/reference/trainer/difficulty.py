@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollnet.sdk.prompts import encode_problem
+
 __all__ = ["ScoredProblem", "score_problems", "write_band"]
 
 
@@ -50,7 +52,6 @@ def score_problems(
     from rollnet.reference.inference.base import SamplingParams
     from rollnet.reference.inference.tokenization import CheckpointTokenizer
     from rollnet.reference.inference.torch_backend import TorchBackend
-    from rollnet.reference.worker.generator import encode_problem
 
     if problems < 1 or samples < 1:
         raise ValueError("problems and samples must be positive")

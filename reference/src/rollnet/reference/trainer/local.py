@@ -30,6 +30,7 @@ from rollnet.reference.trainer.policy import (
     train_step,
     warmup_lambda,
 )
+from rollnet.sdk.prompts import encode_problem
 from rollnet.v1 import common_pb2, rollout_pb2
 
 __all__ = ["LocalStep", "train_locally"]
@@ -67,7 +68,6 @@ def train_locally(
     from rollnet.reference.inference.base import SamplingParams
     from rollnet.reference.inference.tokenization import CheckpointTokenizer
     from rollnet.reference.inference.torch_backend import TorchBackend
-    from rollnet.reference.worker.generator import encode_problem
 
     environment = load_environment(
         config.environment, dict(environment_config or config.environment_config)

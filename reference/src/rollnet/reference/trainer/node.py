@@ -50,6 +50,7 @@ from rollnet.sdk.client import TlsConfig
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.node import NodeConfig, NodeFatalError, NodeSession, StopRequested, log_event
 from rollnet.sdk.retry import is_retryable
+from rollnet.sdk.version import software_version
 from rollnet.v1 import common_pb2, rollout_pb2, rollout_service_pb2
 
 __all__ = ["Trainer", "TrainerFatalError", "TrainerSettings"]
@@ -104,7 +105,7 @@ class Trainer:
                 role=common_pb2.ROLE_TRAINER,
                 network_id=settings.network_id,
                 tls=settings.tls,
-                software_version="rollnet-trainer/0.1",
+                software_version=software_version("trainer"),
             ),
             identity,
         )

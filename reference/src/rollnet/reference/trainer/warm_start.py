@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rollnet.reference.envs import Environment, Problem, load_environment
+from rollnet.sdk.prompts import encode_problem
 
 __all__ = ["WARM_START_FORMATS", "WarmStartResult", "warm_start"]
 
@@ -64,7 +65,6 @@ def warm_start(
     from transformers import AutoModelForCausalLM
 
     from rollnet.reference.inference.tokenization import CheckpointTokenizer
-    from rollnet.reference.worker.generator import encode_problem
 
     if fmt not in WARM_START_FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(WARM_START_FORMATS)}")

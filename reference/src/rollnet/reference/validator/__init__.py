@@ -5,7 +5,7 @@ TOPLOC, sampling, termination, reward) with one batched prefill; :class:`Validat
 process around it (``rollnet validator``). See ``docs/validator.md``.
 """
 
-from rollnet.reference.validator.checkpoints import CheckpointModels
+from rollnet.reference.validator.checkpoint_cache import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
 from rollnet.reference.validator.node import Validator, ValidatorConfig, ValidatorFatalError
 from rollnet.reference.validator.pipeline import (

@@ -4,7 +4,7 @@
 on the coordinator's ``validators`` allow-list), heartbeats in the background at the
 coordinator's interval listing the lease of the job in hand (which extends it), long-polls
 ``PullValidationJob``, and for each job downloads the rollout blob, makes sure the claimed
-checkpoint is loaded (:class:`~rollnet.reference.validator.checkpoints.CheckpointModels`), runs
+checkpoint is loaded (:class:`~rollnet.reference.validator.checkpoint_cache.CheckpointModels`), runs
 :func:`~rollnet.reference.validator.pipeline.validate_job` on a thread and submits the verdict.
 
 Nothing is lost when a validator dies: the job's lease expires and the coordinator requeues it;
@@ -41,7 +41,7 @@ from rollnet.reference.envs import (
 )
 from rollnet.reference.inference.base import DType
 from rollnet.reference.logs import get_logger
-from rollnet.reference.validator.checkpoints import CheckpointModels
+from rollnet.reference.validator.checkpoint_cache import CheckpointModels
 from rollnet.reference.validator.metrics import ValidatorMetrics
 from rollnet.reference.validator.pipeline import (
     ChallengeInvalid,
@@ -69,6 +69,7 @@ from rollnet.sdk.node import (
     StopRequested,
 )
 from rollnet.sdk.retry import Backoff
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     common_pb2,
     node_pb2,
@@ -126,7 +127,7 @@ class ValidatorConfig:
     """On stop, how long the job in hand may still wait for its blob and checkpoint."""
     deregister_timeout: float = 10.0
     """On stop, how long to keep trying to submit the last verdict and deregister."""
-    software_version: str = "rollnet-reference-validator/0.1"
+    software_version: str = software_version("reference-validator")
     reward_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     """Seconds one completion's reward may take in the reward sandbox before its verifier is
     killed (the completion then scores the environment's ``unverifiable_reward``)."""

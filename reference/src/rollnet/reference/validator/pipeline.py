@@ -53,7 +53,10 @@ from rollnet.reference.envs import (
 )
 from rollnet.reference.inference.base import Prefill
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.sdk import batches
+from rollnet.sdk.batches import BatchRule, BatchTerms
 from rollnet.sdk.commitments import max_batch_bytes
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs import (
     CheckName,
     LeaseBinding,
@@ -63,7 +66,6 @@ from rollnet.sdk.proofs import (
     Thresholds,
     check_assigned_data,
     check_binding,
-    proof_digest,
     verify_rollouts,
 )
 from rollnet.sdk.proofs import CheckResult as ProofCheck
@@ -299,43 +301,28 @@ def _from_proof(check: ProofCheck, rollout_index: int) -> validation_pb2.CheckRe
     return _result(check.name.value, check.passed, reason, check.figures, rollout_index)
 
 
+def job_binding(job: validation_pb2.ValidationJob) -> LeaseBinding:
+    """The lease the job's commitment was made under."""
+    commitment = job.commitment
+    return LeaseBinding(
+        network_id=job.network_id,
+        node_id=commitment.node_id,
+        task_id=commitment.task_id,
+        lease_id=commitment.lease_id,
+        fencing_token=commitment.fencing_token,
+    )
+
+
 def _batch_problems(
     job: validation_pb2.ValidationJob, batch: rollout_pb2.RolloutBatch
 ) -> list[str]:
-    commitment, task = job.commitment, job.task
-    problems: list[str] = []
-    if batch.task_id != commitment.task_id or commitment.task_id != task.task_id:
-        problems.append("task")
-    if batch.lease_id != commitment.lease_id or batch.fencing_token != commitment.fencing_token:
-        problems.append("lease")
-    if batch.node_id != commitment.node_id:
-        problems.append("node")
-    if batch.checkpoint_step != task.checkpoint_step:
-        problems.append("checkpoint_step")
-    samples = task.samples_per_prompt
-    expected = len(task.prompt_ids) * samples
-    if samples < 1 or expected == 0 or len(batch.rollouts) != expected:
-        problems.append("rollout_count")
-        return problems
-    for index, rollout in enumerate(batch.rollouts):
-        prompt_index, sample = divmod(index, samples)
-        if (rollout.prompt_index, rollout.sample_index) != (prompt_index, sample):
-            problems.append(f"rollouts[{index}].order")
-        elif rollout.prompt_id != task.prompt_ids[prompt_index]:
-            problems.append(f"rollouts[{index}].prompt_id")
-    if len(commitment.rollouts) != len(batch.rollouts):
-        problems.append("commitment_rollouts")
-        return problems
-    for index, (rollout, digest) in enumerate(
-        zip(batch.rollouts, commitment.rollouts, strict=True)
-    ):
-        if (
-            digest.sampling_seed != rollout.sampling_seed
-            or digest.completion_tokens != len(rollout.completion_token_ids)
-            or digest.proof_blake3 != proof_digest(rollout.toploc_proof)
-        ):
-            problems.append(f"rollouts[{index}].digest")
-    return problems
+    problems = batches.check(
+        job_binding(job), BatchTerms.of_task(job.task), batch, job.commitment.rollouts
+    )
+    # A seed that is not the derived one is judged per rollout by the binding check, whose
+    # verdict names the rollout and the reason (SEED_NOT_DERIVED).
+    notes = (p.note for p in problems if p.rule is not BatchRule.SEED_NOT_DERIVED)
+    return list(dict.fromkeys(notes))
 
 
 def validate_job(
@@ -477,13 +464,7 @@ def _validate_rollouts(
     outcome: JobOutcome,
 ) -> None:
     commitment, task = job.commitment, job.task
-    lease = LeaseBinding(
-        network_id=job.network_id,
-        node_id=commitment.node_id,
-        task_id=commitment.task_id,
-        lease_id=commitment.lease_id,
-        fencing_token=commitment.fencing_token,
-    )
+    lease = job_binding(job)
     blob_digest = commitment.rollout_batch.blake3
     temperature = task.sampling.temperature
     max_new_tokens = task.sampling.max_new_tokens
@@ -498,7 +479,7 @@ def _validate_rollouts(
         assigned_prompts: dict[int, tuple[Problem, list[int]]] = {}
         for prompt_id in dict.fromkeys(int(p) for p in task.prompt_ids):
             problem = environment.prompt(prompt_id)
-            assigned_prompts[prompt_id] = (problem, _encode_problem(model.tokenizer, problem))
+            assigned_prompts[prompt_id] = (problem, encode_problem(model.tokenizer, problem))
     except Exception as error:
         # Not the worker's doing: the trainer chose the environment and prompts, and the
         # coordinator accepted them. This validator cannot judge the job; another may.
@@ -948,14 +929,6 @@ def _reward_check(
     figures["claimed_target_length"] = slot.rollout.target_length
     figures["target_length"] = target
     return _result(ValidatorCheck.REWARD, False, reason, figures, slot.index)
-
-
-def _encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[int]:
-    # The worker's rule (rollnet.reference.worker.encode_problem): the prompt text, or the
-    # messages rendered once by the checkpoint's chat template, encoded by its tokenizer.json.
-    from rollnet.reference.worker import encode_problem
-
-    return encode_problem(tokenizer, problem)
 
 
 __all__ = [

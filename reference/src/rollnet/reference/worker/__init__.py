@@ -4,12 +4,7 @@
 ``rollnet worker``; the SDK's :class:`~rollnet.sdk.worker.Worker` does everything else.
 """
 
-from rollnet.reference.worker.generator import (
-    BACKENDS,
-    InferenceGenerator,
-    encode_problem,
-    encode_prompt,
-    make_backend,
-)
+from rollnet.reference.worker.generator import BACKENDS, InferenceGenerator, make_backend
+from rollnet.sdk.prompts import encode_problem, encode_prompt
 
 __all__ = ["BACKENDS", "InferenceGenerator", "encode_problem", "encode_prompt", "make_backend"]

@@ -34,6 +34,7 @@ from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.errors import RollnetError
+from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator
 from rollnet.v1 import (
     checkpoint_service_pb2,
@@ -63,30 +64,6 @@ def make_backend(name: str) -> InferenceBackend:
 
         return VllmBackend()
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-
-
-def encode_prompt(tokenizer: CheckpointTokenizer, text: str) -> list[int]:
-    """Token ids of prompt text as fed to the model: ``tokenizer.json``'s encoding, no special
-    tokens added (docs/protocol.md, "Tokenization"). Validators rebuild the assigned prompt the
-    same way (the assigned-data check compares ids)."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens")
-    return ids
-
-
-def encode_problem(tokenizer: CheckpointTokenizer, problem: Problem) -> list[int]:
-    """Token ids of a problem's prompt as fed to the model, the one rule worker and validator
-    share: the prompt text is ``problem.prompt``, or, when the problem is chat messages, those
-    messages rendered once by the checkpoint's chat template with the generation prompt
-    (:meth:`CheckpointTokenizer.render_chat`); the text is then encoded like any prompt
-    (:func:`encode_prompt`: nothing added, the template's own special tokens matched in it).
-
-    The completion is never re-tokenized: the sampled ids follow these ids as they are.
-    """
-    if problem.messages is None:
-        return encode_prompt(tokenizer, problem.prompt)
-    return encode_prompt(tokenizer, tokenizer.render_chat(problem.messages))
 
 
 class InferenceGenerator(RolloutGenerator):

@@ -86,6 +86,7 @@ from rollnet.sdk.signing import (
     SIGNING_HEADERS,
     TIMESTAMP_HEADER,
 )
+from rollnet.sdk.version import PROTOCOL_MAJOR
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -266,7 +267,10 @@ async def registration_new(target: Target) -> None:
         response.network_id == target.config.network_id,
         f"network_id {response.network_id!r}, expected {target.config.network_id!r}",
     )
-    expect(response.server_protocol_version.major == 1, "server_protocol_version.major is not 1")
+    expect(
+        response.server_protocol_version.major == PROTOCOL_MAJOR,
+        f"server_protocol_version.major is not {PROTOCOL_MAJOR}",
+    )
     expect(response.heartbeat_interval.ToTimedelta().total_seconds() > 0, "no heartbeat_interval")
     expect(response.lease_duration.ToTimedelta().total_seconds() > 0, "no lease_duration")
     expect(

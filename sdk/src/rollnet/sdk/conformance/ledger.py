@@ -12,11 +12,10 @@ from collections.abc import Sequence
 
 import blake3
 
+from rollnet.sdk.domains import LEDGER_ENTRY_DOMAIN, LEDGER_HEAD_DOMAIN
 from rollnet.sdk.identity import verify_signature
 from rollnet.v1 import ledger_pb2
 
-ENTRY_DOMAIN = b"rollnet.ledger.entry"
-HEAD_DOMAIN = b"rollnet.ledger.chain-head"
 FORMAT_VERSION = 1
 ZERO_HASH = b"\x00" * 32
 
@@ -41,7 +40,7 @@ def canonical_bytes(entry: ledger_pb2.LedgerEntry) -> bytes:
     time_us = entry.recorded_at.seconds * 1_000_000 + entry.recorded_at.nanos // 1000
     return b"".join(
         (
-            ENTRY_DOMAIN,
+            LEDGER_ENTRY_DOMAIN,
             bytes([FORMAT_VERSION]),
             struct.pack(">Q", entry.sequence),
             struct.pack(">q", time_us),
@@ -64,7 +63,7 @@ def entry_hash(prev_hash: bytes, entry: ledger_pb2.LedgerEntry) -> bytes:
 def head_message(network_id: str, sequence: int, head_hash: bytes) -> bytes:
     """The bytes a chain head's signature covers."""
     return (
-        HEAD_DOMAIN
+        LEDGER_HEAD_DOMAIN
         + bytes([FORMAT_VERSION])
         + _str(network_id)
         + struct.pack(">Q", sequence)

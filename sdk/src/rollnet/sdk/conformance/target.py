@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import blake3
@@ -26,20 +26,20 @@ from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
+from rollnet.sdk import batches
 from rollnet.sdk.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.sdk.client import TlsConfig
-from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.conformance.suite import CaseFailure, Skipped
 from rollnet.sdk.conformance.wire import Tamper, Wire, describe, refusal, signing_headers
 from rollnet.sdk.errors import RollnetError, from_rpc_error
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed, proof_digest
+from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
+from rollnet.sdk.version import software_version
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
     checkpoint_service_pb2,
-    commitment_pb2,
     commitment_service_pb2,
     common_pb2,
     node_pb2,
@@ -332,7 +332,7 @@ def registration(
         public_key=identity.public_key,
         role=role,  # type: ignore[arg-type]
         protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-        software_version="rollnet-conformance/0.1",
+        software_version=software_version("conformance"),
         capabilities=node_pb2.Capabilities(environments=[]),
         hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
     )
@@ -611,14 +611,7 @@ class Target:
                     toploc_proof=os.urandom(258),
                 )
             )
-        batch = rollout_pb2.RolloutBatch(
-            task_id=task.task_id,
-            lease_id=lease.lease_id,
-            fencing_token=lease.fencing_token,
-            node_id=worker.node_id,
-            checkpoint_step=task.checkpoint_step,
-            rollouts=items,
-        ).SerializeToString(deterministic=True)
+        batch = batches.encode_batch(binding, task.checkpoint_step, items)
         return Work(task=task, lease=lease, batch=batch, rollouts=items)
 
     def commitment(
@@ -633,33 +626,19 @@ class Target:
         """The SubmitCommitment for uploaded ``work`` (``fencing_token``, ``binding_node``:
         another token, or a binding digest computed for another node)."""
         token = work.lease.fencing_token if fencing_token is None else fencing_token
-        return commitment_service_pb2.SubmitCommitmentRequest(
-            request_id=new_request_id(),
+        binding = LeaseBinding(
+            network_id=self.config.network_id,
+            node_id=worker.node_id,
+            task_id=work.task.task_id,
             lease_id=work.lease.lease_id,
             fencing_token=token,
-            task_id=work.task.task_id,
-            rollout_batch=blob,
-            rollouts=[
-                commitment_pb2.RolloutDigest(
-                    sampling_seed=r.sampling_seed,
-                    proof_blake3=proof_digest(r.toploc_proof),
-                    completion_tokens=len(r.completion_token_ids),
-                )
-                for r in work.rollouts
-            ],
-            claimed_work=commitment_pb2.WorkClaim(
-                prefill_tokens=sum(len(r.prompt_token_ids) for r in work.rollouts),
-                decode_tokens=sum(len(r.completion_token_ids) for r in work.rollouts),
-            ),
-            binding_digest=batch_binding_digest(
-                self.config.network_id,
-                binding_node or worker.node_id,
-                work.task.task_id,
-                work.lease.lease_id,
-                token,
-                blob.blake3,
-            ),
         )
+        request = batches.commitment_request(binding, blob, work.rollouts)
+        request.request_id = new_request_id()
+        if binding_node is not None:
+            other = replace(binding, node_id=binding_node)
+            request.binding_digest = batches.binding_digest(other, blob.blake3)
+        return request
 
     async def commit(
         self, worker: Peer, work: Work

@@ -36,6 +36,7 @@ from rollnet.sdk.signing import (
     body_digest,
     signed_bytes,
 )
+from rollnet.sdk.version import software_version
 
 M = TypeVar("M", bound=Message)
 Headers = list[tuple[str, str]]
@@ -112,7 +113,7 @@ class Wire:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.enable_retries", 0),
-            ("grpc.primary_user_agent", "rollnet-conformance/0.1"),
+            ("grpc.primary_user_agent", software_version("conformance")),
         ]
         self.target = target
         if tls is None:

@@ -22,15 +22,9 @@ from dataclasses import dataclass
 
 import blake3
 
+from rollnet.sdk.domains import COMMITMENT_DOMAIN, PROOF_DOMAIN, TOKENS_DOMAIN
+from rollnet.sdk.domains import SEED_DOMAIN as SEED_DOMAIN  # still imported from here by some
 from rollnet.sdk.proofs.report import CheckName, CheckResult, Figure, Reason
-
-COMMITMENT_DOMAIN = "rollnet/v1/rollout-commitment"
-SEED_DOMAIN = "rollnet/v1/task-sampling-seed"
-"""The seed rule's domain. rollnet 0.1.0 derived seeds from the lease instead (domain
-``rollnet/v1/sampling-seed``: network, node, task, lease id, fencing token, index), so giving a task
-back re-rolled them; such seeds are now refused with ``SEED_NOT_DERIVED``."""
-TOKENS_DOMAIN = "rollnet/v1/rollout-tokens"
-PROOF_DOMAIN = "rollnet/v1/toploc-proof"
 
 _STR, _BYTES, _INT = b"\x01", b"\x02", b"\x03"
 

@@ -26,13 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from math import comb
 
+from rollnet.sdk.domains import CHALLENGE_DOMAIN, CHALLENGE_DRAW_DOMAIN
 from rollnet.sdk.identity import verify_signature
 from rollnet.sdk.proofs.binding import domain_digest
 
-CHALLENGE_DOMAIN = "rollnet/v1/validation-challenge"
-"""Domain of the message the coordinator signs; its signature is the challenge."""
-CHALLENGE_DRAW_DOMAIN = "rollnet/v1/challenge-draw"
-"""Domain of each rollout's draw key under a challenge."""
 CHALLENGE_BYTES = 64
 """An Ed25519 signature's size: the challenge's."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from rollnet.sdk.client import TlsConfig
 from rollnet.sdk.node import DEFAULT_NETWORK_ID
 from rollnet.sdk.retry import Backoff
+from rollnet.sdk.version import software_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class WorkerConfig:
     """Pool to join (``""`` for the default pool)."""
     invite_token: str = ""
     """Invite token for invite-only pools."""
-    software_version: str = "rollnet-sdk-worker/0.1"
+    software_version: str = software_version("sdk-worker")
     pull_wait: float = 20.0
     """Seconds a PullTask long-poll may wait for work (the coordinator caps it)."""
     heartbeat_jitter: float = 0.1

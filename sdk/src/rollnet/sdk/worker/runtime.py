@@ -24,8 +24,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
+from rollnet.sdk.batches import SealedBatch, seal
 from rollnet.sdk.client import RollnetClient
-from rollnet.sdk.commitments import seal_batch, verify_receipt
+from rollnet.sdk.commitments import verify_receipt
 from rollnet.sdk.dtypes import compute_dtype_name
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
@@ -138,10 +139,12 @@ class Worker:
         )
         """The node's registration, heartbeats and stop (shared with every role)."""
         self.hardware = self.session.hardware
-        self.receipts_received = 0
-        #: Receipts refused because their signature did not verify (their work dropped).
+        self.receipts_kept = 0
+        """Commitments acknowledged in this run with a receipt the worker kept (replays
+        included): its signature verified with the coordinator key of registration, or no key
+        was given to check it with."""
         self.receipts_invalid = 0
-        """Commitments acknowledged with a receipt in this run (replays included)."""
+        """Receipts refused because their signature did not verify (their work dropped)."""
         self._outbox: Outbox | None = None
         self._leases: dict[str, LeaseContext] = {}
         self._submitting: dict[str, PendingSubmission] = {}
@@ -333,7 +336,7 @@ class Worker:
             rollouts = await self._generate(context)
             if rollouts is not None:
                 try:
-                    item = self._seal(context, rollouts)
+                    item = self._pending(context, rollouts)
                 except ValueError as error:
                     _log(logging.ERROR, "rollouts_invalid", {"detail": str(error)})
                     await self._give_back(
@@ -482,20 +485,29 @@ class Worker:
         except (RollnetError, TimeoutError, NodeFatalError) as error:
             _log(logging.WARNING, "give_back_failed", {"detail": str(error)[:200]})
 
+    @property
+    def receipts_received(self) -> int:
+        """:attr:`receipts_kept` under its rollnet 0.1 name (it never counted receipts refused
+        for their signature: those are :attr:`receipts_invalid`)."""
+        return self.receipts_kept
+
     # ------------------------------------------------------------------ sealing and submitting
 
-    def _seal(
+    def seal(self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]) -> SealedBatch:
+        """The batch and commitment request for the generated ``rollouts`` of a lease:
+        :func:`rollnet.sdk.batches.seal` under ``context.binding`` (``ValueError`` for rollouts
+        a validator would refuse; the task is then given back).
+
+        The hook for what a worker commits: a subclass may override it (the adversary of the
+        reference implementation does, to commit work it should not)."""
+        return seal(context.binding, context.task, rollouts)
+
+    def _pending(
         self, context: LeaseContext, rollouts: Sequence[rollout_pb2.Rollout]
     ) -> PendingSubmission:
-        """Build the batch and the commitment request; check what a validator would refuse."""
+        """The outbox entry for ``rollouts``: :meth:`seal`, with a fresh request id."""
         task, lease = context.task, context.lease
-        sealed = seal_batch(
-            network_id=self.config.network_id,
-            node_id=self.node_id,
-            task=task,
-            lease=lease,
-            rollouts=rollouts,
-        )
+        sealed = self.seal(context, rollouts)
         request = sealed.request
         request.request_id = uuid.uuid4().hex
         return PendingSubmission(
@@ -551,7 +563,7 @@ class Worker:
             )
             return
         self.outbox.complete(item, response)
-        self.receipts_received += 1
+        self.receipts_kept += 1
         _log(
             logging.INFO,
             "commitment_receipt",
