@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollnet.reference.coordinator.dispatch import HeldPolls
+from rollnet.reference.coordinator.nodes import RegistrationLimiter
 from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded
 from rollnet.sdk import Identity
 
@@ -144,3 +145,27 @@ def test_long_polls_beyond_the_cap_do_not_wait() -> None:
     assert polls.held("node") == 0
     with polls.hold("node") as again:
         assert again
+
+
+def test_registration_windows_of_quiet_addresses_are_forgotten() -> None:
+    now = [0.0]
+    limiter = RegistrationLimiter(2, max_addresses=100, clock=lambda: now[0])
+    for i in range(100):
+        assert limiter.admit(f"2001:db8::{i:x}") is None
+    assert len(limiter) == 100
+    now[0] = 30.0
+    assert limiter.admit("2001:db8::1") is None
+    assert limiter.admit("2001:db8::1") is not None
+    # A minute on, a new address drops the quiet windows, not the one still open.
+    now[0] = 61.0
+    assert limiter.admit("2001:db8::new") is None
+    assert len(limiter) == 2
+    assert limiter.admit("2001:db8::1") is None
+    assert limiter.admit("2001:db8::1") is not None
+    # Many addresses active within one minute are all kept: the limit holds for each.
+    for i in range(1_000):
+        now[0] += 0.001
+        assert limiter.admit(f"198.51.100.{i}") is None
+    assert len(limiter) == 1_002
+    assert limiter.admit("198.51.100.0") is None
+    assert limiter.admit("198.51.100.0") is not None
