@@ -307,7 +307,8 @@ async def honest_traffic(
             except grpc.aio.AioRpcError as error:
                 into.failures[f"{kind} {answer_of(error)}"] += 1
             i += loops
-            due += period
+            # A node that fell behind does not burst to catch up: it carries on from now.
+            due = max(due + period, time.perf_counter())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, due - time.perf_counter()))
 

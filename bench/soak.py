@@ -80,6 +80,8 @@ def label_of(pid: int) -> str:
     except OSError:
         return f"? {pid}"
     words = [a.decode(errors="replace") for a in argv if a]
+    if len(words) > 1 and words[1] == "-c":  # a child started with code on its command line
+        return f"{'sandbox child' if 'sandbox' in words[2] else 'python -c'} {pid}"
     role = next((w for w in words if w in ROLES), "")
     if not role:
         role = next((Path(w).name for w in words[1:] if not w.startswith("-")), "")
@@ -291,9 +293,12 @@ def main() -> int:
             print(f"the demo ended after {ran / 60:.1f} min (exit {demo.returncode}); its output:")
             print(log.read_text(errors="replace")[-3000:])
             return 1
-        steps = [line for line in log.read_text(errors="replace").splitlines() if "step" in line]
-        if steps:
-            print(f"demo's last step line: {steps[-1].strip()[:120]}")
+        said = [
+            line.strip()
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith(("reward:", "trainer:", "ledger"))
+        ]
+        print("the demo's summary: " + ("; ".join(said) if said else "none (see its logs)"))
         return summarize(tracks, args, ran)
 
 

@@ -176,8 +176,13 @@ def ratio_lines(text: str, most: int = 6) -> list[str]:
     return [line.strip() for line in text.splitlines() if RATIO.search(line)][:most]
 
 
-def render(description: list[tuple[str, str]], outcomes: list[Outcome], load_end: str) -> str:
-    """The markdown report."""
+def render(
+    description: list[tuple[str, str]],
+    outcomes: list[Outcome],
+    load_end: str,
+    left_out: list[str],
+) -> str:
+    """The markdown report (``left_out``: benchmarks of bench/ not run this time)."""
     lines = [
         "# Benchmark report",
         "",
@@ -205,6 +210,8 @@ def render(description: list[tuple[str, str]], outcomes: list[Outcome], load_end
         )
     total = sum(o.seconds for o in outcomes)
     lines += ["", f"Total: {total / 60:.1f} min.", ""]
+    if left_out:
+        lines += [f"Not run this time (`--only`, `--skip`): {', '.join(left_out)}.", ""]
     unplanned = [o.name for o in outcomes if not o.planned]
     if unplanned:
         lines += [
@@ -281,7 +288,8 @@ def main() -> int:
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     args.output.parent.mkdir(parents=True, exist_ok=True)
     partial = args.output.with_suffix(".md.partial")
-    partial.write_text(render(description, outcomes, load_end))
+    left_out = [name for name in known if name not in order]
+    partial.write_text(render(description, outcomes, load_end, left_out))
     partial.replace(args.output)
     failed = [o.name for o in outcomes if not o.ok]
     print(
