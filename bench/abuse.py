@@ -38,7 +38,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,7 @@ class Limits:
     max_message_bytes: int = DEFAULTS.max_message_bytes
     max_blob_bytes: int = DEFAULTS.max_blob_bytes
     upload_quota_bytes: int = DEFAULTS.upload_quota_bytes
+    pull_wait_max: float = DEFAULTS.pull_wait_max.total_seconds()
 
     def config(self, trainer: str) -> str:
         """The coordinator's TOML config."""
@@ -113,6 +114,7 @@ class Limits:
             f"max_message_bytes = {self.max_message_bytes}\n"
             f"max_blob_bytes = {self.max_blob_bytes}\n"
             f"upload_quota_bytes = {self.upload_quota_bytes}\n"
+            f"pull_wait_max = {self.pull_wait_max}\n"
             # Far more than any phase lasts: no honest node goes SUSPECT between its beats.
             "heartbeat_interval = 30\n"
         )
@@ -291,6 +293,9 @@ async def honest_traffic(
     period = loops / rate
 
     async def loop(first: int) -> None:
+        # Staggered: the loops' calls spread evenly over each period, not all at its start.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), first * period / loops)
         i, due = first, time.perf_counter()
         while not stop.is_set():
             node = nodes[i % len(nodes)]
@@ -431,29 +436,47 @@ async def pull_storm(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
     await _as_fast_as_possible(ctx, stop, attack, send)
 
 
+async def _still_open(calls: Sequence[asyncio.Future[None]], until: float) -> int:
+    """How many of ``calls`` are still open once none has ended for 3 s (refusals and quick
+    answers may still be on their way on a loaded machine), or at ``until`` (perf_counter)."""
+    still = sum(1 for call in calls if not call.done())
+    quiet_since = time.perf_counter()
+    while time.perf_counter() - quiet_since < 3 and time.perf_counter() < until:
+        await asyncio.sleep(0.25)
+        now_open = sum(1 for call in calls if not call.done())
+        if now_open < still:
+            still, quiet_since = now_open, time.perf_counter()
+    return still
+
+
 async def long_polls(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
-    """``ctx.long_polls`` PullTask long polls at the longest wait, held until the phase ends
-    (there is no work: each waits it out), spread over every attacker key."""
+    """``ctx.long_polls`` PullTask long polls at the longest wait, spread over every attacker
+    key; there is no work, so a poll the coordinator lets wait returns after its wait. Held:
+    the polls still open after the phase, once the others have been answered (before three
+    quarters of the wait). The phase lasts until every poll has returned."""
     attack.per_key_allowance = ctx.limits.burst_per_key
     attack.held_allowance = len(ctx.attackers) * ctx.limits.max_leases_per_node
+    wait = ctx.limits.pull_wait_max
 
     async def one(i: int) -> None:
         node = ctx.attackers[i % len(ctx.attackers)]
-        body = pull_body(wait=DEFAULTS.pull_wait_max.total_seconds())
+        body = pull_body(wait=wait)
         try:
-            await ctx.calls.pull(body, metadata=node.metadata(PULL, body), timeout=60)
+            await ctx.calls.pull(body, metadata=node.metadata(PULL, body), timeout=wait + 60)
             _tally(attack, i % len(ctx.attackers), None)
         except grpc.aio.AioRpcError as error:
             _tally(attack, i % len(ctx.attackers), error)
 
+    started = time.perf_counter()
     polls = [asyncio.ensure_future(one(i)) for i in range(ctx.long_polls)]
     await stop.wait()
-    held = sum(1 for poll in polls if not poll.done())
-    attack.notes.append(f"{held} of {ctx.long_polls} long polls held open at the end")
+    held = await _still_open(polls, until=started + 0.75 * wait)
     attack.answers["held open"] = held
-    for poll in polls:
-        poll.cancel()
-    await asyncio.gather(*polls, return_exceptions=True)
+    attack.notes.append(
+        f"{held} of {ctx.long_polls} long polls of {wait:g} s held open after "
+        f"{time.perf_counter() - started:.1f} s; the phase lasted until all returned"
+    )
+    await asyncio.gather(*polls)
 
 
 async def _slow_upload(
@@ -496,7 +519,7 @@ async def slowloris(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
 
     streams = [asyncio.ensure_future(one(i)) for i in range(ctx.slow_streams)]
     await stop.wait()
-    held = sum(1 for stream in streams if not stream.done())
+    held = await _still_open(streams, until=time.perf_counter() + 30)
     attack.answers["held open"] = held
     attack.notes.append(
         f"{held} of {ctx.slow_streams} streams of {ctx.slow_size:,} declared bytes held open "

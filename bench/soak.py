@@ -132,8 +132,10 @@ class Verdict:
 
 
 def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> Verdict | None:
-    """Compare ``track``'s first and last thirds of ``[start, end]``; None without samples in
-    both (a process that came or went in the middle)."""
+    """Compare ``track``'s first and last thirds of ``[start, end]``, or of its own warm-up's
+    end to ``end`` if it started later (the demo starts the swarm after its warm-start); None
+    without samples in both (a process that came or went in the middle)."""
+    start = max(start, min(track.samples[0].at + args.warmup, start + (end - start) / 3))
     window = [s for s in track.samples if start <= s.at <= end]
     third = (end - start) / 3
     first = [s for s in window if s.at < start + third]
@@ -196,9 +198,9 @@ def summarize(tracks: dict[int, Track], args: argparse.Namespace, ran: float) ->
     """Print every process's growth; 1 when any grew beyond the thresholds."""
     start, end = min(args.warmup, ran / 3), ran
     print(
-        f"\nper process, after {start:.0f} s of warm-up: first third vs last third of "
-        f"{(end - start) / 60:.1f} min (RSS means, highest open-file counts), least-squares "
-        "slope per minute"
+        f"\nper process, after {args.warmup:.0f} s of its own warm-up: first third vs last "
+        f"third of what is left of the {end / 60:.1f} min (RSS means, highest open-file "
+        "counts), least-squares slope per minute"
     )
     print(
         f"{'process':<28}{'samples':>8}{'RSS first':>11}{'RSS last':>10}{'MiB/min':>9}"
@@ -254,6 +256,9 @@ def main() -> int:
     if args.minutes <= 0 or args.interval <= 0:
         parser.error("--minutes and --interval must be positive")
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (``make bench``'s timeout, a job that runs it in the background where SIGINT is
+    # ignored) ends the soak as Ctrl-C does: through the finally below, which stops the demo.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     rollnet = Path(sys.executable).with_name("rollnet")
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         command = [

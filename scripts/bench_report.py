@@ -61,6 +61,9 @@ PLAN: dict[str, list[str]] = {
     "soak": ["--minutes", "5", "--interval", "5"],
 }
 
+#: Seconds a benchmark past its timeout has to stop (its servers, its swarm) after SIGTERM.
+STOP_GRACE = 120.0
+
 #: A line of output that carries a ratio: a number followed by "x" (``2.31x``, ``0.5x``).
 RATIO = re.compile(r"\b\d+(?:\.\d+)?x\b")
 
@@ -141,39 +144,45 @@ def _run(command: list[str]) -> str:
 def run_bench(name: str, args: list[str], timeout: float, planned: bool) -> Outcome:
     """Run ``bench/<name>.py args``, capturing its output; never raises for the bench's sake."""
     script = BENCH / f"{name}.py"
-    command = [sys.executable, str(script.relative_to(ROOT)), *args]
+    command = [_shown(Path(sys.executable)), str(script.relative_to(ROOT)), *args]
     if not script.exists():
         return Outcome(name, command, "not found", 0.0, "", "", planned)
     print(f"bench: {shlex.join(command)}", flush=True)
     started = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ) | {"PYTHONUNBUFFERED": "1"},
+    )
     try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(os.environ) | {"PYTHONUNBUFFERED": "1"},
-        )
-        status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
-        stdout, stderr = done.stdout, done.stderr
-    except subprocess.TimeoutExpired as expired:
+        stdout, stderr = process.communicate(timeout=timeout)
+        code = process.returncode
+        status = "ok" if code == 0 else f"failed (exit {code})"
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: a benchmark that started servers (or a swarm) stops them.
+        process.terminate()
+        try:
+            stdout, stderr = process.communicate(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
         status = f"timed out after {timeout:g} s"
-        stdout, stderr = _text(expired.stdout), _text(expired.stderr)
     seconds = time.monotonic() - started
     print(f"bench: {name}: {status} in {seconds:.0f} s", flush=True)
     return Outcome(name, command, status, seconds, stdout, stderr, planned)
 
 
-def _text(data: bytes | str | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
+def _shown(python: Path) -> str:
+    """The interpreter as the report shows it: relative to the repository when inside it."""
+    return str(python.relative_to(ROOT)) if python.is_relative_to(ROOT) else str(python)
 
 
 def ratio_lines(text: str, most: int = 6) -> list[str]:
-    """The first ``most`` lines of ``text`` that carry a ratio."""
-    return [line.strip() for line in text.splitlines() if RATIO.search(line)][:most]
+    """The first ``most`` lines of ``text`` that carry a ratio, their runs of spaces as one."""
+    return [" ".join(line.split()) for line in text.splitlines() if RATIO.search(line)][:most]
 
 
 def render(
