@@ -749,7 +749,7 @@ def print_phases(phases: list[Phase]) -> None:
             )
         if attack.held_allowance:
             print(
-                f"    held open at the end: {attack.answers['held open']:,} (the attackers' "
+                f"    held open: {attack.answers['held open']:,} (the attackers' "
                 f"keys may hold {attack.held_allowance:,})"
             )
         if attack.total_allowance:
