@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 # The plain HTTP cache put in front of a relay origin in the broadcast tests (Debian's nginx).
 NGINX ?= /usr/sbin/nginx
 
-.PHONY: help dev dev-cpu browser sandbox-tools http-cache demo test test-fast lint codegen check-codegen screenshot clean
+.PHONY: help dev dev-cpu browser sandbox-tools http-cache demo test test-fast bench lint codegen check-codegen screenshot clean
 
 help: ## list the targets
 	@echo "rollnet: make TARGET"
@@ -82,6 +82,13 @@ test: $(STAMP) browser sandbox-tools http-cache ## the test suite (what CI runs)
 
 test-fast: $(STAMP) ## the edit-test loop: everything but the slow and PostgreSQL tests
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not postgres"
+
+# Options for `make bench`, passed to scripts/bench_report.py: --only NAME..., --skip NAME...,
+# --set NAME="ARGS" (a benchmark's own arguments), --timeout S, --output PATH.
+BENCH_ARGS ?=
+
+bench: $(STAMP) ## every benchmark of bench/ (about 30-40 min), one report: docs/bench/latest.md
+	$(BIN)/python scripts/bench_report.py $(BENCH_ARGS)
 
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts
 	$(BIN)/ruff check .

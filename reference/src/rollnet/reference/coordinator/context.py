@@ -26,7 +26,11 @@ from rollnet.reference.coordinator.database_lock import DatabaseLock
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
 from rollnet.reference.coordinator.refusal import Refusal
 from rollnet.reference.coordinator.relay_reports import RelayReports
-from rollnet.reference.coordinator.uploads import PendingUploads, block_size
+from rollnet.reference.coordinator.uploads import (
+    UPLOAD_STREAMS_PER_LEASE,
+    PendingUploads,
+    block_size,
+)
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.verifier import KnownKey
@@ -133,7 +137,9 @@ class CoordinatorContext:
         self.sessions = session_factory(self.engine)
         self.relay_reports = RelayReports(self.metrics.registry)
         self.uploads = PendingUploads(
-            self.config.upload_quota_bytes, block_bytes=block_size(self.blobs.root)
+            self.config.upload_quota_bytes,
+            block_bytes=block_size(self.blobs.root),
+            max_streams=UPLOAD_STREAMS_PER_LEASE * self.config.max_leases_per_node,
         )
         # SQLite has one writer: feeding it from one thread avoids its lock convoy (waiters in
         # SQLite's busy handler sleep in steps of up to 100 ms while the database sits idle), and

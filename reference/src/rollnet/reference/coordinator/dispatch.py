@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import blake3
@@ -57,12 +61,40 @@ _POLL_SECONDS = 1.0
 PROMPT_TOKENS = "prompt_tokens"
 
 
+class HeldPolls:
+    """The PullTask long polls each node holds open now; beyond ``most`` at once a pull does
+    not wait. Every waiting poll re-reads the database each :data:`_POLL_SECONDS`: a node
+    holding thousands (one key's rate limit admits thousands in a ``pull_wait_max``) would cost
+    thousands of reads a second, and honest calls their latency. A worker pulls one at a time,
+    at most one per lease it may hold."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._held: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def hold(self, node_id: str) -> Iterator[bool]:
+        """Count a poll of ``node_id`` while it runs; yields whether it may wait."""
+        self._held[node_id] += 1
+        try:
+            yield self._held[node_id] <= self.most
+        finally:
+            self._held[node_id] -= 1
+            if not self._held[node_id]:
+                del self._held[node_id]
+
+    def held(self, node_id: str) -> int:
+        """Polls ``node_id`` holds now."""
+        return self._held[node_id]
+
+
 class Dispatcher:
     """Creates tasks from demand and leases them to pulling workers."""
 
     def __init__(self, ctx: CoordinatorContext) -> None:
         self.ctx = ctx
         self.leases = PullBatcher(ctx)
+        self.polls = HeldPolls(ctx.config.max_leases_per_node)
         self.prompt_lengths = PromptLengths(ctx.blobs, ctx.config.data_dir / "tokenizers")
 
     async def request_rollouts(
@@ -192,11 +224,20 @@ class Dispatcher:
     async def pull(
         self, caller: Caller, request: task_service_pb2.PullTaskRequest
     ) -> task_service_pb2.PullTaskResponse:
-        """Long-poll for a task; lease the oldest matching one."""
+        """Long-poll for a task; lease the oldest matching one (a node's polls beyond
+        ``max_leases_per_node`` at once do not wait: see :class:`HeldPolls`)."""
+        with self.polls.hold(caller.node_id) as may_wait:
+            return await self._pull(caller, request, may_wait)
+
+    async def _pull(
+        self, caller: Caller, request: task_service_pb2.PullTaskRequest, may_wait: bool
+    ) -> task_service_pb2.PullTaskResponse:
         config = self.ctx.config
         wait = config.pull_wait_max
         if request.HasField("wait"):
             wait = min(request.wait.ToTimedelta(), config.pull_wait_max)
+        if not may_wait:
+            wait = timedelta(0)
         loop_deadline = self.ctx.clock() + wait
         asked = tuple(sorted(set(request.environments))) or None
         scope = IDEMPOTENCY_SCOPE.get()

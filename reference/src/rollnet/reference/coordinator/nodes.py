@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from datetime import timedelta
 
 from google.protobuf import duration_pb2
@@ -54,15 +55,36 @@ MAX_ACCELERATOR_MEMORY = 2 * 2**40
 
 
 class RegistrationLimiter:
-    """Sliding one-minute window of registrations per client IP."""
+    """Sliding one-minute window of registrations per client IP.
 
-    def __init__(self, per_minute: int) -> None:
+    Windows of addresses quiet for a minute are dropped once more than ``max_addresses`` are
+    kept: every address that ever registered would otherwise stay (an IPv6 host has billions).
+    """
+
+    def __init__(
+        self,
+        per_minute: int,
+        *,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.per_minute = per_minute
+        self.max_addresses = max_addresses
+        self.clock = clock
         self._seen: dict[str, deque[float]] = defaultdict(deque)
+        # Scanned again once this many are kept: twice what the last scan left (at least the
+        # bound), so that a minute of many active addresses costs linear time, not quadratic.
+        self._scan_at = max_addresses
+
+    def __len__(self) -> int:
+        """Addresses whose windows are kept."""
+        return len(self._seen)
 
     def admit(self, ip: str) -> float | None:
         """None when admitted, else the seconds until the next slot frees up."""
-        now = time.monotonic()
+        now = self.clock()
+        if ip not in self._seen and len(self._seen) >= self._scan_at:
+            self._forget_quiet(now)
         window = self._seen[ip]
         while window and now - window[0] >= 60.0:
             window.popleft()
@@ -70,6 +92,11 @@ class RegistrationLimiter:
             return 60.0 - (now - window[0])
         window.append(now)
         return None
+
+    def _forget_quiet(self, now: float) -> None:
+        for ip in [ip for ip, window in self._seen.items() if not window or now - window[-1] >= 60]:
+            del self._seen[ip]
+        self._scan_at = max(self.max_addresses, 2 * len(self._seen))
 
 
 class NodeRegistry:

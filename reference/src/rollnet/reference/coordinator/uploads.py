@@ -60,6 +60,11 @@ _CHECK_CHUNK = 500
 """Digests per reference query (well under SQLite's bound-parameter limit)."""
 
 
+UPLOAD_STREAMS_PER_LEASE = 2
+"""A worker's uploads streaming at once, per lease it may hold (``max_leases_per_node``): one
+batch per lease, and a retry's stream while the coordinator has yet to see the first one end."""
+
+
 class QuotaExceeded(Exception):
     """The node's unreferenced uploads would exceed its quota."""
 
@@ -108,13 +113,26 @@ class PendingUploads:
 
     Every size is counted as the file would take on the disk, in whole ``block_bytes`` blocks
     (1: exact bytes), for the quota, the tracked total and the bytes held in memory alike.
+
+    A node may stream at most ``max_streams`` uploads at once (None: no cap): the quota alone
+    would let one node hold a thousand streams of 1 MiB open (slowloris), each with a temporary
+    file, and exhaust the coordinator's file descriptors.
     """
 
     def __init__(
-        self, quota_bytes: int, clock: Callable[[], float] = time.time, *, block_bytes: int = 1
+        self,
+        quota_bytes: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        block_bytes: int = 1,
+        max_streams: int | None = None,
     ) -> None:
         if block_bytes < 1:
             raise ValueError(f"block_bytes must be at least 1, not {block_bytes}")
+        if max_streams is not None and max_streams < 1:
+            raise ValueError(f"max_streams must be at least 1, not {max_streams}")
+        self.max_streams = max_streams
+        self._streams: Counter[str] = Counter()  # uploads streaming now, per charged node
         self.quota_bytes = quota_bytes
         self.clock = clock
         self.block_bytes = block_bytes
@@ -140,28 +158,43 @@ class PendingUploads:
         ``in_memory``: its bytes are gathered in memory until stored).
 
         Raises :class:`QuotaExceeded` when the node's charge plus ``size`` would exceed the
-        quota. Every reservation must end with :meth:`finish`, once its bytes are stored or
-        dropped (not when its caller goes away: a store in progress still needs the room).
+        quota, or the node streams ``max_streams`` uploads already. Every reservation must end
+        with :meth:`finish`, once its bytes are stored or dropped (not when its caller goes
+        away: a store in progress still needs the room).
         """
         with self._lock:
             if node_id is None:
                 return Reservation(None, digest, size, charged=False, in_memory=in_memory)
-            owned = self._pending.get(digest)
-            if (
-                owned is not None
-                and owned.node_id == node_id
-                and owned.size == size
-                and digest not in self._resending
-            ):
-                # A re-send of a file the node owns (a retry whose answer was lost): free, one at
-                # a time per file; should the file be swept meanwhile, :meth:`admit` charges the
-                # new one before it is stored.
-                self._resending.add(digest)
-                return Reservation(
-                    node_id, digest, size, charged=False, resend=True, in_memory=in_memory
+            if self.max_streams is not None and self._streams[node_id] >= self.max_streams:
+                raise QuotaExceeded(
+                    f"this node is streaming {self._streams[node_id]} uploads already, the most "
+                    f"it may at once; finish or cancel one first"
                 )
-            self._charge(node_id, size)
-            return Reservation(node_id, digest, size, charged=True, in_memory=in_memory)
+            self._streams[node_id] += 1
+            try:
+                return self._reserve(node_id, digest, size, in_memory)
+            except BaseException:
+                self._end_stream(node_id)
+                raise
+
+    def _reserve(self, node_id: str, digest: bytes, size: int, in_memory: bool) -> Reservation:
+        """The reservation of :meth:`begin` (its lock held)."""
+        owned = self._pending.get(digest)
+        if (
+            owned is not None
+            and owned.node_id == node_id
+            and owned.size == size
+            and digest not in self._resending
+        ):
+            # A re-send of a file the node owns (a retry whose answer was lost): free, one at
+            # a time per file; should the file be swept meanwhile, :meth:`admit` charges the
+            # new one before it is stored.
+            self._resending.add(digest)
+            return Reservation(
+                node_id, digest, size, charged=False, resend=True, in_memory=in_memory
+            )
+        self._charge(node_id, size)
+        return Reservation(node_id, digest, size, charged=True, in_memory=in_memory)
 
     def admit(self, reservation: Reservation) -> None:
         """A new file is about to be stored from this stream: a free re-send is charged now
@@ -217,6 +250,8 @@ class PendingUploads:
         trainer's shard a worker happened to upload first): uncharged, aged anew.
         """
         with self._lock:
+            if reservation.node_id is not None:
+                self._end_stream(reservation.node_id)
             self._streaming -= reservation.received
             if reservation.in_memory:
                 self._buffered -= self._held(reservation.received)
@@ -230,6 +265,16 @@ class PendingUploads:
                 self._track(
                     reservation.digest, _Pending(UNKNOWN_UPLOADER, entry.size, self.clock())
                 )
+
+    def _end_stream(self, node_id: str) -> None:
+        self._streams[node_id] -= 1
+        if not self._streams[node_id]:
+            del self._streams[node_id]
+
+    def streams(self, node_id: str) -> int:
+        """Uploads ``node_id`` is streaming now."""
+        with self._lock:
+            return self._streams[node_id]
 
     def settle(self, digests: Iterable[bytes]) -> None:
         """These blobs are referenced now: they stop counting and are never swept."""
