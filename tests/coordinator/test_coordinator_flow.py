@@ -24,7 +24,6 @@ from rollnet.sdk.client import ConnectionConfig, RollnetClient
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.proofs.binding import derive_sampling_seed
 from rollnet.sdk.proofs.challenge import verify_challenge
 from rollnet.v1 import (
     blob_service_pb2,
@@ -36,7 +35,6 @@ from rollnet.v1 import (
     ledger_service_pb2,
     node_pb2,
     node_service_pb2,
-    rollout_pb2,
     rollout_service_pb2,
     task_service_pb2,
     validation_pb2,
@@ -111,33 +109,13 @@ async def do_task(
     )
     assert pulled.HasField("task"), "a task was queued, the pull must lease it"
     task, lease = pulled.task, pulled.lease
-    prompts = (
-        coordinator_testing.honest_prompt_ids(task)
-        if tokenizer
-        else [[1, 2, 3]] * len(task.prompt_ids)
-    )
-    rollouts = []
-    for prompt_index, prompt_id in enumerate(task.prompt_ids):
-        for sample in range(task.samples_per_prompt):
-            rollout = rollout_pb2.Rollout(
-                prompt_index=prompt_index,
-                prompt_id=prompt_id,
-                sample_index=sample,
-                prompt_token_ids=prompts[prompt_index],
-                completion_token_ids=[4, 5, 0],
-                behaviour_logprobs=[-0.1, -0.2, -0.3],
-                sampling_seed=derive_sampling_seed(
-                    NETWORK, task.task_id, prompt_index * task.samples_per_prompt + sample
-                ),
-                finish_reason=rollout_pb2.FINISH_REASON_EOS,
-                toploc_proof=b"\x00" * 258,
-            )
-            if unknown:
-                rollout.claimed_reward.MergeFromString(unknown)
-                rollout.MergeFromString(unknown)
-                assert len(unknown_fields.UnknownFieldSet(rollout)) == 1
-                assert len(unknown_fields.UnknownFieldSet(rollout.claimed_reward)) == 1
-            rollouts.append(rollout)
+    rollouts = coordinator_testing.make_work(worker, task, lease, tokenizer=tokenizer).rollouts
+    if unknown:
+        for rollout in rollouts:
+            rollout.claimed_reward.MergeFromString(unknown)
+            rollout.MergeFromString(unknown)
+            assert len(unknown_fields.UnknownFieldSet(rollout)) == 1
+            assert len(unknown_fields.UnknownFieldSet(rollout.claimed_reward)) == 1
     binding = coordinator_testing.lease_binding(worker, task, lease)
     batch = batches.encode_batch(binding, task.checkpoint_step, rollouts)
     uploaded = await client.blobs.upload(batch, blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH)
