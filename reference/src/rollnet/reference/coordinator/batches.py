@@ -9,9 +9,11 @@ from rollnet.ledger.tasks import TaskTerms
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.dispatch import PROMPT_TOKENS
 from rollnet.reference.coordinator.refusal import Refusal
+from rollnet.sdk import batches
+from rollnet.sdk.batches import BatchTerms
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.errors import ErrorReason
-from rollnet.sdk.proofs.binding import SEED_DOMAIN, derive_sampling_seed, proof_digest
+from rollnet.sdk.proofs.binding import LeaseBinding
 from rollnet.v1 import commitment_service_pb2, rollout_pb2
 
 _ROLLOUTS_FIELD = 6
@@ -109,64 +111,24 @@ def check_batch(
     network_id: str,
 ) -> None:
     """Refuse (``ROLLOUT_BATCH_INVALID``, naming up to eight problems) a batch that does not
-    match the commitment of ``node_id`` that names it, or the task's terms."""
-    problems: list[str] = []
-    if batch.task_id != request.task_id:
-        problems.append("batch.task_id differs from the commitment's task")
-    if batch.lease_id != request.lease_id or batch.fencing_token != request.fencing_token:
-        problems.append("batch lease differs from the commitment's lease")
-    if batch.node_id != node_id:
-        problems.append("batch.node_id is not the submitting node")
-    if batch.checkpoint_step != task.checkpoint_step:
-        problems.append(
-            f"batch.checkpoint_step {batch.checkpoint_step} != task's {task.checkpoint_step}"
-        )
+    match the commitment of ``node_id`` that names it, or the task's terms: the SDK's rules
+    (:func:`rollnet.sdk.batches.check`), with the completion and prompt lengths the coordinator
+    knows. They are checked here, not only by a validator: a commitment that is not spot-checked
+    is credited for its prompt and completion tokens."""
     spec = task.sampling
-    expected = len(task.prompt_ids) * int(spec["samples_per_prompt"])
-    if len(batch.rollouts) != expected:
-        problems.append(f"batch holds {len(batch.rollouts)} rollouts, task asks {expected}")
-    if len(request.rollouts) != len(batch.rollouts):
-        problems.append("commitment lists a different number of rollouts than the batch")
-    max_new_tokens = int(spec["max_new_tokens"])
-    samples = int(spec["samples_per_prompt"])
-    task_id = request.task_id
-    prompt_tokens: list[int] | None = spec.get(PROMPT_TOKENS)
-    for index, (rollout, digest) in enumerate(zip(batch.rollouts, request.rollouts, strict=False)):
-        # Checked here, not only by a validator: a commitment that is not spot-checked is
-        # credited for its prompt and completion tokens, so both are bounded by what the
-        # coordinator knows: each prompt's recorded length, and max_new_tokens.
-        prompt = index // samples
-        if prompt_tokens is not None and prompt < len(prompt_tokens):
-            if rollout.prompt_index != prompt:
-                problems.append(
-                    f"rollouts[{index}].prompt_index is {rollout.prompt_index}; the "
-                    f"rollout order puts prompt {prompt} there"
-                )
-            elif len(rollout.prompt_token_ids) != prompt_tokens[prompt]:
-                problems.append(
-                    f"rollouts[{index}] has {len(rollout.prompt_token_ids)} prompt tokens; "
-                    f"prompt {prompt} has {prompt_tokens[prompt]} with the task's checkpoint"
-                )
-        if len(rollout.completion_token_ids) > max_new_tokens:
-            problems.append(
-                f"rollouts[{index}] has {len(rollout.completion_token_ids)} completion "
-                f"tokens, the task allows {max_new_tokens}"
-            )
-        if proof_digest(rollout.toploc_proof) != digest.proof_blake3:
-            problems.append(f"rollouts[{index}].proof_blake3 does not match the batch")
-        if rollout.sampling_seed != digest.sampling_seed:
-            problems.append(f"rollouts[{index}].sampling_seed does not match the batch")
-        elif rollout.sampling_seed != derive_sampling_seed(network_id, task_id, index):
-            # Checked here too, not only by a validator: unchecked work is credited.
-            problems.append(
-                f"rollouts[{index}].sampling_seed is not the task's seed "
-                f"{derive_sampling_seed(network_id, task_id, index)}: BLAKE3("
-                f'"{SEED_DOMAIN}", network id, task id, rollout index)[:8] >> 1 '
-                "(docs/verification.md, Binding)"
-            )
-        if len(rollout.completion_token_ids) != digest.completion_tokens:
-            problems.append(f"rollouts[{index}].completion_tokens does not match the batch")
-        if len(problems) > 8:
-            break
+    binding = LeaseBinding(
+        network_id, node_id, request.task_id, request.lease_id, request.fencing_token
+    )
+    terms = BatchTerms(
+        task_id=task.id,
+        prompt_ids=[int(prompt) for prompt in task.prompt_ids],
+        samples_per_prompt=int(spec["samples_per_prompt"]),
+        checkpoint_step=task.checkpoint_step,
+        max_new_tokens=int(spec["max_new_tokens"]),
+        prompt_lengths=spec.get(PROMPT_TOKENS),
+    )
+    problems = batches.check(binding, terms, batch, request.rollouts, limit=8)
     if problems:
-        raise Refusal(ErrorReason.ROLLOUT_BATCH_INVALID, "; ".join(problems[:8]))
+        raise Refusal(
+            ErrorReason.ROLLOUT_BATCH_INVALID, "; ".join(problem.message for problem in problems)
+        )
