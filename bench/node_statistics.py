@@ -48,9 +48,13 @@ from rollnet.sdk.proofs.statistics import (
 )
 from rollnet.sdk.proofs.thresholds import sampling_tolerances, thresholds_for
 
-BUDGETS = (300, 1_000, 3_000, 10_000, 30_000)
+BUDGETS = (300, 1_000, 3_000, 10_000, 30_000, 100_000)
 HONEST_TEMPERATURES = (0.001, 0.01, 0.1, 0.2, 0.5, 1.5, 2.0)
 """Task temperatures of the honest runs besides the default one (and 0.7)."""
+LOGIT_SCALES = ((8.0, (0.2, 1.0, 2.0)), (48.0, (0.2, 1.0, 2.0)))
+"""Honest runs on copies whose final norm is scaled (LM-head logits up to max |z| 12 and 54, as
+in bench/calibrate_temperature.py), at the temperatures where honest margins came closest to
+the band there."""
 
 
 @dataclass
@@ -252,6 +256,16 @@ def adam_step(prompts: Sequence[Sequence[int]], lr: float) -> Callable[[Any], No
     return transform
 
 
+def scale_final_norm(factor: float) -> Callable[[Any], None]:
+    """Multiply the final norm's weight by ``factor``: logits ``factor`` times larger."""
+
+    def transform(model: Any) -> None:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(factor)
+
+    return transform
+
+
 def transformed(base: TorchBackend, transform: Callable[[Any], None]) -> TorchBackend:
     model = copy.deepcopy(base.model)
     transform(model)
@@ -410,6 +424,19 @@ def main() -> None:
                 count(128),
                 task_temperature=honest_temperature,
             )
+        for factor, temperatures in LOGIT_SCALES:
+            # Worker and validator both run the scaled checkpoint: it is the honest model here.
+            scaled = transformed(worker, scale_final_norm(factor))
+            scaled_validator = transformed(validator, scale_final_norm(factor))
+            for honest_temperature in temperatures:
+                run(
+                    f"honest: logits x{factor:g}, T={honest_temperature:g}",
+                    True,
+                    scaled,
+                    count(96),
+                    checker=scaled_validator,
+                    task_temperature=honest_temperature,
+                )
         n_attack = count(192)
         run("weights 1% noise", False, transformed(worker, add_weight_noise(0.01, 5)), n_attack)
         run("weights 0.1% noise", False, transformed(worker, add_weight_noise(0.001, 6)), n_attack)
@@ -422,7 +449,9 @@ def main() -> None:
         for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
             steering = CheatingBackend(cheat)
             steering.load(str(work / "tiny"), dtype=dtype)
-            run(f"steering ({cheat.value})", False, steering, n_attack)
+            # EOS is seldom a near-tie runner-up on the tiny model: a larger pool for EOS.
+            n = count(768) if cheat is Cheat.STEER_EOS else n_attack
+            run(f"steering ({cheat.value})", False, steering, n)
         eos_steerer = CheatingBackend(Cheat.STEER_EOS)
         eos_steerer.load(str(work / "tiny"), dtype=dtype)
         shortening.append(
@@ -490,25 +519,24 @@ def main() -> None:
         median = f"{caught[len(caught) // 2]:,}" if len(caught) * 2 > len(flags) else "-"
         print(f"| {s.dtype} | {s.name} | " + " | ".join(caught_by) + f" | {median} |")
 
-    print("\n## Honest band and EOS losses per task temperature (every honest variation at T)")
+    print("\n## Honest band and EOS losses per honest run (task temperature, logit scale)")
     print(
-        "| dtype | T | tokens | band events | band losses | EOS events | EOS losses "
-        "| most negative margin / tol | largest |z| of a 10k-token stretch |"
+        "| dtype | honest run | tokens | band events | band losses | EOS events | EOS losses "
+        "| most negative margin / tol | largest |z| of a 5k-token stretch |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for dtype in args.dtypes.split(","):
-        for t in sorted({s.temperature for s in scenarios if s.honest and s.dtype == dtype}):
-            at = [s for s in scenarios if s.honest and s.dtype == dtype and s.temperature == t]
-            ratios = np.concatenate([s.ratios for s in at])
-            stats = [x for s in at for x in s.statistics]
-            events = sum(x.near_tie_losses + x.near_tie_wins for x in stats)
-            losses = sum(x.near_tie_losses for x in stats)
-            eos_events = sum(x.eos_near_tie_losses + x.eos_near_tie_passes for x in stats)
-            eos_losses = sum(x.eos_near_tie_losses for x in stats)
-            print(
-                f"| {dtype} | {t:g} | {ratios.size} | {events} | {losses} | {eos_events} "
-                f"| {eos_losses} | {float(ratios.min()):.4f} | {stretch_z(stats, 10_000):.1f} |"
-            )
+    for s in scenarios:
+        if not s.honest:
+            continue
+        events = sum(x.near_tie_losses + x.near_tie_wins for x in s.statistics)
+        losses = sum(x.near_tie_losses for x in s.statistics)
+        eos_events = sum(x.eos_near_tie_losses + x.eos_near_tie_passes for x in s.statistics)
+        eos_losses = sum(x.eos_near_tie_losses for x in s.statistics)
+        print(
+            f"| {s.dtype} | {s.name.removeprefix('honest: ')} | {s.ratios.size} | {events} "
+            f"| {losses} | {eos_events} | {eos_losses} | {float(s.ratios.min()):.4f} "
+            f"| {stretch_z(s.statistics, 5_000):.1f} |"
+        )
 
     print("\n## Honest band losses (pooled honest variations) and the bound on their share")
     print(
