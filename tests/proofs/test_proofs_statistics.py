@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rollnet.sdk.proofs import statistics
-from rollnet.sdk.proofs.sampling import gumbel_scores
+from rollnet.sdk.proofs.sampling import gumbel_noise, gumbel_noise_at, gumbel_scores
 from rollnet.sdk.proofs.statistics import (
     NEAR_TIE_FLOOR,
     NodeEvidence,
@@ -201,6 +201,17 @@ def eos_rollouts(seed: int, count: int, steering: float) -> list[RolloutStatisti
         thresholds=BFLOAT16,
         eos_token_ids=frozenset(EOS),
     )
+
+
+def test_noise_at_a_few_columns_equals_the_full_rows() -> None:
+    seeds, positions = np.array([5, 7, 2**40]), np.array([0, 3, 9])
+    columns = np.array([[1, 199], [0, 5], [150, 150]])
+    full = gumbel_noise(seeds, positions, 200)
+    assert np.array_equal(
+        gumbel_noise_at(seeds, positions, columns), np.take_along_axis(full, columns, axis=1)
+    )
+    with pytest.raises(ValueError, match=r"\[N, k\]"):
+        gumbel_noise_at(seeds, positions, columns[:2])
 
 
 def test_the_eos_events_equal_the_definitions() -> None:
