@@ -43,8 +43,9 @@ from rollnet.reference.model.tiny import init_tiny_model
 from rollnet.sdk.proofs import thresholds as calibrated
 from rollnet.sdk.proofs.binding import derive_sampling_seed
 from rollnet.sdk.proofs.report import CheckName
-from rollnet.sdk.proofs.sampling import token_logprob_bounds
-from rollnet.sdk.proofs.thresholds import logit_tolerances
+from rollnet.sdk.proofs.sampling import sampling_margins, token_logprob_bounds
+from rollnet.sdk.proofs.statistics import NEAR_TIE_FLOOR
+from rollnet.sdk.proofs.thresholds import logit_tolerances, sampling_tolerances
 
 FIXED_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.05}
 """The tolerance before the error model: score units for the margins, nats for log-probs."""
@@ -80,6 +81,11 @@ class Cell:
     eos_won_clearly: int = 0
     fixed_rule_rejects: int = 0
     """Rollouts the fixed tolerances of before (1e-3 fp32, 0.05 bf16) would have rejected."""
+    band_events: int = 0
+    """Tokens with ``b < |margin / tolerance| <= 1`` (``b`` the per-node statistics' floor)."""
+    band_losses: int = 0
+    """Of those, tokens with ``-1 <= margin / tolerance < -b``: what the honest loss share
+    ``pi0`` of the per-node statistics must bound."""
 
 
 @dataclass
@@ -254,6 +260,16 @@ def run_honest(
                 f"{c.name.value}:{c.reason.value if c.reason else '?'}" for c in report.failed
             ]
             sampling = report.check(CheckName.SAMPLING).figures
+            if rollout.claim.completion_ids:
+                ratios = sampling_margins(
+                    prefill.logits,
+                    rollout.claim.completion_ids,
+                    rollout.claim.sampling_seed,
+                    rollout.assignment.temperature,
+                ) / sampling_tolerances(prefill.logits, rollout.assignment.temperature, thresholds)
+                in_band = (np.abs(ratios) > NEAR_TIE_FLOOR) & (np.abs(ratios) <= 1)
+                cell.band_events += int(in_band.sum())
+                cell.band_losses += int((in_band & (ratios < 0)).sum())
             cell.worst_margin = min(cell.worst_margin, float(sampling["min_margin"]))
             cell.worst_fraction = min(cell.worst_fraction, float(sampling["min_margin_fraction"]))
             termination = report.check(CheckName.TERMINATION).figures
@@ -328,9 +344,9 @@ def print_report(
     print(
         "| dtype | T | rollouts | tokens | false rejects | worst margin (score units) | "
         "worst margin / tolerance | worst log-prob / tolerance | EOS endings (won clearly) | "
-        "fixed tolerance of before: rejects |"
+        "fixed tolerance of before: rejects | band losses / band events |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     totals: dict[str, tuple[int, int, int]] = {}
     for (dtype, temperature), c in cells.items():
         rejected = sum(c.rejects.values())
@@ -339,7 +355,8 @@ def print_report(
             f"| {dtype} | {temperature:g} | {c.rollouts} | {c.tokens} | "
             f"{rejected}{' ' + reasons if reasons else ''} | {c.worst_margin:.3g} | "
             f"{c.worst_fraction:.3f} | {c.worst_logprob_fraction:.3f} | "
-            f"{c.eos_endings} ({c.eos_won_clearly}) | {c.fixed_rule_rejects} |"
+            f"{c.eos_endings} ({c.eos_won_clearly}) | {c.fixed_rule_rejects} "
+            f"| {c.band_losses} / {c.band_events} |"
         )
         r, t, f = totals.get(dtype, (0, 0, 0))
         totals[dtype] = (r + c.rollouts, t + c.tokens, f + rejected)

@@ -51,7 +51,7 @@ def _measure(vocab: int, args: argparse.Namespace, rng: np.random.Generator) -> 
         last = np.stack([z[-1] for z in logits])
         termination.eos_probability_bounds(last, EOS, 1.0, FLOAT32)
         statistics.rollout_statistics_batch(
-            logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32
+            logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32, eos_token_ids=EOS
         )
         for z, c in zip(logits, ids, strict=True):
             sampling.token_logprob_bounds(z, c, 1.0, FLOAT32)
@@ -61,7 +61,7 @@ def _measure(vocab: int, args: argparse.Namespace, rng: np.random.Generator) -> 
             logits, ids, seeds=seeds, temperature=1.0, thresholds=FLOAT32, eos_token_ids=EOS
         )
         sampling.sampling_results(figures)
-        statistics.rollout_statistics_from_figures(figures)
+        statistics.rollout_statistics_from_figures(figures, logits, ids, seeds)
         for number in range(args.rollouts):
             figures.eos_probability_bounds(number)
             figures.logprob_bounds(number)

@@ -1,13 +1,16 @@
 """Per-node statistics on the tiny model: honest false flags and detection vs token budget.
 
-Generates honest rollouts under the calibration harness's honest variations and rollouts of each
-attack that per-token checks pass on bf16 networks (cheaper models, a stale checkpoint, a sharper
-sampler, steering), per network dtype (worker and validator both in it). The validator's
+Generates honest rollouts under the calibration harness's honest variations, at task temperatures
+across the admitted range (0.001-2.0), and rollouts of each attack that per-token checks pass on
+bf16 networks (cheaper models, a stale checkpoint, a sharper sampler, steering to a digit or to
+EOS), per network dtype (worker and validator both in it). The validator's
 per-rollout statistics (:mod:`rollnet.sdk.proofs.statistics`) are then fed, in verdicts of
 ``--job-rollouts`` rollouts, to the per-node sequential tests as the coordinator runs them:
 nodes are streams of rollouts drawn with replacement from a scenario's pool, and the table
 prints the share flagged within each token budget, plus the honest false-flag count over many
-honest node streams.
+honest node streams (drawing from every temperature's honest rollouts), the honest band-loss
+share per temperature, and what an EOS steerer changes in completion length (the same seeds and
+prompts generated honestly and steered).
 
     .venv/bin/python bench/node_statistics.py [--scale 1.0] [--max-new-tokens 48]
 """
@@ -45,7 +48,13 @@ from rollnet.sdk.proofs.statistics import (
 )
 from rollnet.sdk.proofs.thresholds import sampling_tolerances, thresholds_for
 
-BUDGETS = (300, 1_000, 3_000, 10_000, 30_000)
+BUDGETS = (300, 1_000, 3_000, 10_000, 30_000, 100_000)
+HONEST_TEMPERATURES = (0.001, 0.01, 0.1, 0.2, 0.5, 1.5, 2.0)
+"""Task temperatures of the honest runs besides the default one (and 0.7)."""
+LOGIT_SCALES = ((8.0, (0.2, 1.0, 2.0)), (48.0, (0.2, 1.0, 2.0)))
+"""Honest runs on copies whose final norm is scaled (LM-head logits up to max |z| 12 and 54, as
+in bench/calibrate_temperature.py), at the temperatures where honest margins came closest to
+the band there."""
 
 
 @dataclass
@@ -55,6 +64,7 @@ class Scenario:
     name: str
     dtype: str
     honest: bool
+    temperature: float
     statistics: list[RolloutStatistics]
     passed_per_token: float
     """Share of rollouts every check accepts (the per-rollout verdict)."""
@@ -77,6 +87,7 @@ def statistics_of(
     """The validator's statistics of ``rollouts``, whether every check accepts each, and each
     token's margin / tolerance."""
     thresholds = thresholds_for(dtype)
+    eos = validator.eos_token_ids
     out: list[RolloutStatistics] = []
     ratios: list[np.ndarray] = []
     accepted: list[bool] = []
@@ -92,6 +103,7 @@ def statistics_of(
                 seeds=[r.claim.sampling_seed for r in chunk],
                 temperature=temperature,
                 thresholds=thresholds,
+                eos_token_ids=eos,
             )
         )
         reports = harness.verify_prefilled(chunk, prefills, thresholds)
@@ -123,6 +135,44 @@ def flag_tokens(
         if judge(evidence, policy).flagged:
             return evidence.tokens
     return None
+
+
+def stretch_z(statistics: Sequence[RolloutStatistics], tokens: int) -> float:
+    """The largest ``|S| / sqrt(V)`` of the log-probability excess over consecutive stretches
+    of about ``tokens`` tokens (the drift the log-probability tests would see)."""
+    worst = 0.0
+    excess = variance = 0.0
+    count = 0
+    for s in statistics:
+        excess += s.logprob_excess
+        variance += s.logprob_variance
+        count += s.tokens
+        if count >= tokens:
+            if variance > 0:
+                worst = max(worst, abs(excess) / math.sqrt(variance))
+            excess = variance = 0.0
+            count = 0
+    return worst
+
+
+def eos_shortening(
+    dtype: str,
+    factory: harness.RolloutFactory,
+    honest: TorchBackend,
+    steering: TorchBackend,
+    slots: Sequence[harness.Slot],
+) -> tuple[str, int, float, float, float, float]:
+    """What an EOS steerer changes: the same slots (prompts, seeds) generated honestly and by
+    the steerer; mean completion lengths, their relative change, the share of rollouts cut."""
+    honest_lengths = [len(g[0].completion_ids) for g in factory.generate(honest, slots)]
+    steered_lengths = [len(g[0].completion_ids) for g in factory.generate(steering, slots)]
+    honest_mean = float(np.mean(honest_lengths))
+    steered_mean = float(np.mean(steered_lengths))
+    shortened = float(
+        np.mean([s < h for s, h in zip(steered_lengths, honest_lengths, strict=True)])
+    )
+    change = steered_mean / honest_mean - 1
+    return dtype, len(slots), honest_mean, steered_mean, change, shortened
 
 
 def _binomial_upper(successes: int, trials: int, alpha: float) -> float:
@@ -206,6 +256,16 @@ def adam_step(prompts: Sequence[Sequence[int]], lr: float) -> Callable[[Any], No
     return transform
 
 
+def scale_final_norm(factor: float) -> Callable[[Any], None]:
+    """Multiply the final norm's weight by ``factor``: logits ``factor`` times larger."""
+
+    def transform(model: Any) -> None:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(factor)
+
+    return transform
+
+
 def transformed(base: TorchBackend, transform: Callable[[Any], None]) -> TorchBackend:
     model = copy.deepcopy(base.model)
     transform(model)
@@ -279,6 +339,7 @@ def main() -> None:
 
     temperature = args.temperature
     scenarios: list[Scenario] = []
+    shortening: list[tuple[str, int, float, float, float, float]] = []
     for dtype in args.dtypes.split(","):
 
         def backend(dtype: str = dtype) -> TorchBackend:
@@ -338,7 +399,9 @@ def main() -> None:
                 checker or validator, rollouts, task_temperature, dtype
             )
             passed = sum(accepted) / max(1, len(accepted))
-            scenarios.append(Scenario(name, dtype, honest, stats, passed, ratios, accepted))
+            scenarios.append(
+                Scenario(name, dtype, honest, task_temperature, stats, passed, ratios, accepted)
+            )
             tokens = sum(s.tokens for s in stats)
             print(
                 f"  {dtype} {name}: {n} rollouts, {tokens} tokens, "
@@ -353,6 +416,27 @@ def main() -> None:
         run("honest: no KV cache", True, no_cache, count(128))
         run("honest: 2 threads", True, worker, count(128), threads=2)
         run("honest: T=0.7", True, worker, count(256), task_temperature=0.7)
+        for honest_temperature in HONEST_TEMPERATURES:
+            run(
+                f"honest: T={honest_temperature:g}",
+                True,
+                worker,
+                count(128),
+                task_temperature=honest_temperature,
+            )
+        for factor, temperatures in LOGIT_SCALES:
+            # Worker and validator both run the scaled checkpoint: it is the honest model here.
+            scaled = transformed(worker, scale_final_norm(factor))
+            scaled_validator = transformed(validator, scale_final_norm(factor))
+            for honest_temperature in temperatures:
+                run(
+                    f"honest: logits x{factor:g}, T={honest_temperature:g}",
+                    True,
+                    scaled,
+                    count(96),
+                    checker=scaled_validator,
+                    task_temperature=honest_temperature,
+                )
         n_attack = count(192)
         run("weights 1% noise", False, transformed(worker, add_weight_noise(0.01, 5)), n_attack)
         run("weights 0.1% noise", False, transformed(worker, add_weight_noise(0.001, 6)), n_attack)
@@ -365,23 +449,37 @@ def main() -> None:
         for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
             steering = CheatingBackend(cheat)
             steering.load(str(work / "tiny"), dtype=dtype)
-            run(f"steering ({cheat.value})", False, steering, n_attack)
+            # EOS is seldom a near-tie runner-up on the tiny model: a larger pool for EOS.
+            n = count(768) if cheat is Cheat.STEER_EOS else n_attack
+            run(f"steering ({cheat.value})", False, steering, n)
+        eos_steerer = CheatingBackend(Cheat.STEER_EOS)
+        eos_steerer.load(str(work / "tiny"), dtype=dtype)
+        shortening.append(
+            eos_shortening(dtype, factory, worker, eos_steerer, slots(count(512), node=1))
+        )
 
     rng = np.random.default_rng(0)
     print(f"\nload average {os.getloadavg()[0]:.1f}; {args.job_rollouts} rollouts per verdict")
-    print("\n## Per scenario: band events, loss share, log-probability z, rollouts accepted")
-    print("| dtype | scenario | tokens | losses / (losses + wins) | z = S / sqrt(V) | accepted |")
-    print("|---|---|---|---|---|---|")
+    print("\n## Per scenario: band events, loss share, EOS events, log-probability z, accepted")
+    print(
+        "| dtype | scenario | tokens | losses / (losses + wins) "
+        "| EOS losses / (losses + passes) | z = S / sqrt(V) | accepted |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for s in scenarios:
         tokens = sum(x.tokens for x in s.statistics)
         losses = sum(x.near_tie_losses for x in s.statistics)
         wins = sum(x.near_tie_wins for x in s.statistics)
         excess = sum(x.logprob_excess for x in s.statistics)
         variance = sum(x.logprob_variance for x in s.statistics)
+        eos_losses = sum(x.eos_near_tie_losses for x in s.statistics)
+        eos_passes = sum(x.eos_near_tie_passes for x in s.statistics)
         share = f"{losses}/{losses + wins} = {losses / max(1, losses + wins):.3f}"
+        eos_share = f"{eos_losses}/{eos_losses + eos_passes}"
         z = excess / math.sqrt(variance) if variance > 0 else 0.0
         print(
-            f"| {s.dtype} | {s.name} | {tokens} | {share} | {z:+.1f} | {s.passed_per_token:.0%} |"
+            f"| {s.dtype} | {s.name} | {tokens} | {share} | {eos_share} | {z:+.1f} "
+            f"| {s.passed_per_token:.0%} |"
         )
 
     edges = (-1.0, -0.5, -0.25, -0.1, -0.03, -0.01, 0.0)
@@ -421,6 +519,25 @@ def main() -> None:
         median = f"{caught[len(caught) // 2]:,}" if len(caught) * 2 > len(flags) else "-"
         print(f"| {s.dtype} | {s.name} | " + " | ".join(caught_by) + f" | {median} |")
 
+    print("\n## Honest band and EOS losses per honest run (task temperature, logit scale)")
+    print(
+        "| dtype | honest run | tokens | band events | band losses | EOS events | EOS losses "
+        "| most negative margin / tol | largest |z| of a 5k-token stretch |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s in scenarios:
+        if not s.honest:
+            continue
+        events = sum(x.near_tie_losses + x.near_tie_wins for x in s.statistics)
+        losses = sum(x.near_tie_losses for x in s.statistics)
+        eos_events = sum(x.eos_near_tie_losses + x.eos_near_tie_passes for x in s.statistics)
+        eos_losses = sum(x.eos_near_tie_losses for x in s.statistics)
+        print(
+            f"| {s.dtype} | {s.name.removeprefix('honest: ')} | {s.ratios.size} | {events} "
+            f"| {losses} | {eos_events} | {eos_losses} | {float(s.ratios.min()):.4f} "
+            f"| {stretch_z(s.statistics, 5_000):.1f} |"
+        )
+
     print("\n## Honest band losses (pooled honest variations) and the bound on their share")
     print(
         "| dtype | honest tokens | band events | band losses | most negative honest margin / tol "
@@ -430,6 +547,7 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         honest = [s for s in scenarios if s.honest and s.dtype == dtype]
         ratios = np.concatenate([s.ratios for s in honest])
+        # Band and EOS events together: an EOS loss is a band loss whose token is EOS.
         events = int(np.sum((np.abs(ratios) > NEAR_TIE_FLOOR) & (np.abs(ratios) <= 1)))
         losses = int(np.sum((ratios >= -1) & (ratios < -NEAR_TIE_FLOOR)))
         worst = float(ratios.min())
@@ -461,6 +579,17 @@ def main() -> None:
         print(
             f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
             f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
+        )
+    print("\n## EOS steering: completion length, steered vs honest (same prompts and seeds)")
+    print(
+        "| dtype | rollouts | honest mean length | steered mean length | change "
+        "| rollouts shortened |"
+    )
+    print("|---|---|---|---|---|---|")
+    for dtype, n, honest_mean, steered_mean, change, shortened in shortening:
+        print(
+            f"| {dtype} | {n} | {honest_mean:.2f} | {steered_mean:.2f} | {change:+.2%} "
+            f"| {shortened:.2%} |"
         )
     print_cost()
     print(f"\n{time.perf_counter() - started:.0f} s in all")

@@ -1,7 +1,8 @@
 """Per-node statistics on verdicts: refused unless shaped like the batch (one entry per rollout,
-``tokens`` its completion length, losses + wins at most tokens, with an ACCEPT only), added up per
-worker in ``node_statistics``, and a worker whose evidence reaches a test's threshold is ejected
-with the test as its reason — its accepted work staying credited, nothing credited twice."""
+``tokens`` its completion length, the near-tie and EOS counts together at most tokens, with an
+ACCEPT only), added up per worker in ``node_statistics`` at any task temperature, and a worker
+whose evidence reaches a test's threshold (EOS steering included) is ejected with the test as
+its reason — its accepted work staying credited, nothing credited twice."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from rollnet.sdk.proofs.statistics import StatisticsPolicy
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
+    rollout_service_pb2,
     validation_pb2,
     validation_service_pb2,
 )
@@ -52,13 +54,21 @@ QUICK = StatisticsPolicy(
 )
 
 
-def stats(tokens: int = TOKENS, losses: int = 0, wins: int = 0) -> validation_pb2.RolloutStatistics:
+def stats(
+    tokens: int = TOKENS,
+    losses: int = 0,
+    wins: int = 0,
+    eos_losses: int = 0,
+    eos_passes: int = 0,
+) -> validation_pb2.RolloutStatistics:
     return validation_pb2.RolloutStatistics(
         tokens=tokens,
         near_tie_losses=losses,
         near_tie_wins=wins,
         logprob_excess=-0.25,
         logprob_variance=1.5,
+        eos_near_tie_losses=eos_losses,
+        eos_near_tie_passes=eos_passes,
     )
 
 
@@ -168,6 +178,8 @@ async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: S
         ([stats(), stats(), stats()], "rollout_statistics", "length 3, but the batch has 2"),
         ([stats(), stats(tokens=2)], "rollout_statistics[1].tokens", "2, but rollout 1 has 3"),
         ([stats(losses=2, wins=2), stats()], "rollout_statistics[0]", "exceed tokens = 3"),
+        ([stats(), stats(wins=2, eos_passes=2)], "rollout_statistics[1]", "exceed tokens = 3"),
+        ([stats(eos_losses=-1), stats()], "rollout_statistics[0].eos_near_tie_losses", "outside"),
         # The field's own bounds (at the edge): counts never negative, variance at least 0.
         ([stats(), stats(losses=-1)], "rollout_statistics[1].near_tie_losses", "outside"),
     ]
@@ -207,7 +219,7 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: S
     )
     assert node(engine, worker.node_id)[0] is not NodeState.EJECTED
     # Then near-tie losses: each is worth ln(0.03 / 0.002) = 2.7 nats against a threshold of
-    # ln(100 * 3 / 0.01) = 10.3, so the second such verdict flags the node.
+    # ln(100 * 4 / 0.01) = 10.6, so the second such verdict flags the node.
     for _ in range(2):
         await pull_and_commit(client, worker, tokenizer=True)
         job = await pull_job(validator)
@@ -228,3 +240,36 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: S
         commitments = conn.execute(select(Verdict.commitment_id)).scalars().all()
     assert sorted(credits(engine, worker.node_id)) == sorted(commitments)
     assert len(commitments) == 3
+
+
+async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Swarm) -> None:
+    """EOS steering at T = 0.05: statistics count at every admitted temperature."""
+    trainer, validator, client, worker, engine = swarm
+    await trainer.rollouts.request_rollouts(
+        rollout_service_pb2.RequestRolloutsRequest(
+            rollout_step=1,
+            environment="arithmetic",
+            prompt_count=2,
+            samples_per_prompt=2,
+            sampling=common_pb2.SamplingParams(temperature=0.05, max_new_tokens=8),
+            prompts_per_task=1,
+        )
+    )
+    # Each EOS loss is worth ln(0.2 / 0.002) = 4.6 nats against 10.6: the second verdict flags.
+    for verdicts in range(1, 3):
+        await pull_and_commit(client, worker, tokenizer=True)
+        job = await pull_job(validator)
+        assert job.job.task.sampling.temperature == pytest.approx(0.05)
+        await validator.validation.submit_verdict(
+            verdict_on(job, [stats(eos_losses=1), stats(eos_losses=1, eos_passes=1)])
+        )
+        state, reason = node(engine, worker.node_id)
+        assert (state is NodeState.EJECTED) == (verdicts == 2), (verdicts, reason)
+    assert reason.startswith("per-node statistics: eos test"), reason
+    row = statistics_row(engine, worker.node_id)
+    assert row is not None
+    assert (row.tokens, row.near_tie_losses, row.near_tie_wins) == (12, 0, 0)
+    assert row.flagged_test == "eos"
+    assert (row.eos_near_tie_losses, row.eos_near_tie_passes) == (4, 2)
+    assert row.eos_cusum >= QUICK.flag_threshold
+    assert row.near_tie_cusum == 0.0

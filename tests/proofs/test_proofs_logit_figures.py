@@ -90,9 +90,16 @@ def test_fused_figures_equal_the_separate_functions(
             logits, completions, seeds=seeds, temperature=temperature, thresholds=thresholds
         )
     )
-    assert repr(statistics.rollout_statistics_from_figures(figures)) == repr(
+    assert repr(
+        statistics.rollout_statistics_from_figures(figures, logits, completions, seeds)
+    ) == repr(
         statistics.rollout_statistics_batch(
-            logits, completions, seeds=seeds, temperature=temperature, thresholds=thresholds
+            logits,
+            completions,
+            seeds=seeds,
+            temperature=temperature,
+            thresholds=thresholds,
+            eos_token_ids=EOS,
         )
     )
 
@@ -107,7 +114,7 @@ def test_a_rollout_out_of_the_vocabulary_is_marked_not_computed() -> None:
         logits, completions, seeds=[1, 2], temperature=1.0, thresholds=FLOAT32
     )
     with pytest.raises(ValueError, match="out of the vocabulary"):
-        statistics.rollout_statistics_from_figures(figures)
+        statistics.rollout_statistics_from_figures(figures, logits, completions, [1, 2])
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rollnet.sdk.proofs import statistics
-from rollnet.sdk.proofs.sampling import gumbel_scores
+from rollnet.sdk.proofs.sampling import gumbel_noise, gumbel_noise_at, gumbel_scores
 from rollnet.sdk.proofs.statistics import (
     NEAR_TIE_FLOOR,
     NodeEvidence,
@@ -130,6 +130,200 @@ def test_bad_input_is_named() -> None:
         rollout_statistics_batch([z], [[1, 2]], seeds=[], temperature=1.0, thresholds=FLOAT32)
 
 
+EOS = (35, 36)
+
+
+def reference_with_eos(
+    logits: np.ndarray, ids: list[int], seed: int, tolerances: np.ndarray
+) -> RolloutStatistics:
+    """One rollout token by token with EOS events, straight from the definitions."""
+    scores = gumbel_scores(logits, seed, TEMPERATURE)
+    counts = {"losses": 0, "wins": 0, "eos_losses": 0, "eos_passes": 0}
+    for row, token in enumerate(ids):
+        others = np.delete(scores[row], token)
+        ratio = (scores[row, token] - others.max()) / tolerances[row]
+        band_loss = -1 <= ratio < -NEAR_TIE_FLOOR
+        eos_loss = eos_pass = False
+        if token in EOS:
+            eos_loss = band_loss
+        else:
+            gap = (max(scores[row, e] for e in EOS) - scores[row, token]) / tolerances[row]
+            eos_pass = -1 <= gap < -NEAR_TIE_FLOOR and not band_loss
+        counts["losses"] += band_loss and not eos_loss
+        counts["wins"] += NEAR_TIE_FLOOR < ratio <= 1 and not eos_pass
+        counts["eos_losses"] += eos_loss
+        counts["eos_passes"] += eos_pass
+    return RolloutStatistics(
+        len(ids),
+        counts["losses"],
+        counts["wins"],
+        0.0,
+        0.0,
+        eos_near_tie_losses=counts["eos_losses"],
+        eos_near_tie_passes=counts["eos_passes"],
+    )
+
+
+def until_eos(logits: np.ndarray, seed: int, steering: float = 0.0) -> list[int]:
+    """Seeded Gumbel-max tokens up to the first EOS; with ``steering`` > 0, EOS whenever its
+    best score is within ``steering`` of the row's sampling tolerance of the winner's."""
+    scores = gumbel_scores(logits, seed, TEMPERATURE)
+    tolerances = sampling_tolerances(logits, TEMPERATURE, BFLOAT16)
+    tokens = []
+    for row in range(scores.shape[0]):
+        token = int(scores[row].argmax())
+        eos = max(EOS, key=lambda e: scores[row, e])
+        if scores[row, eos] >= scores[row].max() - steering * tolerances[row]:
+            token = eos
+        tokens.append(token)
+        if token in EOS:
+            break
+    return tokens
+
+
+def eos_rollouts(seed: int, count: int, steering: float) -> list[RolloutStatistics]:
+    """``count`` rollouts of up to 48 tokens on random logits where EOS is unlikely (so that it
+    is rarely the runner-up): the near-tie band alone barely moves for an EOS steerer."""
+    rng = np.random.default_rng(seed)
+    logits, ids, seeds = [], [], []
+    for number in range(count):
+        z = rng.normal(0, 1, size=(48, VOCAB))
+        z[:, list(EOS)] -= 2.0
+        tokens = until_eos(z, number, steering)
+        logits.append(z[: len(tokens)])
+        ids.append(tokens)
+        seeds.append(number)
+    return rollout_statistics_batch(
+        logits,
+        ids,
+        seeds=seeds,
+        temperature=TEMPERATURE,
+        thresholds=BFLOAT16,
+        eos_token_ids=frozenset(EOS),
+    )
+
+
+def test_noise_at_a_few_columns_equals_the_full_rows() -> None:
+    seeds, positions = np.array([5, 7, 2**40]), np.array([0, 3, 9])
+    columns = np.array([[1, 199], [0, 5], [150, 150]])
+    full = gumbel_noise(seeds, positions, 200)
+    assert np.array_equal(
+        gumbel_noise_at(seeds, positions, columns), np.take_along_axis(full, columns, axis=1)
+    )
+    with pytest.raises(ValueError, match=r"\[N, k\]"):
+        gumbel_noise_at(seeds, positions, columns[:2])
+
+
+def test_the_eos_events_equal_the_definitions() -> None:
+    rng = np.random.default_rng(5)
+    logits, ids, seeds = [], [], []
+    for n, seed in ((60, 3), (1, 4), (90, 5), (30, 6)):
+        z = rng.normal(0, 1, size=(n, VOCAB))
+        z[:, list(EOS)] -= 0.5
+        logits.append(z)
+        # Steered rows everywhere (no stop): EOS losses and passes both occur.
+        scores = gumbel_scores(z, seed, TEMPERATURE)
+        tolerances = sampling_tolerances(z, TEMPERATURE, BFLOAT16)
+        chosen = scores.argmax(axis=1)
+        best_eos = np.asarray(EOS)[scores[:, list(EOS)].argmax(axis=1)]
+        close = scores[np.arange(n), best_eos] >= scores.max(axis=1) - 0.9 * tolerances
+        take = close & (rng.random(n) < 0.5)
+        ids.append([int(t) for t in np.where(take, best_eos, chosen)])
+        seeds.append(seed)
+    got = rollout_statistics_batch(
+        logits,
+        ids,
+        seeds=seeds,
+        temperature=TEMPERATURE,
+        thresholds=BFLOAT16,
+        eos_token_ids=frozenset(EOS),
+    )
+    for z, chosen_ids, seed, stats in zip(logits, ids, seeds, got, strict=True):
+        tolerances = sampling_tolerances(z, TEMPERATURE, BFLOAT16)
+        want = reference_with_eos(z, chosen_ids, seed, tolerances)
+        assert (
+            stats.near_tie_losses,
+            stats.near_tie_wins,
+            stats.eos_near_tie_losses,
+            stats.eos_near_tie_passes,
+        ) == (
+            want.near_tie_losses,
+            want.near_tie_wins,
+            want.eos_near_tie_losses,
+            want.eos_near_tie_passes,
+        )
+    assert sum(s.eos_near_tie_losses for s in got) > 0
+    assert sum(s.eos_near_tie_passes for s in got) > 0
+    # Without EOS ids the same tokens are all band events.
+    plain = rollout_statistics_batch(
+        logits, ids, seeds=seeds, temperature=TEMPERATURE, thresholds=BFLOAT16
+    )
+    assert sum(s.near_tie_losses for s in plain) == sum(
+        s.near_tie_losses + s.eos_near_tie_losses for s in got
+    )
+    with pytest.raises(ValueError, match="EOS token id"):
+        rollout_statistics_batch(
+            logits,
+            ids,
+            seeds=seeds,
+            temperature=TEMPERATURE,
+            thresholds=BFLOAT16,
+            eos_token_ids=frozenset({VOCAB}),
+        )
+
+
+def node_flagged_at(
+    pool: list[RolloutStatistics], policy: StatisticsPolicy, budget: int, seed: int
+) -> int | None:
+    """Tokens at which a node drawing verdicts of 8 rollouts from ``pool`` is flagged."""
+    rng = np.random.default_rng(seed)
+    evidence = NodeEvidence()
+    while evidence.tokens < budget:
+        evidence = evidence.add([pool[i] for i in rng.integers(0, len(pool), size=8)], policy)
+        if judge(evidence, policy).flagged:
+            return evidence.tokens
+    return None
+
+
+def test_an_eos_steerer_is_flagged_and_an_honest_node_is_not() -> None:
+    policy = statistics.BFLOAT16_POLICY
+    honest = eos_rollouts(7, 300, steering=0.0)
+    steered = eos_rollouts(7, 300, steering=0.9)
+    assert sum(s.eos_near_tie_losses for s in honest) == 0
+    assert sum(s.eos_near_tie_passes for s in honest) > 0
+    assert sum(s.eos_near_tie_losses for s in steered) > 0
+    budget = 30_000
+    for seed in range(5):
+        assert node_flagged_at(honest, policy, budget, seed) is None
+        assert node_flagged_at(steered, policy, budget, seed) is not None
+    # The same steered tokens counted as band events only (no EOS ids) are not flagged: the
+    # EOS events are what catch it.
+    band_only = [
+        dataclasses.replace(
+            s,
+            near_tie_losses=s.near_tie_losses + s.eos_near_tie_losses,
+            near_tie_wins=s.near_tie_wins + s.eos_near_tie_passes,
+            eos_near_tie_losses=0,
+            eos_near_tie_passes=0,
+        )
+        for s in steered
+    ]
+    assert node_flagged_at(band_only, policy, budget, 0) is None
+
+
+def test_eos_events_have_their_own_cusum() -> None:
+    stats = RolloutStatistics(50, 0, 0, 0.0, 1.0, eos_near_tie_losses=2, eos_near_tie_passes=3)
+    evidence = NodeEvidence().add([stats], POLICY)
+    llr = 2 * math.log(0.2 / 0.002) + 3 * math.log(0.8 / 0.998)
+    assert evidence.eos_cusum == pytest.approx(llr)
+    assert evidence.near_tie_cusum == 0.0
+    assert (evidence.eos_near_tie_losses, evidence.eos_near_tie_passes) == (2, 3)
+    with pytest.raises(ValueError, match="out of range"):
+        NodeEvidence().add([dataclasses.replace(stats, near_tie_wins=46)], POLICY)
+    with pytest.raises(ValueError, match="honest_eos_loss_rate"):
+        dataclasses.replace(POLICY, honest_eos_loss_rate=0.3)
+
+
 POLICY = StatisticsPolicy(
     honest_loss_rate=0.05, alternative_loss_rate=0.2, logprob_drift=0.1, min_tokens=100
 )
@@ -147,7 +341,7 @@ def test_the_cusum_adds_log_likelihood_ratios_and_restarts_at_zero() -> None:
 
 
 def test_the_threshold_is_derived_and_min_tokens_gates_the_flag() -> None:
-    assert POLICY.flag_threshold == pytest.approx(math.log(1e7 * 3 / 1e-6))
+    assert POLICY.flag_threshold == pytest.approx(math.log(1e7 * 4 / 1e-6))
     steering = RolloutStatistics(50, 20, 5, 0.0, 10.0)
     evidence = NodeEvidence()
     history = []

@@ -28,6 +28,9 @@ class StatisticsRow:
     near_tie_cusum: float = 0.0
     logprob_high_cusum: float = 0.0
     logprob_low_cusum: float = 0.0
+    eos_near_tie_losses: int = 0
+    eos_near_tie_passes: int = 0
+    eos_cusum: float = 0.0
     flagged_at: datetime | None = None
     flagged_test: str = ""
 
@@ -42,6 +45,9 @@ def _row(model: NodeStatistics) -> StatisticsRow:
         near_tie_cusum=model.near_tie_cusum,
         logprob_high_cusum=model.logprob_high_cusum,
         logprob_low_cusum=model.logprob_low_cusum,
+        eos_near_tie_losses=model.eos_near_tie_losses,
+        eos_near_tie_passes=model.eos_near_tie_passes,
+        eos_cusum=model.eos_cusum,
         flagged_at=model.flagged_at,
         flagged_test=model.flagged_test,
     )
@@ -76,6 +82,9 @@ def save_node_statistics(
     model.near_tie_cusum = row.near_tie_cusum
     model.logprob_high_cusum = row.logprob_high_cusum
     model.logprob_low_cusum = row.logprob_low_cusum
+    model.eos_near_tie_losses = row.eos_near_tie_losses
+    model.eos_near_tie_passes = row.eos_near_tie_passes
+    model.eos_cusum = row.eos_cusum
     model.flagged_at = row.flagged_at
     model.flagged_test = row.flagged_test
     model.updated_at = now

@@ -277,6 +277,8 @@ class RolloutStatistics(_message.Message):
     NEAR_TIE_WINS_FIELD_NUMBER: _builtins.int
     LOGPROB_EXCESS_FIELD_NUMBER: _builtins.int
     LOGPROB_VARIANCE_FIELD_NUMBER: _builtins.int
+    EOS_NEAR_TIE_LOSSES_FIELD_NUMBER: _builtins.int
+    EOS_NEAR_TIE_PASSES_FIELD_NUMBER: _builtins.int
     tokens: _builtins.int
     """Completion tokens summarized."""
     near_tie_losses: _builtins.int
@@ -292,6 +294,15 @@ class RolloutStatistics(_message.Message):
     """
     logprob_variance: _builtins.float
     """Sum over tokens of the variance of log p(token) under p (nats squared)."""
+    eos_near_tie_losses: _builtins.int
+    """Tokens that are EOS with margin / tolerance in [-1, -0.1): EOS chosen where it lost the
+    race within tolerance (counted here, not in near_tie_losses).
+    """
+    eos_near_tie_passes: _builtins.int
+    """Tokens that are not EOS and not a near-tie loss where the best EOS score was 0.1 to 1
+    tolerances below the chosen token's: EOS passed over as a near-tie loser (counted here, not
+    in near_tie_wins).
+    """
     def __init__(
         self,
         *,
@@ -300,10 +311,12 @@ class RolloutStatistics(_message.Message):
         near_tie_wins: _builtins.int = ...,
         logprob_excess: _builtins.float = ...,
         logprob_variance: _builtins.float = ...,
+        eos_near_tie_losses: _builtins.int = ...,
+        eos_near_tie_passes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob_excess", b"logprob_excess", "logprob_variance", b"logprob_variance", "near_tie_losses", b"near_tie_losses", "near_tie_wins", b"near_tie_wins", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eos_near_tie_losses", b"eos_near_tie_losses", "eos_near_tie_passes", b"eos_near_tie_passes", "logprob_excess", b"logprob_excess", "logprob_variance", b"logprob_variance", "near_tie_losses", b"near_tie_losses", "near_tie_wins", b"near_tie_wins", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

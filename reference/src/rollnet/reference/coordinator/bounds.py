@@ -862,6 +862,8 @@ def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
             "near_tie_wins": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
             "logprob_excess": finite,
             "logprob_variance": Real(low=0),
+            "eos_near_tie_losses": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
+            "eos_near_tie_passes": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
         },
         "rollnet.v1.ValidatedLogprobs": {
             # A log-probability: finite and at most 0; one per completion token, and a rollout

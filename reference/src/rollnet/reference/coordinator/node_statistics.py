@@ -1,14 +1,14 @@
 """Per-node statistics on verdicts: what the coordinator accepts, accumulates and acts on.
 
-An ACCEPT verdict may carry, per rollout in batch order, the validator's
-``RolloutStatistics`` (``SubmitVerdictRequest.rollout_statistics``): counts and sums over the
-rollout's completion tokens that only the validator's own prefill can compute. Validators are
-trusted; the coordinator checks only the shape (one entry per rollout, ``tokens`` equal to the
-rollout's completion length, losses + wins at most tokens) and refuses anything else as
-INVALID_FIELDS. It adds them to the worker's row (``node_statistics``, one CUSUM update per
-verdict) and runs the sequential tests of :mod:`rollnet.sdk.proofs.statistics` with the policy
-of the network's compute dtype. A flagged worker is ejected in the same transaction, the test
-and its figures recorded as the state reason (docs/verification.md, "Per-node statistics").
+An ACCEPT verdict may carry, per rollout in batch order, the validator's ``RolloutStatistics``
+(``SubmitVerdictRequest.rollout_statistics``): counts and sums over the rollout's completion tokens
+that only the validator's own prefill can compute. Validators are trusted; the coordinator checks
+only the shape (one entry per rollout, ``tokens`` equal to the rollout's completion length, the four
+near-tie counts together at most tokens) and refuses anything else as INVALID_FIELDS. It adds them
+to the worker's row (``node_statistics``, one CUSUM update per verdict) and runs the sequential
+tests of :mod:`rollnet.sdk.proofs.statistics` with the policy of the network's compute dtype. A
+flagged worker is ejected in the same transaction, the test and its figures recorded as the state
+reason (docs/verification.md, "Per-node statistics").
 """
 
 from __future__ import annotations
@@ -78,11 +78,17 @@ def check_shape(
             "an entry of 0 tokens (a rollout the challenge did not draw) summarizes nothing: "
             "its sums must be 0",
         )
+        counted = (
+            entry.near_tie_losses
+            + entry.near_tie_wins
+            + entry.eos_near_tie_losses
+            + entry.eos_near_tie_passes
+        )
         v.require(
-            entry.near_tie_losses + entry.near_tie_wins <= entry.tokens,
+            counted <= entry.tokens,
             f"{FIELD}[{index}]",
-            f"near_tie_losses + near_tie_wins = "
-            f"{entry.near_tie_losses + entry.near_tie_wins} exceed tokens = {entry.tokens}",
+            f"near_tie_losses + near_tie_wins + eos_near_tie_losses + eos_near_tie_passes = "
+            f"{counted} exceed tokens = {entry.tokens}",
         )
     v.raise_if_any()
 
@@ -97,6 +103,9 @@ def _evidence(row: stored.StatisticsRow) -> NodeEvidence:
         near_tie_cusum=row.near_tie_cusum,
         logprob_high_cusum=row.logprob_high_cusum,
         logprob_low_cusum=row.logprob_low_cusum,
+        eos_near_tie_losses=row.eos_near_tie_losses,
+        eos_near_tie_passes=row.eos_near_tie_passes,
+        eos_cusum=row.eos_cusum,
     )
 
 
@@ -109,10 +118,11 @@ def record(
     temperature: float,
     now: datetime,
 ) -> NodeFlag | None:
-    """Add one verdict's statistics to the node's evidence (a task sampled below the policy's
-    ``min_temperature`` adds nothing); the flag when this update flags the node for the first
-    time, else None."""
-    if not entries or temperature < policy.min_temperature:
+    """Add one verdict's statistics to the node's evidence, at any task ``temperature`` (the
+    statistics are in units of each token's own tolerance); the flag when this update flags
+    the node for the first time, else None."""
+    del temperature  # every admitted temperature counts (kept for the caller's signature)
+    if not entries:
         return None
     row = stored.get_node_statistics(session, node_id, for_update=True) or stored.StatisticsRow()
     evidence = _evidence(row).add(
@@ -123,6 +133,8 @@ def record(
                 near_tie_wins=e.near_tie_wins,
                 logprob_excess=e.logprob_excess,
                 logprob_variance=e.logprob_variance,
+                eos_near_tie_losses=e.eos_near_tie_losses,
+                eos_near_tie_passes=e.eos_near_tie_passes,
             )
             for e in entries
         ],
@@ -142,6 +154,9 @@ def record(
             near_tie_cusum=evidence.near_tie_cusum,
             logprob_high_cusum=evidence.logprob_high_cusum,
             logprob_low_cusum=evidence.logprob_low_cusum,
+            eos_near_tie_losses=evidence.eos_near_tie_losses,
+            eos_near_tie_passes=evidence.eos_near_tie_passes,
+            eos_cusum=evidence.eos_cusum,
             flagged_at=now if newly else row.flagged_at,
             flagged_test=judgement.test if newly else row.flagged_test,
         ),

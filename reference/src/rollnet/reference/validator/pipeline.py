@@ -251,6 +251,8 @@ class JobOutcome:
                         near_tie_wins=stats.near_tie_wins,
                         logprob_excess=stats.logprob_excess,
                         logprob_variance=stats.logprob_variance,
+                        eos_near_tie_losses=stats.eos_near_tie_losses,
+                        eos_near_tie_passes=stats.eos_near_tie_passes,
                     )
                     for stats in self.rollout_statistics
                 ]
@@ -700,7 +702,12 @@ def _check_group(
         thresholds=thresholds,
         figures=figures,
     )
-    summaries = rollout_statistics_from_figures(figures)
+    summaries = rollout_statistics_from_figures(
+        figures,
+        [p.logits for p in prefills],
+        [s.claim.completion_ids for s in group],
+        [s.claim.sampling_seed for s in group],
+    )
     for number, (slot, report, summary) in enumerate(zip(group, reports, summaries, strict=True)):
         slot.statistics = summary
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)

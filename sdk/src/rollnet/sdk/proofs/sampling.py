@@ -86,7 +86,8 @@ def _mix32(x: UInt32Array) -> UInt32Array:
     return x
 
 
-def _noise_bits32(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int) -> UInt32Array:
+def _row_keys(seeds: npt.ArrayLike, positions: npt.ArrayLike) -> UInt32Array:
+    """The hash of each (seed, position) pair, before the token id is mixed in."""
     seed_array = np.asarray(seeds, dtype=np.int64).reshape(-1)
     position_array = np.asarray(positions, dtype=np.int64).reshape(-1)
     if seed_array.shape != position_array.shape:
@@ -96,7 +97,11 @@ def _noise_bits32(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: in
     seeds_u = seed_array.astype(np.uint64)
     h = _mix((seeds_u & np.uint64(MASK32)) ^ np.uint64(SEED_KEY))
     h = _mix(h ^ (seeds_u >> np.uint64(32)))
-    h = _mix(h ^ position_array.astype(np.uint64)).astype(np.uint32)
+    return _mix(h ^ position_array.astype(np.uint64)).astype(np.uint32)
+
+
+def _noise_bits32(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int) -> UInt32Array:
+    h = _row_keys(seeds, positions)
     # The [N, V] stage dominates the cost: it runs on uint32 words.
     return _mix32(h[:, None] ^ np.arange(vocab_size, dtype=np.uint32)[None, :])
 
@@ -122,6 +127,21 @@ def gumbel_noise(
     np.negative(u, out=u)
     np.log(u, out=u)
     return np.negative(u, out=u)
+
+
+def gumbel_noise_at(
+    seeds: npt.ArrayLike, positions: npt.ArrayLike, token_ids: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """The entries ``[N, k]`` of :func:`gumbel_noise` at the token ids ``[N, k]`` only (for a
+    few columns of a large vocabulary: no ``[N, V]`` array)."""
+    h = _row_keys(seeds, positions)
+    columns = np.asarray(token_ids, dtype=np.int64)
+    if columns.ndim != 2 or columns.shape[0] != h.size:
+        raise ValueError("token_ids must be [N, k] for N (seed, position) pairs")
+    if columns.size and (columns.min() < 0 or columns.max() > MASK32):
+        raise ValueError("token ids must be in [0, 2**32)")
+    u = uniforms_from_bits(_mix32(h[:, None] ^ columns.astype(np.uint32)))
+    return -np.log(-np.log(u))
 
 
 def gumbel_scores(

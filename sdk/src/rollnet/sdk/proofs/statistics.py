@@ -4,7 +4,7 @@ A per-token check passes any token within tolerance, and on bf16 networks the ho
 as large as what a cheaper model or a steering worker changes. One token says little; a node's
 thousands of tokens say a lot. The validator condenses each accepted rollout into a few sums
 (:class:`RolloutStatistics`, computed from the prefill it already ran), the coordinator adds them
-up per node (:class:`NodeEvidence`), and two sequential tests decide whether the node's tokens
+up per node (:class:`NodeEvidence`), and four sequential tests decide whether the node's tokens
 still look like honest draws from the checkpoint (:func:`judge`):
 
 * **Near-tie losses.** With ``r = margin / tolerance`` per token (``margin`` the chosen token's
@@ -16,47 +16,65 @@ still look like honest draws from the checkpoint (:func:`judge`):
   the winner (steering) or a model whose scores differ by a good fraction of the tolerance
   (cheap substitutes) turns band wins into band losses. Given the band events, the number of
   losses is binomial with a rate ``pi`` that the test bounds: H0 ``pi <= pi0``, H1 ``pi = pi1``.
+* **EOS near-ties.** EOS is rarely the runner-up, so a worker that stops early by taking EOS
+  whenever its score is within tolerance of the winner's changes too few tokens to move the
+  band's loss share. The validator knows EOS's seeded score at every position, so it counts
+  the positions where EOS was a near-tie *loser* (its score ``b`` to 1 tolerances below the
+  chosen token's): an *EOS loss* when EOS was nonetheless chosen (a band loss whose token is
+  EOS), an *EOS pass* when the chosen token is another one that is not itself a band loss.
+  An honest worker takes EOS there no more often than it takes any band loss; a steerer takes
+  it every time. Same binomial form, H0 ``q <= q0``, H1 ``q = q1``, its own CUSUM: in one
+  CUSUM with the band test, an EOS steerer's few EOS losses would be cancelled by the many
+  honest-looking band wins. EOS events are taken out of the band counts (the two sets of
+  events are disjoint), so EOS steering moves only its own test.
 * **Chosen-token log-probability.** ``x_t = log p_t(y_t) + H_t`` under the validator's
   distribution ``p_t`` has mean 0 and variance ``Var_t = sum p log^2 p - H_t^2`` when ``y_t`` is
   drawn from ``p_t``; its sum drifts when the tokens come from another distribution (steering to
   unlikely tokens: negative; a sharper sampler such as T = 0.95 for 1.0: positive). Two one-sided
   tests on ``(S, V) = (sum x_t, sum Var_t)``.
 
-Each test is a CUSUM of log-likelihood ratios kept as one number per node and test (the
-coordinator stores it): ``C <- max(0, C + llr)``. Its false-flag probability is derived, not
-guessed: ``C_n >= h`` means that for some restart point ``k`` the likelihood ratio of updates
-``k+1..n`` is at least ``e^h``; for a fixed ``k`` that ratio is a non-negative supermartingale
-with mean at most 1 under H0, so by Ville's inequality it ever reaches ``e^h`` with probability at
-most ``e^-h``; a union over at most ``K`` restart points (one per verdict; ``K`` <= tokens) gives
-``P(flag) <= K e^-h``. :data:`DEFAULT_POLICY` sets ``h = ln(K m / alpha)`` for ``m`` = 3 CUSUMs,
-``K`` = 10^7 and ``alpha`` = 10^-6: an honest node is flagged with probability at most 10^-6 in
-its first 10^7 tokens. The binomial test's supermartingale property is exact given ``pi <= pi0``
-(the calibrated honest rate, with margin); the log-probability test's is exact for Gaussian
-increments and holds approximately (central limit) for sums over many tokens, which is why it
-only runs after :attr:`StatisticsPolicy.min_tokens`. ``docs/verification.md`` ("Per-node
-statistics") has the measured rates.
+Each test is a CUSUM of log-likelihood ratios kept as one number per node and test (the coordinator
+stores it): ``C <- max(0, C + llr)``. All tests hold at every temperature the coordinator admits:
+margins are taken in units of each token's own tolerance, which follows the error model (dtype,
+logit magnitude, 1 / T), so ``r`` means the same at T = 0.001 and at 2. The false-flag probability
+is derived, not guessed: ``C_n >= h`` means that for some restart point ``k`` the likelihood ratio
+of updates ``k+1..n`` is at least ``e^h``; for a fixed ``k`` that ratio is a non-negative
+supermartingale with mean at most 1 under H0, so by Ville's inequality it ever reaches ``e^h`` with
+probability at most ``e^-h``; a union over at most ``K`` restart points (one per verdict; ``K`` <=
+tokens) gives ``P(flag) <= K e^-h``. Each policy sets ``h = ln(K m / alpha)`` for ``m`` = 4 CUSUMs,
+``K`` = 10^7 and ``alpha`` = 10^-6: an honest node is flagged with probability at most 10^-6 in its
+first 10^7 tokens. The binomial test's supermartingale property is exact given ``pi <= pi0`` (the
+calibrated honest rates, with margin); the log-probability test's is exact for Gaussian increments
+and holds approximately (central limit) for sums over many tokens, which is why it only runs after
+:attr:`StatisticsPolicy.min_tokens`. ``docs/verification.md`` ("Per-node statistics") has the
+measured rates.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rollnet.sdk.proofs.sampling import _MARGIN_CHUNK_ELEMENTS, _batch_margins, check_seed
+from rollnet.sdk.proofs.sampling import (
+    _MARGIN_CHUNK_ELEMENTS,
+    _batch_margins,
+    check_seed,
+    gumbel_noise_at,
+)
 from rollnet.sdk.proofs.thresholds import Thresholds
 
 if TYPE_CHECKING:
     from rollnet.sdk.proofs.logit_figures import TokenFigures
 
 NEAR_TIE_FLOOR = 0.1
-"""``b``: band events have ``b < |margin| / tolerance <= 1``. Twice the largest honest bf16 flip
-measured (0.05 tolerances): honest numeric noise stays out of the band."""
+"""``b``: band events have ``b < |margin| / tolerance <= 1``. Honest numeric noise rarely reaches
+it (the honest loss share is bounded by ``pi0``, measured across T = 0.001-2.0 per dtype)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,11 @@ class RolloutStatistics:
     """``sum_t (log p_t(y_t) + H_t)`` under the validator's sampling distribution (nats)."""
     logprob_variance: float
     """``sum_t Var_{y ~ p_t}(log p_t(y))``: the excess's variance for honest draws (nats^2)."""
+    eos_near_tie_losses: int = 0
+    """Tokens that are EOS with margin / tolerance in ``[-1, -b)`` (not in ``near_tie_losses``)."""
+    eos_near_tie_passes: int = 0
+    """Tokens that are not EOS and not a band loss, where the best EOS score was ``b`` to 1
+    tolerances below the chosen token's (not in ``near_tie_wins``)."""
 
 
 def _distribution_moments(
@@ -121,11 +144,13 @@ def rollout_statistics_batch(
     seeds: Sequence[int],
     temperature: float,
     thresholds: Thresholds,
+    eos_token_ids: Collection[int] = frozenset(),
 ) -> list[RolloutStatistics]:
     """:class:`RolloutStatistics` of many rollouts from the validator's logits (``[tokens, V]``
     completion rows, as for :func:`rollnet.sdk.proofs.sampling.check_sampling_batch`), every
     token of every rollout in one vectorized pass. Rollouts whose tokens fail the sampling
-    check are rejected anyway; their statistics are computed all the same (never sent)."""
+    check are rejected anyway; their statistics are computed all the same (never sent). No
+    EOS ids: no EOS events (every near-tie counts in the band)."""
     if not len(logits) == len(completion_ids) == len(seeds):
         raise ValueError("one logits array, completion and seed per rollout")
     if not temperature > 0:
@@ -150,22 +175,82 @@ def rollout_statistics_batch(
     # Each token's margin and its sampling check's own tolerance, in one pass over the logits.
     margins, tolerances = _batch_margins(arrays, ids, seed_rows, positions, temperature, thresholds)
     chosen, entropy, variance = _distribution_moments(arrays, ids, temperature)
-    return _statistics(lengths, margins, tolerances, chosen + entropy, variance)
+    eos_gaps = eos_score_gaps(arrays, ids, seed_rows, positions, temperature, eos_token_ids)
+    chosen_eos = np.isin(ids, np.fromiter(eos_token_ids, dtype=np.int64))
+    return _statistics(
+        lengths, margins, tolerances, chosen + entropy, variance, eos_gaps, chosen_eos
+    )
 
 
-def rollout_statistics_from_figures(figures: TokenFigures) -> list[RolloutStatistics]:
+def rollout_statistics_from_figures(
+    figures: TokenFigures,
+    logits: Sequence[npt.ArrayLike],
+    completion_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+) -> list[RolloutStatistics]:
     """:func:`rollout_statistics_batch` from the per-token figures of
-    :func:`rollnet.sdk.proofs.logit_figures.token_figures` (the same sums). Raises
-    ``ValueError`` when a rollout has a token outside the vocabulary, as it does."""
+    :func:`rollnet.sdk.proofs.logit_figures.token_figures` (the same sums), plus the EOS
+    columns of the logits the figures were computed from (EOS events). Raises ``ValueError``
+    when a rollout has a token outside the vocabulary, as it does."""
     if figures.out_of_vocabulary.any():
         raise ValueError("token id out of the vocabulary")
+    if not len(logits) == len(completion_ids) == len(seeds) == figures.lengths.size:
+        raise ValueError("one logits array, completion and seed per rollout of the figures")
+    arrays = [np.asarray(z) for z in logits]
+    ids = np.fromiter(itertools.chain.from_iterable(completion_ids), dtype=np.int64)
+    lengths = figures.lengths
+    starts = figures.starts
+    seed_rows = np.repeat(np.asarray(seeds, dtype=np.int64), lengths)
+    positions = np.arange(ids.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
+    eos_gaps = eos_score_gaps(
+        arrays, ids, seed_rows, positions, figures.temperature, figures.eos_token_ids
+    )
     return _statistics(
-        figures.lengths,
+        lengths,
         figures.margins,
         figures.tolerances,
         figures.logprobs + figures.entropy,
         figures.variance,
+        eos_gaps,
+        np.isin(ids, np.fromiter(figures.eos_token_ids, dtype=np.int64)),
     )
+
+
+def eos_score_gaps(
+    arrays: Sequence[npt.NDArray[Any]],
+    ids: npt.NDArray[np.int64],
+    seed_rows: npt.NDArray[np.int64],
+    positions: npt.NDArray[np.int64],
+    temperature: float,
+    eos_token_ids: Collection[int],
+) -> npt.NDArray[np.float64]:
+    """Per stacked row: the best EOS id's seeded Gumbel score minus the chosen token's (score
+    units; NaN where the chosen token is EOS or no EOS ids are given). Reads only the chosen
+    and EOS columns of the logits."""
+    total = int(ids.size)
+    eos = np.asarray(sorted(eos_token_ids), dtype=np.int64)
+    gaps = np.full(total, np.nan)
+    if eos.size == 0 or total == 0:
+        return gaps
+    vocab = arrays[0].shape[1]
+    if eos.min() < 0 or eos.max() >= vocab:
+        raise ValueError("EOS token id out of the vocabulary")
+    rows = np.flatnonzero(~np.isin(ids, eos))
+    if rows.size == 0:
+        return gaps
+    offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
+    owner = np.searchsorted(offsets, rows, side="right") - 1
+    columns = np.concatenate([ids[rows, None], np.broadcast_to(eos, (rows.size, eos.size))], 1)
+    values = np.empty(columns.shape, dtype=np.float64)
+    for array_index in np.unique(owner).tolist():
+        picked = owner == array_index
+        local = rows[picked] - offsets[array_index]
+        values[picked] = arrays[array_index][local[:, None], columns[picked]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = values / temperature
+        scores += gumbel_noise_at(seed_rows[rows], positions[rows], columns)
+        gaps[rows] = scores[:, 1:].max(axis=1) - scores[:, 0]
+    return gaps
 
 
 def _statistics(
@@ -174,18 +259,26 @@ def _statistics(
     tolerances: npt.NDArray[np.float64],
     excess: npt.NDArray[np.float64],
     variance: npt.NDArray[np.float64],
+    eos_gaps: npt.NDArray[np.float64],
+    chosen_eos: npt.NDArray[np.bool_],
 ) -> list[RolloutStatistics]:
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):  # NaN margins count as neither
         ratio = margins / tolerances
-    losses = (ratio >= -1.0) & (ratio < -NEAR_TIE_FLOOR)
-    wins = (ratio > NEAR_TIE_FLOOR) & (ratio <= 1.0)
+        eos_ratio = eos_gaps / tolerances
+    band_losses = (ratio >= -1.0) & (ratio < -NEAR_TIE_FLOOR)
+    eos_losses = band_losses & chosen_eos
+    # NaN gaps (a chosen EOS, no EOS ids) compare False: never a pass.
+    eos_passes = (eos_ratio >= -1.0) & (eos_ratio < -NEAR_TIE_FLOOR) & ~band_losses
+    losses = band_losses & ~eos_losses
+    wins = (ratio > NEAR_TIE_FLOOR) & (ratio <= 1.0) & ~eos_passes
 
     def per_rollout(values: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
         cumulative = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
         return np.asarray(cumulative[starts[1:]] - cumulative[starts[:-1]], dtype=np.float64)
 
     loss_counts, win_counts = per_rollout(losses), per_rollout(wins)
+    eos_loss_counts, eos_pass_counts = per_rollout(eos_losses), per_rollout(eos_passes)
     excess_sums, variance_sums = per_rollout(excess), per_rollout(variance)
     return [
         RolloutStatistics(
@@ -194,12 +287,18 @@ def _statistics(
             near_tie_wins=int(win_counts[i]),
             logprob_excess=float(excess_sums[i]),
             logprob_variance=float(variance_sums[i]),
+            eos_near_tie_losses=int(eos_loss_counts[i]),
+            eos_near_tie_passes=int(eos_pass_counts[i]),
         )
         for i in range(lengths.size)
     ]
 
 
 # -- the per-node sequential tests ---------------------------------------------------------------
+
+
+TESTS = ("near_tie", "logprob_high", "logprob_low", "eos")
+"""The per-node sequential tests, by the name a flag records."""
 
 
 @dataclass(frozen=True)
@@ -215,12 +314,13 @@ class StatisticsPolicy:
     """``theta``: the log-probability tests' tilt (drift per unit variance they are tuned to)."""
     min_tokens: int
     """No flag before a node has this many summarized tokens."""
-    min_temperature: float = 0.7
-    """Statistics of tasks sampled below this temperature are not added. The fixed sampling
-    tolerance is in logit / T units while honest numeric error grows as 1 / T, so at low
-    temperatures honest near-tie losses are no longer rare next to wins; ``honest_loss_rate``
-    was calibrated at T >= this. (With per-token tolerances from an error model the ratio
-    margin / tolerance no longer depends on T, and this limit can go.)"""
+    honest_eos_loss_rate: float = 0.002
+    """``q0``: the largest share of EOS events that are EOS losses for an honest node. An EOS
+    loss is a band loss whose token is EOS: the same numeric noise has to reach the band, so
+    ``q0`` is bounded by the pooled band-loss calibration (EOS events alone are too rare)."""
+    alternative_eos_loss_rate: float = 0.2
+    """``q1``: the EOS test's alternative. A steerer takes EOS at (nearly) every EOS event
+    (share ~0.9); 0.2 keeps the drift positive down to a steerer taking ~5 % of them."""
     false_flag_probability: float = 1e-6
     """``alpha``: at most this probability that an honest node is ever flagged within
     :attr:`horizon_tokens` of its tokens."""
@@ -231,17 +331,19 @@ class StatisticsPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.honest_loss_rate < self.alternative_loss_rate < 1:
             raise ValueError("need 0 < honest_loss_rate < alternative_loss_rate < 1")
+        if not 0 < self.honest_eos_loss_rate < self.alternative_eos_loss_rate < 1:
+            raise ValueError("need 0 < honest_eos_loss_rate < alternative_eos_loss_rate < 1")
         if not self.logprob_drift > 0:
             raise ValueError("logprob_drift must be > 0")
         if not 0 < self.false_flag_probability < 1 or self.horizon_tokens < 1:
             raise ValueError("false_flag_probability in (0, 1) and horizon_tokens >= 1")
-        if self.min_tokens < 0 or not self.min_temperature >= 0:
-            raise ValueError("min_tokens and min_temperature must be >= 0")
+        if self.min_tokens < 0:
+            raise ValueError("min_tokens must be >= 0")
 
     @property
     def flag_threshold(self) -> float:
-        """``h = ln(K m / alpha)`` for the ``m`` = 3 CUSUMs (see the module docs)."""
-        return math.log(self.horizon_tokens * 3 / self.false_flag_probability)
+        """``h = ln(K m / alpha)`` for the ``m`` = 4 CUSUMs (see the module docs)."""
+        return math.log(self.horizon_tokens * len(TESTS) / self.false_flag_probability)
 
 
 FLOAT32_POLICY = StatisticsPolicy(
@@ -281,19 +383,23 @@ def policy_for(dtype: str) -> StatisticsPolicy:
 
 @dataclass(frozen=True)
 class NodeEvidence:
-    """A node's running sums and the three CUSUMs (what the coordinator stores per node)."""
+    """A node's running sums and the four CUSUMs (what the coordinator stores per node)."""
 
     tokens: int = 0
     near_tie_losses: int = 0
     near_tie_wins: int = 0
     logprob_excess: float = 0.0
     logprob_variance: float = 0.0
+    eos_near_tie_losses: int = 0
+    eos_near_tie_passes: int = 0
     near_tie_cusum: float = 0.0
     """CUSUM of the near-tie test's log-likelihood ratio (H1 ``pi1`` vs H0 ``pi0``)."""
     logprob_high_cusum: float = 0.0
     """CUSUM of the log-probability test for a positive drift (a too-sharp sampler)."""
     logprob_low_cusum: float = 0.0
     """CUSUM of the log-probability test for a negative drift (unlikely tokens chosen)."""
+    eos_cusum: float = 0.0
+    """CUSUM of the EOS test's log-likelihood ratio (H1 ``q1`` vs H0 ``q0``)."""
 
     def add(
         self, statistics: Sequence[RolloutStatistics], policy: StatisticsPolicy
@@ -302,14 +408,19 @@ class NodeEvidence:
         tokens = sum(s.tokens for s in statistics)
         losses = sum(s.near_tie_losses for s in statistics)
         wins = sum(s.near_tie_wins for s in statistics)
+        eos_losses = sum(s.eos_near_tie_losses for s in statistics)
+        eos_passes = sum(s.eos_near_tie_passes for s in statistics)
         excess = math.fsum(s.logprob_excess for s in statistics)
         variance = math.fsum(s.logprob_variance for s in statistics)
-        if tokens < 0 or losses < 0 or wins < 0 or losses + wins > tokens or variance < 0:
+        counts = (tokens, losses, wins, eos_losses, eos_passes)
+        if min(counts) < 0 or losses + wins + eos_losses + eos_passes > tokens or variance < 0:
             raise ValueError("statistics out of range")
         if not (math.isfinite(excess) and math.isfinite(variance)):
             raise ValueError("statistics must be finite")
         pi0, pi1 = policy.honest_loss_rate, policy.alternative_loss_rate
+        q0, q1 = policy.honest_eos_loss_rate, policy.alternative_eos_loss_rate
         near_tie_llr = losses * math.log(pi1 / pi0) + wins * math.log((1 - pi1) / (1 - pi0))
+        eos_llr = eos_losses * math.log(q1 / q0) + eos_passes * math.log((1 - q1) / (1 - q0))
         theta = policy.logprob_drift
         tilt = theta * theta * variance / 2
         return NodeEvidence(
@@ -318,9 +429,12 @@ class NodeEvidence:
             near_tie_wins=self.near_tie_wins + wins,
             logprob_excess=self.logprob_excess + excess,
             logprob_variance=self.logprob_variance + variance,
+            eos_near_tie_losses=self.eos_near_tie_losses + eos_losses,
+            eos_near_tie_passes=self.eos_near_tie_passes + eos_passes,
             near_tie_cusum=max(0.0, self.near_tie_cusum + near_tie_llr),
             logprob_high_cusum=max(0.0, self.logprob_high_cusum + theta * excess - tilt),
             logprob_low_cusum=max(0.0, self.logprob_low_cusum - theta * excess - tilt),
+            eos_cusum=max(0.0, self.eos_cusum + eos_llr),
         )
 
 
@@ -330,7 +444,7 @@ class NodeJudgement:
 
     flagged: bool
     test: str
-    """``near_tie``, ``logprob_high``, ``logprob_low`` or empty when not flagged."""
+    """One of :data:`TESTS`, or empty when not flagged."""
     statistic: float
     """The largest CUSUM (nats); the flag threshold is the policy's ``flag_threshold``."""
 
@@ -341,6 +455,7 @@ def judge(evidence: NodeEvidence, policy: StatisticsPolicy) -> NodeJudgement:
         "near_tie": evidence.near_tie_cusum,
         "logprob_high": evidence.logprob_high_cusum,
         "logprob_low": evidence.logprob_low_cusum,
+        "eos": evidence.eos_cusum,
     }
     test, statistic = max(cusums.items(), key=lambda item: item[1])
     flagged = evidence.tokens >= policy.min_tokens and statistic >= policy.flag_threshold
