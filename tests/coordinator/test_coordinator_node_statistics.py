@@ -256,7 +256,7 @@ async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Sw
         )
     )
     # Each EOS loss is worth ln(0.2 / 0.002) = 4.6 nats against 10.6: the second verdict flags.
-    for verdicts in range(1, 3):
+    for count in range(1, 3):
         await pull_and_commit(client, worker, tokenizer=True)
         job = await pull_job(validator)
         assert job.job.task.sampling.temperature == pytest.approx(0.05)
@@ -264,7 +264,7 @@ async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Sw
             verdict_on(job, [stats(eos_losses=1), stats(eos_losses=1, eos_passes=1)])
         )
         state, reason = node(engine, worker.node_id)
-        assert (state is NodeState.EJECTED) == (verdicts == 2), (verdicts, reason)
+        assert (state is NodeState.EJECTED) == (count == 2), (count, reason)
     assert reason.startswith("per-node statistics: eos test"), reason
     row = statistics_row(engine, worker.node_id)
     assert row is not None
