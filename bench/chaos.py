@@ -62,9 +62,7 @@ async def _one(db: str, args: argparse.Namespace, root: Path) -> ChaosReport:
         return await run_chaos(config)
     finally:
         if url is not None:
-            _admin(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def main() -> int:
@@ -91,8 +89,10 @@ def main() -> int:
             print(f"\n## {db}\n", flush=True)
             report = asyncio.run(_one(db, args, root))
             low, high = report.steps
-            print(f"\n{db}: {len(report.faults)} faults in {report.seconds:.0f} s; trainer "
-                  f"steps {low} -> {high}\n")
+            print(
+                f"\n{db}: {len(report.faults)} faults in {report.seconds:.0f} s; trainer "
+                f"steps {low} -> {high}\n"
+            )
             print(report.table(), flush=True)
             ok = ok and report.ok
     finally:

@@ -104,10 +104,10 @@ def every_task_terminal_or_leased(engine: Engine, now: datetime | None = None) -
             stuck.append(f"task {task_id} leased to {holder} past {deadline}")
     pending = {TaskState.SUBMITTED, TaskState.VALIDATING}
     states = {task_id: state for task_id, state, _, _ in tasks}
-    for commitment_id, state, deadline, task_id in jobs:
+    for commitment_id, job_state, deadline, task_id in jobs:
         if states.get(task_id) not in pending:
             continue
-        if state == ValidationJobState.LEASED and _aware(deadline) < expired:
+        if job_state == ValidationJobState.LEASED and _aware(deadline) < expired:
             stuck.append(f"validation of {commitment_id} leased past {deadline}")
     summary = ", ".join(f"{count} {state}" for state, count in sorted(by_state.items()))
     detail = f"{len(stuck)} stuck: {stuck[:_SHOWN]}" if stuck else f"tasks: {summary}"

@@ -109,7 +109,7 @@ class FaultProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         self._writers.add(writer)
         self.connections += 1
         upstream_writer: asyncio.StreamWriter | None = None
@@ -132,7 +132,7 @@ class FaultProxy:
                 if end is not None:
                     self._writers.discard(end)
                     end.transport.abort()
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

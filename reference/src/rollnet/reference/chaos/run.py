@@ -268,11 +268,9 @@ async def _stepped_past(swarm: ChaosSwarm, step: int) -> bool:
     return await asyncio.to_thread(swarm.trainer_step) > step
 
 
-async def _time_until(
-    condition: Callable[[], object], timeout: float, since: float
-) -> float | None:
-    """Seconds from ``since`` until ``condition()`` (awaited) holds; None past ``timeout``."""
-    while time.monotonic() - since < timeout:
+async def _time_until(condition: Callable[[], object], within: float, since: float) -> float | None:
+    """Seconds from ``since`` until ``condition()`` (awaited) holds; None past ``within``."""
+    while time.monotonic() - since < within:
         if await condition():  # type: ignore[misc]
             return time.monotonic() - since
         await asyncio.sleep(0.25)
@@ -280,12 +278,12 @@ async def _time_until(
 
 
 async def _wait(
-    condition: Callable[[], object], timeout: float, what: str, swarm: ChaosSwarm
+    condition: Callable[[], object], within: float, what: str, swarm: ChaosSwarm
 ) -> None:
-    if await _time_until(condition, timeout, time.monotonic()) is None:
+    if await _time_until(condition, within, time.monotonic()) is None:
         problems = await swarm.not_serving()
         raise TimeoutError(
-            f"no {what} within {timeout:.0f} s; not serving: {problems or 'none'}; "
+            f"no {what} within {within:.0f} s; not serving: {problems or 'none'}; "
             f"logs in {swarm.logs}"
         )
 

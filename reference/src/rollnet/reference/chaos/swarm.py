@@ -40,7 +40,6 @@ from rollnet.reference.demo import (
     _wait_for_coordinator,
 )
 from rollnet.reference.trainer.metrics import read_jsonl
-from rollnet.sdk import Identity
 
 __all__ = ["ChaosSwarm", "SwarmConfig"]
 
@@ -303,7 +302,9 @@ class ChaosSwarm:
 
     async def not_serving(self) -> list[str]:
         """Processes that are not serving now, each with why (empty: all are)."""
-        problems = [f"{name}: exited ({self.processes.processes[name].returncode})" for name in self.dead()]
+        problems = [
+            f"{name}: exited ({self.processes.processes[name].returncode})" for name in self.dead()
+        ]
         for index, address in enumerate(self.coordinator_addresses):
             if not await _grpc_serving(address):
                 problems.append(f"coordinator-{index}: health check not SERVING")
@@ -359,7 +360,7 @@ def _link_new_blobs(store: Path, origin: Path) -> None:
 
 def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=3) as reply:  # noqa: S310 - our loopback relay
+        with urllib.request.urlopen(url, timeout=3) as reply:
             return bool(reply.status == 200)
     except OSError:
         return False
