@@ -209,7 +209,6 @@ def _applicable(config: ChaosConfig) -> list[str]:
 async def _inject(
     swarm: ChaosSwarm, kind: str, rng: random.Random, config: ChaosConfig, at: float
 ) -> FaultRecord:
-    head = await asyncio.to_thread(swarm.ledger_head)
     if kind.startswith("kill_"):
         prefix = {"kill_relay": "relay-"}.get(kind, kind.removeprefix("kill_"))
         target = rng.choice(swarm.names(prefix))
@@ -232,6 +231,8 @@ async def _inject(
             await asyncio.sleep(config.fault_seconds)
             proxy.heal()
     ended = time.monotonic()
+    # Read once the fault is over: a write in flight when it began must not count as progress.
+    head = await asyncio.to_thread(swarm.ledger_head)
     progress_s = await _time_until(
         lambda: _ledger_past(swarm, head), config.recovery_timeout, ended
     )
