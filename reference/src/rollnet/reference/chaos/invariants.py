@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import Engine, func, select
 
 from rollnet.ledger.enums import EntryKind, TaskState, ValidationJobState
-from rollnet.ledger.models import Commitment, LedgerEntry, Task, ValidationJob
+from rollnet.ledger.models import Checkpoint, Commitment, LedgerEntry, Task, ValidationJob
 from rollnet.reference.trainer.metrics import read_jsonl
 
 __all__ = [
@@ -79,9 +79,15 @@ def each_commitment_credited_once(engine: Engine) -> Invariant:
     return Invariant("no commitment credited twice", not doubled, detail)
 
 
-def every_task_terminal_or_leased(engine: Engine, now: datetime | None = None) -> Invariant:
+def every_task_terminal_or_leased(
+    engine: Engine, async_level: int = 2, now: datetime | None = None
+) -> Invariant:
     """Every task is terminal, queued, or held by a lease that is live (or about to be swept);
-    every submitted task's validation job is queued, done, or under such a lease."""
+    every submitted task's validation job is queued, done, or under such a lease.
+
+    Queued tasks whose checkpoint lags the newest by more than ``async_level`` (the
+    coordinator's bounded staleness) are counted apart in the detail: no worker is given them
+    again, and nothing ends them (docs/reliability.md, *Findings*)."""
     now = now or datetime.now(UTC)
     expired = now - SWEEP_GRACE
     with engine.connect() as connection:
@@ -96,6 +102,12 @@ def every_task_terminal_or_leased(engine: Engine, now: datetime | None = None) -
                 Commitment.task_id,
             ).join(Commitment, Commitment.id == ValidationJob.commitment_id)
         ).all()
+        latest = connection.execute(select(func.max(Checkpoint.step))).scalar() or 0
+        stale = connection.execute(
+            select(func.count()).where(
+                Task.state == TaskState.QUEUED, Task.checkpoint_step < latest - async_level
+            )
+        ).scalar()
     stuck: list[str] = []
     by_state: Counter[str] = Counter()
     for task_id, state, deadline, holder in tasks:
@@ -111,6 +123,8 @@ def every_task_terminal_or_leased(engine: Engine, now: datetime | None = None) -
             stuck.append(f"validation of {commitment_id} leased past {deadline}")
     summary = ", ".join(f"{count} {state}" for state, count in sorted(by_state.items()))
     detail = f"{len(stuck)} stuck: {stuck[:_SHOWN]}" if stuck else f"tasks: {summary}"
+    if stale:
+        detail += f" ({stale} queued behind the staleness bound)"
     return Invariant("every task terminal or under a live lease", not stuck, detail)
 
 
