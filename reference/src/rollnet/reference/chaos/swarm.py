@@ -113,7 +113,7 @@ class ChaosSwarm:
     # -- starting ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Make the model, start every process and proxy; return once the nodes are serving."""
+        """Make the model, start every process and proxy (returns once the coordinators serve)."""
         config = self.config
         if config.replicas > 1 and config.database_url is None:
             raise ValueError("several coordinator replicas need a PostgreSQL database_url")
@@ -335,7 +335,13 @@ class ChaosSwarm:
                 await self._mirror
         for proxy in self.proxies:
             proxy.heal()
-        await asyncio.to_thread(self.processes.stop, 30.0)
+        # Nodes first (they drain against a live coordinator), then the coordinators.
+        running = self.processes.processes
+        for coordinators in (False, True):
+            group = {
+                n: p for n, p in running.items() if n.startswith("coordinator") == coordinators
+            }
+            await asyncio.to_thread(_Swarm(processes=group).stop, 30.0)
         for proxy in self.proxies:
             await proxy.close()
         if self.engine is not None:
