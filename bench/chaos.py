@@ -57,7 +57,7 @@ async def _one(db: str, args: argparse.Namespace, root: Path) -> ChaosReport:
             ),
             budget=args.budget,
             seed=args.seed,
-            kinds=tuple(args.kinds.split(",")) if args.kinds else FAULT_KINDS,
+            kinds=tuple(filter(None, args.kinds.split(","))) or FAULT_KINDS,
         )
         return await run_chaos(config)
     finally:
@@ -76,6 +76,11 @@ def main() -> int:
     parser.add_argument("--kinds", default="", help=f"comma-separated, of {','.join(FAULT_KINDS)}")
     parser.add_argument("--keep", type=Path, default=None, help="run in this directory, kept")
     args = parser.parse_args()
+    unknown = sorted(set(filter(None, args.kinds.split(","))) - set(FAULT_KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown {', '.join(unknown)}; known: {', '.join(FAULT_KINDS)}")
+    if args.budget <= 0 or args.workers < 1 or args.validators < 1 or args.warm_start_steps < 1:
+        parser.error("--budget must be positive; --workers, --validators, --warm-start-steps >= 1")
     # SIGTERM (timeout, kill) unwinds like Ctrl-C: the swarm's processes are stopped, not left.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     root = args.keep or Path(tempfile.mkdtemp(prefix="rollnet-chaos-"))
