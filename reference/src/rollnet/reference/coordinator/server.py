@@ -39,6 +39,7 @@ from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
+from rollnet.reference.coordinator.database_errors import DatabaseErrors
 from rollnet.reference.coordinator.database_lock import lock_database
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
@@ -511,12 +512,14 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     )
     serving = ServingState()
     server = grpc.aio.server(
-        # Outermost first: observe everything, refuse all but health while not serving, verify
+        # Outermost first: observe everything, answer a call that lost its database connection
+        # UNAVAILABLE (retryable), refuse all but health while not serving, verify
         # signatures (after the message size), limit verified callers, check every field.
         interceptors=[
             ResolvedInterceptors(
                 [
                     RpcObserver(metrics),
+                    DatabaseErrors(),
                     ReadinessGate(serving, EXEMPT_PREFIXES),
                     verifier,
                     limiter,
