@@ -51,13 +51,13 @@ PLAN: dict[str, list[str]] = {
     "worker_decode": ["--batch", "8", "--tokens", "32", "--repeats", "3"],
     "validator_throughput": ["--jobs", "4", "--repeats", "2"],
     "trainer": ["--parts", "step,async", "--repeats", "3"],
-    "broadcast": ["--mib", "128", "--clients", "4"],
+    "broadcast": ["--mib", "512", "--clients", "8"],
     "environments": ["--scale", "0.25"],
     "calibrate_proofs": ["--scale", "0.25"],
     "calibrate_temperature": ["--scale", "0.25"],
     "node_statistics": ["--scale", "0.25"],
     "honest_repeats": ["--prompts", "16", "--warm-start-steps", "100"],
-    "chaos": [],
+    "chaos": ["--db", "sqlite", "--budget", "120"],
     "soak": ["--minutes", "5", "--interval", "5"],
 }
 
