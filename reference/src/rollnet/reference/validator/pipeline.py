@@ -263,20 +263,6 @@ _NUMBERS = (int, float)
 """Figure values the wire keeps (bool is an int: it becomes 0.0 / 1.0)."""
 
 
-def _figures(values: Mapping[str, Any]) -> dict[str, float]:
-    # The wire keeps numbers only; labels (strings) stay in the logs.
-    out: dict[str, float] = {}
-    isfinite = math.isfinite
-    for key, value in values.items():
-        # A tuple, not int | float: this runs for every figure of every check (~1,500 per
-        # 32-rollout job), and isinstance against a tuple is about twice as fast.
-        if isinstance(value, _NUMBERS):
-            number = float(value)
-            if isfinite(number):
-                out[key] = number
-    return out
-
-
 def _result(
     check: str,
     passed: bool,
@@ -285,11 +271,19 @@ def _result(
     rollout_index: int | None = None,
 ) -> validation_pb2.CheckResult:
     result = validation_pb2.CheckResult(check=check, passed=passed, reason="" if passed else reason)
-    # Item by item: a dict handed to the constructor goes through the generic (pure Python)
-    # MutableMapping.update, twice as slow per ~7 checks x N rollouts of every job.
-    stored = result.figures
-    for key, number in _figures(figures or {}).items():
-        stored[key] = number
+    if figures:
+        # The wire keeps finite numbers only; labels (strings) stay in the logs. Stored item
+        # by item as they are filtered (~1,500 figures per 32-rollout job): a dict handed to
+        # the constructor goes through the generic (pure Python) MutableMapping.update, twice
+        # as slow, and an intermediate dict costs a second loop.
+        stored = result.figures
+        isfinite = math.isfinite
+        for key, value in figures.items():
+            # A tuple, not int | float: isinstance against a tuple is about twice as fast.
+            if isinstance(value, _NUMBERS):
+                number = float(value)
+                if isfinite(number):
+                    stored[key] = number
     if rollout_index is not None:
         result.rollout_index = rollout_index
     return result
