@@ -24,7 +24,6 @@ import numpy as np
 import numpy.typing as npt
 
 from rollnet.sdk.proofs.sampling import (
-    _MARGIN_CHUNK_ELEMENTS,
     LogprobBounds,
     _stacked_rows,
     check_seed,
@@ -33,6 +32,14 @@ from rollnet.sdk.proofs.sampling import (
 from rollnet.sdk.proofs.thresholds import Thresholds, logit_tolerances, logprob_bounds
 
 FloatArray = npt.NDArray[np.float64]
+
+
+_BLOCK_ELEMENTS = 1 << 16
+"""Logits per block of the pass (512 KiB of float64 per temporary): the pass holds about ten
+block-sized temporaries, which then stay in a core's L2 cache. Measured at V = 32,000 (512
+rows, one core, load average 18-21): 280-285 ms per pass against 323-374 ms for blocks of
+2**18 and 318 ms for 2**17; no difference at V = 101. The figures are per row, so any block
+size gives the same bits."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,7 @@ def _one_pass(
     out = [np.empty(total, dtype=np.float64) for _ in range(7)]
     margins, tolerances, logprobs, others, entropy, variance, eos_probability = out
     offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64)
-    step = max(1, _MARGIN_CHUNK_ELEMENTS // vocab)
+    step = max(1, _BLOCK_ELEMENTS // vocab)
     # Overflowing or NaN logits give non-finite figures, which the checks fail: no warnings.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for start in range(0, total, step):
