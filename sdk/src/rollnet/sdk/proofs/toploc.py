@@ -583,7 +583,7 @@ def check_toploc_batch(
     # Without fp32 values the figure is unavailable: fail closed rather than skip.
     no_slack = np.repeat(~np.asarray(windows.has_slack, dtype=bool), counts)
     unexplained[no_slack] = np.inf
-    limits: list[tuple[Reason, npt.NDArray[np.generic], float]] = [
+    limits: list[tuple[Reason, npt.NDArray[np.int64] | npt.NDArray[np.float64], float]] = [
         (Reason.EXPONENT_MISMATCH, windows.exp_mismatches, thresholds.max_exp_mismatches),
         (Reason.MANTISSA_ERROR_MEAN, windows.mant_err_mean, thresholds.max_mant_err_mean),
         (Reason.MANTISSA_ERROR_MEDIAN, windows.mant_err_median, thresholds.max_mant_err_median),
@@ -598,7 +598,7 @@ def check_toploc_batch(
     failing: list[Reason | None] = []
     total: list[float] = []
     if judged.size:
-        for column, values in zip(
+        for column, per_window in zip(
             maxima,
             (
                 windows.exp_mismatches,
@@ -608,12 +608,12 @@ def check_toploc_batch(
             ),
             strict=True,
         ):
-            column.extend(np.maximum.reduceat(values, starts).tolist())
+            column.extend(np.maximum.reduceat(per_window, starts).tolist())
         most_unexplained = np.maximum.reduceat(unexplained, starts).tolist()
         # The first reason whose limit some window exceeds, per rollout.
         reasons = np.full(judged.size, -1, dtype=np.int64)
-        for number, (_, values, limit) in enumerate(limits):
-            over = np.logical_or.reduceat(values > limit, starts)
+        for number, (_, limited, limit) in enumerate(limits):
+            over = np.logical_or.reduceat(limited > limit, starts)
             reasons[(reasons < 0) & over] = number
         failing = [None if r < 0 else limits[r][0] for r in reasons.tolist()]
         # Summed |mantissa error| over the rollout, from each window's mean and matched count,
@@ -651,9 +651,8 @@ def check_toploc_batch(
         if reason is None:
             results.append(CheckResult(CheckName.TOPLOC, True, None, figures))
             continue
-        values = next(v for r, v, _ in limits if r is reason)
-        limit = next(lim for r, _, lim in limits if r is reason)
-        own = values[firsts[slot] : firsts[slot + 1]] > limit
+        failed, limit = next((v, lim) for r, v, lim in limits if r is reason)
+        own = failed[firsts[slot] : firsts[slot + 1]] > limit
         figures["first_failing_window"] = int(np.argmax(own))
         results.append(
             CheckResult(
@@ -670,4 +669,5 @@ def check_toploc_batch(
 def _window_numbers(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Each window's number within its rollout, for rollouts of ``counts`` windows."""
     firsts = np.concatenate([[0], np.cumsum(counts)])[:-1]
-    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts, counts)
+    numbers = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts, counts)
+    return np.asarray(numbers, dtype=np.int64)
