@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from rollnet.reference.coordinator.config import DEFAULT_CHALLENGED_ROLLOUTS
 from rollnet.reference.envs import load_environment
@@ -77,12 +79,22 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="rounds of generate + validate")
     parser.add_argument(
-        "--parallel-rounds", type=int, default=5, help="passes over the jobs per validator process"
+        "--parallel-rounds",
+        type=int,
+        default=5,
+        help="passes over the jobs per validator process (0: skip the several-validators part)",
     )
     parser.add_argument(
         "--hidden-size", type=int, default=0, help="widen the tiny model (default: its own 64)"
     )
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: 2)")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="widen the embedding and LM head to this many rows (default: the character "
+        "tokenizer's 101); ids past the tokenizer decode to nothing, which changes no cost",
+    )
     parser.add_argument(
         "--challenged",
         type=int,
@@ -99,6 +111,8 @@ def main() -> None:
     if args.layers:
         spec = replace(spec, num_hidden_layers=args.layers)
     model_dir = init_tiny_model(root / "tiny", seed=0, spec=spec)
+    if args.vocab:
+        widen_vocabulary(model_dir, args.vocab)
     worker = TorchBackend()
     worker.load(str(model_dir))
     tokenizer = CheckpointTokenizer.load(model_dir)
@@ -128,7 +142,8 @@ def main() -> None:
     rollouts_total = args.jobs * args.prompts * args.samples
     print(
         f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
-        f"{spec.num_hidden_layers} layers), float32, CPU; best of {args.repeats} rounds"
+        f"{spec.num_hidden_layers} layers, vocabulary {model.backend.vocab_size}), float32, "
+        f"CPU; best of {args.repeats} rounds; load average {load_average()}"
     )
     print(
         f"workload: {args.jobs} jobs x {args.prompts} prompts x {args.samples} samples = "
@@ -174,7 +189,8 @@ def main() -> None:
             f"{cpu * 1000:8.1f} ms CPU ({cpu / prefill[1]:.2f}x)"
         )
     print(
-        f"  end to end / bare prefill: {limit['end_to_end'][0] / prefill[0]:.2f}x (target <= 1.25x)"
+        f"  end to end / bare prefill: {limit['end_to_end'][0] / prefill[0]:.2f}x wall, "
+        f"{limit['end_to_end'][1] / prefill[1]:.2f}x CPU (target <= 1.25x)"
     )
     job_generate = generate_seconds / len(jobs)
     for name, label in (("end_to_end", "every rollout"), ("challenged", "challenged")):
@@ -185,6 +201,9 @@ def main() -> None:
             f"{floor:g} (1 validator per {1 / (per_worker * floor):.0f} workers)"
         )
 
+    print(f"  load average after: {load_average()}")
+    if args.parallel_rounds < 1:
+        return
     print(
         f"\nvalidators at once (processes, {args.threads} torch thread(s) each, CPUs here: "
         f"{multiprocessing.cpu_count()}):"
@@ -276,6 +295,21 @@ def physical_limit(
         for name, (wall, cpu) in spent.items():
             best[name] = (min(best[name][0], wall / len(jobs)), min(best[name][1], cpu / len(jobs)))
     return best
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages (other work on the machine skews wall times)."""
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def widen_vocabulary(model_dir: Path, vocab: int) -> None:
+    """Resize the checkpoint's embedding and LM head to ``vocab`` rows (new rows drawn at
+    random), so that the per-token work over the vocabulary is a real model's."""
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.save_pretrained(model_dir, safe_serialization=True)
 
 
 def load_validator_model(model_dir: Path) -> CheckpointModel:

@@ -71,8 +71,9 @@ from rollnet.sdk.proofs import (
 from rollnet.sdk.proofs import CheckResult as ProofCheck
 from rollnet.sdk.proofs.challenge import challenged_rollouts, verify_challenge
 from rollnet.sdk.proofs.logit_figures import TokenFigures, token_figures
-from rollnet.sdk.proofs.sampling import MAX_SEED
+from rollnet.sdk.proofs.sampling import MAX_SEED, LogprobBounds
 from rollnet.sdk.proofs.statistics import RolloutStatistics, rollout_statistics_from_figures
+from rollnet.sdk.proofs.thresholds import logprob_bounds
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -266,20 +267,6 @@ _NUMBERS = (int, float)
 """Figure values the wire keeps (bool is an int: it becomes 0.0 / 1.0)."""
 
 
-def _figures(values: Mapping[str, Any]) -> dict[str, float]:
-    # The wire keeps numbers only; labels (strings) stay in the logs.
-    out: dict[str, float] = {}
-    isfinite = math.isfinite
-    for key, value in values.items():
-        # A tuple, not int | float: this runs for every figure of every check (~1,500 per
-        # 32-rollout job), and isinstance against a tuple is about twice as fast.
-        if isinstance(value, _NUMBERS):
-            number = float(value)
-            if isfinite(number):
-                out[key] = number
-    return out
-
-
 def _result(
     check: str,
     passed: bool,
@@ -288,11 +275,19 @@ def _result(
     rollout_index: int | None = None,
 ) -> validation_pb2.CheckResult:
     result = validation_pb2.CheckResult(check=check, passed=passed, reason="" if passed else reason)
-    # Item by item: a dict handed to the constructor goes through the generic (pure Python)
-    # MutableMapping.update, twice as slow per ~7 checks x N rollouts of every job.
-    stored = result.figures
-    for key, number in _figures(figures or {}).items():
-        stored[key] = number
+    if figures:
+        # The wire keeps finite numbers only; labels (strings) stay in the logs. Stored item
+        # by item as they are filtered (~1,500 figures per 32-rollout job): a dict handed to
+        # the constructor goes through the generic (pure Python) MutableMapping.update, twice
+        # as slow, and an intermediate dict costs a second loop.
+        stored = result.figures
+        isfinite = math.isfinite
+        for key, value in figures.items():
+            # A tuple, not int | float: isinstance against a tuple is about twice as fast.
+            if isinstance(value, _NUMBERS):
+                number = float(value)
+                if isfinite(number):
+                    stored[key] = number
     if rollout_index is not None:
         result.rollout_index = rollout_index
     return result
@@ -708,11 +703,12 @@ def _check_group(
         [s.claim.completion_ids for s in group],
         [s.claim.sampling_seed for s in group],
     )
-    for number, (slot, report, summary) in enumerate(zip(group, reports, summaries, strict=True)):
+    for slot, report, summary in zip(group, reports, summaries, strict=True):
         slot.statistics = summary
         slot.checks.extend(_from_proof(c, slot.index) for c in report.checks)
-        if report.accepted:
-            slot.checks.append(_logprobs_check(slot, figures, number))
+    accepted = [number for number, report in enumerate(reports) if report.accepted]
+    for number, check in zip(accepted, _logprobs_checks(group, accepted, figures), strict=True):
+        group[number].checks.append(check)
     scorer.submit([slot for slot in group if _scorable(slot)])
 
 
@@ -782,37 +778,78 @@ def _unprefillable(slot: _Slot, out_of_vocabulary: int) -> list[validation_pb2.C
     return checks
 
 
-def _logprobs_check(
-    slot: _Slot, per_token: TokenFigures, number: int
-) -> validation_pb2.CheckResult:
-    """The behaviour log-probabilities the trainer will use: one per completion token, finite,
-    at most 0, and each inside the interval the error model gives around the validator's own
-    (:meth:`TokenFigures.logprob_bounds`, :func:`rollnet.sdk.proofs.token_logprob_bounds`'s
-    figures: every logit difference moved by the row's
-    logit tolerance; ``docs/verification.md``, "Error model")."""
-    claimed = np.asarray(slot.rollout.behaviour_logprobs, dtype=np.float64)
-    tokens = len(slot.claim.completion_ids)
-    figures: dict[str, float] = {"tokens": tokens, "claimed": claimed.size}
-    well_formed = claimed.size == tokens and bool(np.all(np.isfinite(claimed) & (claimed <= 0)))
-    if not well_formed:
-        figures["non_finite"] = int(claimed.size - np.isfinite(claimed).sum())
-        figures["positive"] = int((claimed > 0).sum())
-        return _result(
-            ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MALFORMED, figures, slot.index
-        )
-    bounds = per_token.logprob_bounds(number)
-    slot.logprobs = bounds.values
-    # Written so that NaN fails (the validator's own bounds, from NaN logits).
-    inside = bounds.contains(claimed)
-    figures["max_abs_error"] = float(np.abs(claimed - bounds.values).max()) if tokens else 0.0
-    figures["max_tolerance_fraction"] = float(bounds.excess(claimed).max()) if tokens else 0.0
-    if not inside.all():
-        figures["first_mismatch"] = int(np.argmax(~inside))
-        figures["mismatches"] = int((~inside).sum())
-        return _result(
-            ValidatorCheck.LOGPROBS, False, ValidatorReason.LOGPROBS_MISMATCH, figures, slot.index
-        )
-    return _result(ValidatorCheck.LOGPROBS, True, "", figures, slot.index)
+def _logprobs_checks(
+    group: Sequence[_Slot], numbers: Sequence[int], per_token: TokenFigures
+) -> list[validation_pb2.CheckResult]:
+    """The log-probability check of ``group[number]`` for each of ``numbers`` (rollouts of the
+    group, whose rows ``per_token`` holds): the behaviour log-probabilities the trainer will
+    use, one per completion token, finite, at most 0, and each inside the interval the error
+    model gives around the validator's own (:meth:`TokenFigures.logprob_bounds`,
+    :func:`rollnet.sdk.proofs.token_logprob_bounds`'s figures: every logit difference moved
+    by the row's logit tolerance; ``docs/verification.md``, "Error model").
+
+    The arithmetic is elementwise, so it runs once over every token of the group (the same
+    values as per rollout), and each rollout's figures are reductions of its rows."""
+    starts = per_token.starts.tolist()
+    results: dict[int, validation_pb2.CheckResult] = {}
+    claimed: dict[int, npt.NDArray[np.float64]] = {}
+    for number in numbers:
+        slot = group[number]
+        values = np.asarray(slot.rollout.behaviour_logprobs, dtype=np.float64)
+        tokens = starts[number + 1] - starts[number]
+        if values.size != tokens or not bool(np.all(np.isfinite(values) & (values <= 0))):
+            figures: dict[str, float] = {"tokens": tokens, "claimed": values.size}
+            figures["non_finite"] = int(values.size - np.isfinite(values).sum())
+            figures["positive"] = int((values > 0).sum())
+            reason = ValidatorReason.LOGPROBS_MALFORMED
+            results[number] = _result(ValidatorCheck.LOGPROBS, False, reason, figures, slot.index)
+        else:
+            claimed[number] = values
+    checked = [n for n in numbers if n in claimed]
+    if checked:
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN figures: NaN bounds, which fail
+            rows = np.concatenate([np.arange(starts[n], starts[n + 1]) for n in checked])
+            lower, upper = logprob_bounds(per_token.others[rows], per_token.tolerances[rows])
+            bounds = LogprobBounds(per_token.logprobs[rows], lower, upper)
+            values = np.concatenate([claimed[n] for n in checked])
+            # Written so that NaN fails (the validator's own bounds, from NaN logits).
+            inside = bounds.contains(values)
+            errors = np.abs(values - bounds.values)
+            excess = bounds.excess(values)
+        lengths = [starts[n + 1] - starts[n] for n in checked]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        filled = np.flatnonzero(np.asarray(lengths) > 0)
+        most_error = [0.0] * len(checked)
+        most_excess = [0.0] * len(checked)
+        all_inside = [True] * len(checked)
+        if filled.size:
+            firsts = offsets[filled]
+            for target, reduced in (
+                (most_error, np.maximum.reduceat(errors, firsts)),
+                (most_excess, np.maximum.reduceat(excess, firsts)),
+                (all_inside, np.logical_and.reduceat(inside, firsts)),
+            ):
+                for position, value in zip(filled.tolist(), reduced.tolist(), strict=True):
+                    target[position] = value
+        for position, number in enumerate(checked):
+            slot = group[number]
+            own = slice(int(offsets[position]), int(offsets[position + 1]))
+            slot.logprobs = bounds.values[own].copy()
+            figures = {
+                "tokens": lengths[position],
+                "claimed": lengths[position],
+                "max_abs_error": most_error[position],
+                "max_tolerance_fraction": most_excess[position],
+            }
+            if all_inside[position]:
+                results[number] = _result(ValidatorCheck.LOGPROBS, True, "", figures, slot.index)
+                continue
+            outside = ~inside[own]
+            figures["first_mismatch"] = int(np.argmax(outside))
+            figures["mismatches"] = int(outside.sum())
+            reason = ValidatorReason.LOGPROBS_MISMATCH
+            results[number] = _result(ValidatorCheck.LOGPROBS, False, reason, figures, slot.index)
+    return [results[number] for number in numbers]
 
 
 def _scorable(slot: _Slot) -> bool:

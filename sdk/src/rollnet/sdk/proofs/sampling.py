@@ -122,11 +122,19 @@ def gumbel_noise(
     seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int
 ) -> npt.NDArray[np.float64]:
     """Standard Gumbel noise ``[N, V]`` (float64) for N (seed, position) pairs."""
+    noise = negated_gumbel_noise(seeds, positions, vocab_size)
+    return np.negative(noise, out=noise)
+
+
+def negated_gumbel_noise(
+    seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int
+) -> npt.NDArray[np.float64]:
+    """``-g``, i.e. ``log(-log u)``: callers that add the noise subtract this instead, which
+    gives the same bits (``s - x == s + (-x)`` in IEEE arithmetic) one pass sooner."""
     u = uniforms_from_bits(_noise_bits32(seeds, positions, vocab_size))
     np.log(u, out=u)
     np.negative(u, out=u)
-    np.log(u, out=u)
-    return np.negative(u, out=u)
+    return np.log(u, out=u)
 
 
 def gumbel_noise_at(
@@ -300,7 +308,7 @@ def _stacked_rows(
         pieces.append(arrays[index][local : local + take])
         start += take
         index += 1
-    return np.concatenate(pieces).astype(np.float64)
+    return np.concatenate(pieces, dtype=np.float64)
 
 
 def _batch_margins(
@@ -417,7 +425,25 @@ def _sampling_results(
     with np.errstate(invalid="ignore", divide="ignore"):
         fractions = margins / tolerances
     violations = per_rollout(violating)
+    finite = per_rollout(np.isfinite(margins))
     first_violations = np.flatnonzero(violating)
+    # Each rollout's minima and final figures as reductions over its rows (min is exact in any
+    # order, so these equal a per-rollout .min()); rollouts with no rows take none.
+    filled = np.flatnonzero(lengths > 0)
+    lowest = [0.0] * lengths.size
+    lowest_fraction = [0.0] * lengths.size
+    final = [0.0] * lengths.size
+    final_tolerance = [0.0] * lengths.size
+    if filled.size:
+        firsts, lasts = starts[filled], starts[filled + 1] - 1
+        for target, values in (
+            (lowest, np.minimum.reduceat(margins, firsts)),
+            (lowest_fraction, np.minimum.reduceat(fractions, firsts)),
+            (final, margins[lasts]),
+            (final_tolerance, tolerances[lasts]),
+        ):
+            for number, value in zip(filled.tolist(), values.tolist(), strict=True):
+                target[number] = value
     results: list[CheckResult] = []
     for number, length in enumerate(lengths.tolist()):
         if out_of_vocabulary[number]:
@@ -436,18 +462,15 @@ def _sampling_results(
         first = None
         if count:
             first = int(first_violations[np.searchsorted(first_violations, start)]) - start
-        own = margins[start : start + length]
         figures: dict[str, Figure] = {
-            "min_margin": float(own.min()) if length else 0.0,
-            "final_margin": float(own[-1]) if length else 0.0,
-            "final_tolerance": float(tolerances[start + length - 1]) if length else 0.0,
-            "min_margin_fraction": (
-                float(fractions[start : start + length].min()) if length else 0.0
-            ),
+            "min_margin": lowest[number],
+            "final_margin": final[number],
+            "final_tolerance": final_tolerance[number],
+            "min_margin_fraction": lowest_fraction[number],
             "violations": count,
             "tokens": length,
         }
-        non_finite = int(length - np.isfinite(own).sum())
+        non_finite = length - int(finite[number])
         results.append(_judge(figures, non_finite, count, first))
     return results
 

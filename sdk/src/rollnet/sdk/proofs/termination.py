@@ -137,6 +137,7 @@ def check_termination(
     eos_probability: float | None = None,
     eos_probability_upper: float | None = None,
     eos_margin: float | None = None,
+    eos_tolerance: float | None = None,
 ) -> CheckResult:
     """The rollout ends with a probable EOS, or at exactly the length limit; no EOS before the end.
 
@@ -155,6 +156,9 @@ def check_termination(
     the error model allows: an EOS the worker's logits made probable enough is not rejected
     because the validator's, within honest noise, make it less so (at a tiny temperature that
     noise moves probabilities by orders of magnitude).
+
+    ``eos_tolerance``, when given, is that sampling tolerance of ``last_logits``, computed in
+    advance (with the margins) and used instead.
     """
     length = len(completion_ids)
     figures: dict[str, Figure] = {"completion_tokens": length, "max_new_tokens": max_new_tokens}
@@ -179,7 +183,11 @@ def check_termination(
         figures["eos_probability_upper"] = eos_probability_upper
         if finish_reason != FINISH_EOS:
             return fail(Reason.FINISH_REASON_MISMATCH, "ends with EOS but claims another reason")
-        tolerance = float(sampling_tolerances(last_logits, temperature, thresholds))
+        tolerance = (
+            float(sampling_tolerances(last_logits, temperature, thresholds))
+            if eos_tolerance is None
+            else eos_tolerance
+        )
         # Written so that NaN fails (a margin, tolerance or probability that is not a number
         # proves nothing).
         sampled = eos_margin is not None and eos_margin >= tolerance

@@ -18,9 +18,9 @@ produces, and the rows whose logits the sampling check needs.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -300,10 +300,11 @@ def _has_fp32_precision(hidden: npt.NDArray[np.generic]) -> bool:
 
 @dataclass
 class _Prepared:
-    """Every rollout's hidden states stacked: bf16 patterns, fp32 values, where each starts."""
+    """Every rollout's hidden states stacked, with one zero row at the end (the padding of
+    short windows): bf16 patterns, fp32 values, where each rollout starts."""
 
-    bits: UInt16Array  # [rows, d]
-    values: npt.NDArray[np.float32] | None  # [rows, d]; None when no rollout has fp32 precision
+    bits: UInt16Array  # [rows + 1, d]
+    values: npt.NDArray[np.float32] | None  # [rows + 1, d]; None when no rollout has fp32 precision
     has_slack: list[bool]
     offsets: list[int]
 
@@ -316,16 +317,21 @@ def _prepare(hidden_states: Sequence[npt.ArrayLike]) -> _Prepared:
     if floats and len(widths) == 1:
         # One pass over all rollouts: the per-value work is elementwise, and "holds fp32
         # precision" is decided per rollout, exactly as for a single one.
-        values = np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays])
-        low = np.asarray((values.view(np.uint32) & 0xFFFF).any(axis=1), dtype=bool)
-        has = [bool(low[a:b].any()) for a, b in itertools.pairwise(offsets)]
+        (width,) = widths
+        values = np.concatenate(
+            [np.asarray(a, dtype=np.float32) for a in arrays]
+            + [np.zeros((1, width), dtype=np.float32)]
+        )
+        low = (values.view(np.uint32) & 0xFFFF).any(axis=1)
+        counts = np.concatenate([[0], np.cumsum(low, dtype=np.int64)])
+        has = ((counts[offsets[1:]] - counts[offsets[:-1]]) > 0).tolist()
         return _Prepared(bf16_bits(values), values if any(has) else None, has, offsets)
     bits = [as_bf16_bits(a) for a in arrays]
     if any(b.ndim != 2 for b in bits) or len({b.shape[1] for b in bits}) > 1:
         raise ValueError("hidden states must be [tokens, hidden size], one width for all")
     has = [_has_fp32_precision(a) for a in arrays]
     width = bits[0].shape[1] if bits else 0
-    stacked = np.concatenate(bits) if bits else np.zeros((0, width), dtype=np.uint16)
+    stacked = np.concatenate([*bits, np.zeros((1, width), dtype=np.uint16)])
     stacked_values = None
     if any(has):
         stacked_values = np.concatenate(
@@ -333,11 +339,143 @@ def _prepare(hidden_states: Sequence[npt.ArrayLike]) -> _Prepared:
                 np.asarray(a, dtype=np.float32) if fp32 else np.zeros(b.shape, dtype=np.float32)
                 for a, b, fp32 in zip(arrays, bits, has, strict=True)
             ]
+            + [np.zeros((1, width), dtype=np.float32)]
         )
     return _Prepared(stacked, stacked_values, has, offsets)
 
 
 _EVALUATE_CHUNK = 32  # windows per field evaluation: keeps the temporaries in cache
+
+
+@dataclass
+class _Windows:
+    """The statistics of every window of every well-formed proof, as arrays in (rollout,
+    window) order: what :class:`WindowStats` holds, one entry per window."""
+
+    errors: dict[int, ProofFormatError]
+    """The rollouts whose proof is malformed, by position."""
+    counts: npt.NDArray[np.int64]
+    """Windows per rollout (0 for a malformed proof)."""
+    compared: npt.NDArray[np.int64]
+    exp_mismatches: npt.NDArray[np.int64]
+    mant_err_mean: npt.NDArray[np.float64]
+    mant_err_median: npt.NDArray[np.float64]
+    sign_mismatches: npt.NDArray[np.int64]
+    unexplained: npt.NDArray[np.int64] | None
+    """``None`` when no rollout has fp32 values; meaningful only where :attr:`has_slack`."""
+    has_slack: list[bool]
+
+
+def _verify_windows(
+    proofs: Sequence[bytes],
+    hidden_states: Sequence[npt.ArrayLike],
+    window: int,
+    k: int,
+    boundary_distance: float,
+) -> _Windows:
+    """Every window of every rollout checked together, in a few vectorized calls."""
+    if len(proofs) != len(hidden_states):
+        raise ValueError("one proof per rollout's hidden states")
+    prepared = _prepare(hidden_states)
+    offsets = prepared.offsets
+    size = 2 * (k + 1)
+    errors: dict[int, ProofFormatError] = {}
+    counts = np.zeros(len(proofs), dtype=np.int64)
+    well_formed: list[bytes] = []
+    for slot, proof in enumerate(proofs):
+        tokens = offsets[slot + 1] - offsets[slot]
+        windows = -(-tokens // window)
+        # The length first: a proof of the wrong size is refused before it is parsed (a
+        # hostile one may be as large as the blob).
+        if len(proof) != windows * size:
+            errors[slot] = ProofFormatError(
+                f"proof has {len(proof)} bytes, a completion of {tokens} tokens "
+                f"needs {windows} windows of {size}"
+            )
+            continue
+        counts[slot] = windows
+        well_formed.append(proof)
+    words = np.frombuffer(b"".join(well_formed), dtype=">u2").astype(np.int64).reshape(-1, k + 1)
+    all_moduli, all_coefficients = words[:, 0], words[:, 1:]
+    slots = np.repeat(np.arange(len(proofs), dtype=np.int64), counts)
+    # A prover searches moduli from PRIME down to 2**15: any other value (65535, 0, 7)
+    # never comes from one, and would make equivalent proofs with different digests.
+    strays = (all_moduli < _MIN_MODULUS) | (all_moduli > PRIME)
+    if strays.any():
+        firsts = np.concatenate([[0], np.cumsum(counts)])
+        for slot in np.unique(slots[strays]).tolist():
+            own = all_moduli[firsts[slot] : firsts[slot + 1]]
+            first = int(np.flatnonzero((own < _MIN_MODULUS) | (own > PRIME))[0])
+            errors[slot] = ProofFormatError(
+                f"window {first} has modulus {int(own[first])}, outside [{_MIN_MODULUS}, {PRIME}]"
+            )
+        keep = ~np.isin(slots, list(errors))
+        counts[list(errors)] = 0
+        all_moduli, all_coefficients, slots = all_moduli[keep], all_coefficients[keep], slots[keep]
+    total = int(counts.sum())
+    numbers = _window_numbers(counts)
+    stops = np.asarray(offsets[1:], dtype=np.int64)[slots]
+    first_rows = np.asarray(offsets[:-1], dtype=np.int64)[slots] + numbers * window
+    real_rows = np.minimum(window, stops - first_rows)
+    width = prepared.bits.shape[1]
+    zero_row = prepared.bits.shape[0] - 1
+    compared = np.zeros(total, dtype=np.int64)
+    exp_mismatches = np.zeros(total, dtype=np.int64)
+    means = np.zeros(total, dtype=np.float64)
+    medians = np.zeros(total, dtype=np.float64)
+    signs = np.zeros(total, dtype=np.int64)
+    unexplained = None if prepared.values is None else np.zeros(total, dtype=np.int64)
+    # Windows holding at least k values are checked together whatever their length, padded with
+    # zero rows: padding never enters the top-k (ties go to the lower index and padding comes
+    # last), so the statistics equal those of the unpadded window (as in encode_windows).
+    keys = np.where(real_rows * width >= k, window, real_rows)
+    for rows in np.unique(keys).tolist():
+        group = np.flatnonzero(keys == rows)
+        steps = np.arange(rows, dtype=np.int64)[None, :]
+        for first in range(0, group.size, _EVALUATE_CHUNK):
+            chosen_windows = group[first : first + _EVALUATE_CHUNK]
+            starts = first_rows[chosen_windows]
+            real = real_rows[chosen_windows]
+            row_index = np.where(steps < real[:, None], starts[:, None] + steps, zero_row)
+            flat = prepared.bits[row_index].reshape(chosen_windows.size, rows * width)
+            used = min(k, flat.shape[1])
+            idx = top_k_indices(flat, used)
+            observed = np.take_along_axis(flat, idx, axis=1).astype(np.int64)
+            near: npt.NDArray[np.float64] | None = None
+            if prepared.values is not None:
+                flat_values = prepared.values[row_index].reshape(chosen_windows.size, rows * width)
+                picked = np.ascontiguousarray(np.take_along_axis(flat_values, idx, axis=1))
+                # Honest noise is absolute (it scales with the row, not with each entry), so
+                # measure slack in ULPs of the window's largest committed exponent: a tiny
+                # entry (committed when a short window has < k values) is always near its
+                # boundary.
+                top_exponent = ((observed >> 7) & 0xFF).max(axis=1, keepdims=True) - 127
+                near = np.ldexp(_slack_values(picked), -top_exponent)
+            mods = all_moduli[chosen_windows]
+            safe = np.where(mods > 0, mods, PRIME)  # a null proof (modulus 0) fails below
+            claimed = _field.evaluate(all_coefficients[chosen_windows], idx % safe[:, None])
+            null = mods <= 0
+            if null.any():
+                claimed[null] = observed[null] ^ 0x7F80  # force every exponent to differ
+            figures = _compare_windows(claimed, observed, near, boundary_distance)
+            compared[chosen_windows] = used
+            exp_mismatches[chosen_windows] = figures["exp_mismatches"]
+            means[chosen_windows] = figures["mant_err_mean"]
+            medians[chosen_windows] = figures["mant_err_median"]
+            signs[chosen_windows] = figures["sign_mismatches"]
+            if unexplained is not None:
+                unexplained[chosen_windows] = figures["unexplained"]
+    return _Windows(
+        errors,
+        counts,
+        compared,
+        exp_mismatches,
+        means,
+        medians,
+        signs,
+        unexplained,
+        prepared.has_slack,
+    )
 
 
 def verify_proofs(
@@ -350,112 +488,43 @@ def verify_proofs(
     """:func:`verify_proof` for many rollouts at once: the windows of every rollout are checked
     together, in a few vectorized calls. A malformed proof gives its :class:`ProofFormatError`
     in its place instead of raising; the other rollouts' statistics are unaffected."""
-    if len(proofs) != len(hidden_states):
-        raise ValueError("one proof per rollout's hidden states")
-    prepared = _prepare(hidden_states)
+    windows = _verify_windows(proofs, hidden_states, window, k, boundary_distance)
+    columns = zip(
+        windows.compared.tolist(),
+        windows.exp_mismatches.tolist(),
+        windows.mant_err_mean.tolist(),
+        windows.mant_err_median.tolist(),
+        windows.sign_mismatches.tolist(),
+        (
+            windows.unexplained.tolist()
+            if windows.unexplained is not None
+            else [None] * windows.compared.size
+        ),
+        strict=True,
+    )
     results: list[list[WindowStats] | ProofFormatError] = []
-    moduli_parts: list[npt.NDArray[np.int64]] = []
-    coefficient_parts: list[npt.NDArray[np.int64]] = []
-    # Per window of every well-formed proof: (rollout slot, window number, first row, rows).
-    owners: list[tuple[int, int, int, int]] = []
-    for slot, proof in enumerate(proofs):
-        start, stop = prepared.offsets[slot], prepared.offsets[slot + 1]
-        try:
-            bounds = window_bounds(stop - start, window)
-            # The length first: a proof of the wrong size is refused before it is parsed (a
-            # hostile one may be as large as the blob).
-            if len(proof) != len(bounds) * 2 * (k + 1):
-                raise ProofFormatError(
-                    f"proof has {len(proof)} bytes, a completion of {stop - start} tokens "
-                    f"needs {len(bounds)} windows of {2 * (k + 1)}"
-                )
-            moduli, coefficients = parse_proof(proof, k)
-            # A prover searches moduli from PRIME down to 2**15: any other value (65535, 0, 7)
-            # never comes from one, and would make equivalent proofs with different digests.
-            strays = np.flatnonzero((moduli < _MIN_MODULUS) | (moduli > PRIME))
-            if strays.size:
-                raise ProofFormatError(
-                    f"window {int(strays[0])} has modulus {int(moduli[strays[0]])}, outside "
-                    f"[{_MIN_MODULUS}, {PRIME}]"
-                )
-        except ProofFormatError as error:
+    for slot, count in enumerate(windows.counts.tolist()):
+        error = windows.errors.get(slot)
+        if error is not None:
             results.append(error)
             continue
-        results.append([])
-        moduli_parts.append(moduli)
-        coefficient_parts.append(coefficients)
-        owners.extend((slot, n, start + a, b - a) for n, (a, b) in enumerate(bounds))
-    if not owners:
-        return results
-    all_moduli = np.concatenate(moduli_parts)
-    all_coefficients = np.concatenate(coefficient_parts)
-    width = prepared.bits.shape[1]
-    # Windows holding at least k values are checked together whatever their length, padded with
-    # zero rows: padding never enters the top-k (ties go to the lower index and padding comes
-    # last), so the statistics equal those of the unpadded window (as in encode_windows).
-    groups: dict[int, list[int]] = {}
-    for number, owner in enumerate(owners):
-        groups.setdefault(window if owner[3] * width >= k else owner[3], []).append(number)
-    zero_row = prepared.bits.shape[0]
-    bits = np.concatenate([prepared.bits, np.zeros((1, width), dtype=np.uint16)])
-    values = (
-        None
-        if prepared.values is None
-        else np.concatenate([prepared.values, np.zeros((1, width), dtype=np.float32)])
-    )
-    stats: dict[int, WindowStats] = {}
-    for rows, group in groups.items():
-        for first in range(0, len(group), _EVALUATE_CHUNK):
-            numbers = np.asarray(group[first : first + _EVALUATE_CHUNK], dtype=np.int64)
-            starts = np.asarray([owners[n][2] for n in numbers.tolist()], dtype=np.int64)
-            real = np.asarray([owners[n][3] for n in numbers.tolist()], dtype=np.int64)
-            steps = np.arange(rows, dtype=np.int64)[None, :]
-            row_index = np.where(steps < real[:, None], starts[:, None] + steps, zero_row)
-            flat = bits[row_index].reshape(numbers.size, rows * width)
-            used = min(k, flat.shape[1])
-            idx = top_k_indices(flat, used)
-            observed = np.take_along_axis(flat, idx, axis=1).astype(np.int64)
-            near: npt.NDArray[np.float64] | None = None
-            if values is not None:
-                flat_values = values[row_index].reshape(numbers.size, rows * width)
-                chosen = np.ascontiguousarray(np.take_along_axis(flat_values, idx, axis=1))
-                # Honest noise is absolute (it scales with the row, not with each entry), so
-                # measure slack in ULPs of the window's largest committed exponent: a tiny
-                # entry (committed when a short window has < k values) is always near its
-                # boundary.
-                top_exponent = ((observed >> 7) & 0xFF).max(axis=1, keepdims=True) - 127
-                near = np.ldexp(_slack_values(chosen), -top_exponent)
-            mods = all_moduli[numbers]
-            safe = np.where(mods > 0, mods, PRIME)  # a null proof (modulus 0) fails below
-            claimed = _field.evaluate(all_coefficients[numbers], idx % safe[:, None])
-            null = mods <= 0
-            if null.any():
-                claimed[null] = observed[null] ^ 0x7F80  # force every exponent to differ
-            figures = _compare_windows(claimed, observed, near, boundary_distance)
-            exp_mismatches = figures["exp_mismatches"].tolist()
-            means = figures["mant_err_mean"].tolist()
-            medians = figures["mant_err_median"].tolist()
-            signs = figures["sign_mismatches"].tolist()
-            unexplained = figures["unexplained"].tolist() if near is not None else None
-            for row, number in enumerate(numbers.tolist()):
-                slot, window_number = owners[number][0], owners[number][1]
-                stats[number] = WindowStats(
-                    window=window_number,
+        stats = []
+        for number in range(count):
+            used, exponents, mean, median, signs, unexplained = next(columns)
+            stats.append(
+                WindowStats(
+                    window=number,
                     compared=used,
-                    exp_mismatches=int(exp_mismatches[row]),
-                    mant_err_mean=float(means[row]),
-                    mant_err_median=float(medians[row]),
-                    sign_mismatches=int(signs[row]),
+                    exp_mismatches=exponents,
+                    mant_err_mean=mean,
+                    mant_err_median=median,
+                    sign_mismatches=signs,
                     unexplained_mismatches=(
-                        int(unexplained[row])
-                        if unexplained is not None and prepared.has_slack[slot]
-                        else None
+                        unexplained if unexplained is not None and windows.has_slack[slot] else None
                     ),
                 )
-    for number, owner in enumerate(owners):
-        collected = results[owner[0]]
-        assert isinstance(collected, list)
-        collected.append(stats[number])
+            )
+        results.append(stats)
     return results
 
 
@@ -499,73 +568,106 @@ def check_toploc(proof: bytes, hidden_states: npt.ArrayLike, thresholds: Thresho
 def check_toploc_batch(
     proofs: Sequence[bytes], hidden_states: Sequence[npt.ArrayLike], thresholds: Thresholds
 ) -> list[CheckResult]:
-    """:func:`check_toploc` for many rollouts, their windows verified together."""
-    verified = verify_proofs(
-        proofs, hidden_states, boundary_distance=thresholds.min_boundary_distance
+    """:func:`check_toploc` for many rollouts, their windows verified and judged together."""
+    windows = _verify_windows(proofs, hidden_states, WINDOW, TOPK, thresholds.min_boundary_distance)
+    counts = windows.counts
+    firsts = np.concatenate([[0], np.cumsum(counts)])
+    judged = np.flatnonzero(counts > 0)
+    starts = firsts[judged]
+    matched = windows.compared - windows.exp_mismatches
+    unexplained = (
+        windows.unexplained.astype(np.float64)
+        if windows.unexplained is not None
+        else np.full(counts.sum(), np.inf)
     )
-    return [
-        CheckResult(CheckName.TOPLOC, False, Reason.PROOF_MALFORMED, {}, str(stats))
-        if isinstance(stats, ProofFormatError)
-        else _judge(stats, thresholds)
-        for stats in verified
-    ]
-
-
-def _judge(stats: list[WindowStats], thresholds: Thresholds) -> CheckResult:
-    """The TOPLOC check's result for one rollout's window statistics."""
-    if not stats:
-        return CheckResult(CheckName.TOPLOC, True, None, {"windows": 0})
-    # Summed |mantissa error| over the rollout, from each window's mean and matched count.
-    total = float(
-        sum(
-            s.mant_err_mean * (s.compared - s.exp_mismatches)
-            for s in stats
-            if s.compared > s.exp_mismatches
-        )
-    )
-    figures: dict[str, Figure] = {
-        "windows": len(stats),
-        "max_exp_mismatches": max(s.exp_mismatches for s in stats),
-        "max_mant_err_mean": max(s.mant_err_mean for s in stats),
-        "max_mant_err_median": max(s.mant_err_median for s in stats),
-        "mant_err_total": total,
-        "max_sign_mismatches": max(s.sign_mismatches for s in stats),
-    }
-    unexplained = [s.unexplained_mismatches for s in stats]
-    if all(u is not None for u in unexplained):
-        figures["max_unexplained_mismatches"] = max(u for u in unexplained if u is not None)
-    limits: list[tuple[Reason, list[float], float]] = [
-        (
-            Reason.EXPONENT_MISMATCH,
-            [s.exp_mismatches for s in stats],
-            thresholds.max_exp_mismatches,
-        ),
-        (
-            Reason.MANTISSA_ERROR_MEAN,
-            [s.mant_err_mean for s in stats],
-            thresholds.max_mant_err_mean,
-        ),
-        (
-            Reason.MANTISSA_ERROR_MEDIAN,
-            [s.mant_err_median for s in stats],
-            thresholds.max_mant_err_median,
-        ),
-        (Reason.SIGN_MISMATCH, [s.sign_mismatches for s in stats], thresholds.max_sign_mismatches),
+    # Without fp32 values the figure is unavailable: fail closed rather than skip.
+    no_slack = np.repeat(~np.asarray(windows.has_slack, dtype=bool), counts)
+    unexplained[no_slack] = np.inf
+    limits: list[tuple[Reason, npt.NDArray[np.int64] | npt.NDArray[np.float64], float]] = [
+        (Reason.EXPONENT_MISMATCH, windows.exp_mismatches, thresholds.max_exp_mismatches),
+        (Reason.MANTISSA_ERROR_MEAN, windows.mant_err_mean, thresholds.max_mant_err_mean),
+        (Reason.MANTISSA_ERROR_MEDIAN, windows.mant_err_median, thresholds.max_mant_err_median),
+        (Reason.SIGN_MISMATCH, windows.sign_mismatches, thresholds.max_sign_mismatches),
     ]
     if thresholds.max_unexplained_mismatches is not None:
         limits.append(
+            (Reason.UNEXPLAINED_MISMATCH, unexplained, thresholds.max_unexplained_mismatches)
+        )
+    maxima: list[list[Any]] = [[] for _ in range(4)]
+    most_unexplained: list[float] = []
+    failing: list[Reason | None] = []
+    total: list[float] = []
+    if judged.size:
+        for column, per_window in zip(
+            maxima,
             (
-                Reason.UNEXPLAINED_MISMATCH,
-                # Without fp32 values the figure is unavailable: fail closed rather than skip.
-                [float("inf") if u is None else u for u in unexplained],
-                thresholds.max_unexplained_mismatches,
+                windows.exp_mismatches,
+                windows.mant_err_mean,
+                windows.mant_err_median,
+                windows.sign_mismatches,
+            ),
+            strict=True,
+        ):
+            column.extend(np.maximum.reduceat(per_window, starts).tolist())
+        most_unexplained = np.maximum.reduceat(unexplained, starts).tolist()
+        # The first reason whose limit some window exceeds, per rollout.
+        reasons = np.full(judged.size, -1, dtype=np.int64)
+        for number, (_, limited, limit) in enumerate(limits):
+            over = np.logical_or.reduceat(limited > limit, starts)
+            reasons[(reasons < 0) & over] = number
+        failing = [None if r < 0 else limits[r][0] for r in reasons.tolist()]
+        # Summed |mantissa error| over the rollout, from each window's mean and matched count,
+        # added in window order (as a Python sum would: cumsum is sequential).
+        with np.errstate(invalid="ignore"):  # inf x 0 where no exponent matched: not summed
+            terms = np.where(matched > 0, windows.mant_err_mean * matched, 0.0)
+        padded = np.zeros((judged.size, int(counts.max())), dtype=np.float64)
+        padded[np.repeat(np.arange(judged.size), counts[judged]), _window_numbers(counts)] = terms
+        total = np.cumsum(padded, axis=1)[:, -1].tolist()
+    results: list[CheckResult] = []
+    position = 0
+    for slot in range(len(proofs)):
+        error = windows.errors.get(slot)
+        if error is not None:
+            results.append(
+                CheckResult(CheckName.TOPLOC, False, Reason.PROOF_MALFORMED, {}, str(error))
+            )
+            continue
+        if not counts[slot]:
+            results.append(CheckResult(CheckName.TOPLOC, True, None, {"windows": 0}))
+            continue
+        n = position
+        position += 1
+        figures: dict[str, Figure] = {
+            "windows": int(counts[slot]),
+            "max_exp_mismatches": maxima[0][n],
+            "max_mant_err_mean": maxima[1][n],
+            "max_mant_err_median": maxima[2][n],
+            "mant_err_total": total[n],
+            "max_sign_mismatches": maxima[3][n],
+        }
+        if windows.unexplained is not None and windows.has_slack[slot]:
+            figures["max_unexplained_mismatches"] = int(most_unexplained[n])
+        reason = failing[n]
+        if reason is None:
+            results.append(CheckResult(CheckName.TOPLOC, True, None, figures))
+            continue
+        failed, limit = next((v, lim) for r, v, lim in limits if r is reason)
+        own = failed[firsts[slot] : firsts[slot + 1]] > limit
+        figures["first_failing_window"] = int(np.argmax(own))
+        results.append(
+            CheckResult(
+                CheckName.TOPLOC,
+                False,
+                reason,
+                figures,
+                f"{int(own.sum())} window(s) over the limit",
             )
         )
-    for reason, values, limit in limits:
-        bad = [window for window, value in enumerate(values) if value > limit]
-        if bad:
-            figures["first_failing_window"] = bad[0]
-            return CheckResult(
-                CheckName.TOPLOC, False, reason, figures, f"{len(bad)} window(s) over the limit"
-            )
-    return CheckResult(CheckName.TOPLOC, True, None, figures)
+    return results
+
+
+def _window_numbers(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each window's number within its rollout, for rollouts of ``counts`` windows."""
+    firsts = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    numbers = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts, counts)
+    return np.asarray(numbers, dtype=np.int64)

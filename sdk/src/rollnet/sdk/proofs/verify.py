@@ -97,6 +97,7 @@ def verify_rollouts(
     toploc = check_toploc_batch([c.proof for c in claims], hidden, thresholds)
     eos_probability: dict[int, float] = {}
     eos_probability_upper: dict[int, float] = {}
+    eos_tolerance: dict[int, float] = {}
     if figures is not None:
         if any(
             a.temperature != figures.temperature or a.eos_token_ids != figures.eos_token_ids
@@ -104,14 +105,17 @@ def verify_rollouts(
         ) or figures.lengths.size != len(claims):
             raise ValueError("figures must be of these rollouts, their temperature and EOS set")
         sampling = dict(enumerate(sampling_results(figures)))
+        probabilities, uppers = (a.tolist() for a in figures.final_eos_probability_bounds())
+        final_tolerances = figures.tolerances[figures.starts[1:] - 1].tolist()
         for number, (claim, assignment) in enumerate(zip(claims, assignments, strict=True)):
             # A rollout with a token outside the vocabulary has no figures: the termination
             # check computes its own.
             ends = claim.completion_ids[-1:]
             ends_with_eos = bool(ends) and ends[0] in assignment.eos_token_ids
             if ends_with_eos and not figures.out_of_vocabulary[number]:
-                probability, upper = figures.eos_probability_bounds(number)
-                eos_probability[number], eos_probability_upper[number] = probability, upper
+                eos_probability[number] = probabilities[number]
+                eos_probability_upper[number] = uppers[number]
+                eos_tolerance[number] = final_tolerances[number]
     else:
         sampling = {}
         by_temperature: dict[float, list[int]] = {}
@@ -164,6 +168,7 @@ def verify_rollouts(
             eos_probability=eos_probability.get(number),
             eos_probability_upper=eos_probability_upper.get(number),
             eos_margin=_final_margin(sampling[number]),
+            eos_tolerance=eos_tolerance.get(number),
         )
         reports.append(
             VerificationReport((binding, assigned, termination, toploc[number], sampling[number]))
