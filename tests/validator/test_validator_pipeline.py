@@ -446,7 +446,8 @@ async def test_rollouts_are_checked_in_groups_within_the_logits_budget(
             {k: v for k, v in other.figures.items() if k not in noise}, rel=1e-5, abs=1e-6
         )
         for key in noise:
-            assert one.figures[key] == pytest.approx(other.figures[key], abs=0.01)
+            # (Far from the bound, a figure is thousands of tolerances: relative there.)
+            assert one.figures[key] == pytest.approx(other.figures[key], rel=1e-4, abs=0.01), key
     assert list(grouped.validated_rewards) == list(whole.validated_rewards)
 
 
