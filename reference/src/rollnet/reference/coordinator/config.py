@@ -457,6 +457,8 @@ def load_config(
             document = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {config_file}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{config_file}: not UTF-8 text (TOML is UTF-8): {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_file}: invalid TOML: {exc}") from exc
         for key, raw in document.items():
