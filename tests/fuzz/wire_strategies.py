@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 #: Deepest nesting generated (a Struct inside a Value inside a Struct ...).
 MAX_DEPTH = 3
+#: Most bytes one huge repeated field takes (a huge list of large items would be gigabytes).
+MAX_HUGE_BYTES = 1 << 20
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _WIRE_TYPE = {
@@ -185,6 +187,12 @@ def _scalar(descriptor: FieldDescriptor, pools: Pools) -> st.SearchStrategy[byte
     return _integers(pools).map(lambda v: _encode_int(descriptor, v))
 
 
+def _repeated(item_and_count: tuple[bytes, int]) -> bytes:
+    """``item`` ``count`` times, but never past :data:`MAX_HUGE_BYTES` in all."""
+    item, count = item_and_count
+    return item * max(1, min(count, MAX_HUGE_BYTES // max(len(item), 1)))
+
+
 def _field(descriptor: FieldDescriptor, pools: Pools, depth: int) -> st.SearchStrategy[bytes]:
     """Zero or more encoded records of one field."""
     number, wire_type = descriptor.number, _wire_type(descriptor)
@@ -201,7 +209,7 @@ def _field(descriptor: FieldDescriptor, pools: Pools, depth: int) -> st.SearchSt
     choices = [st.lists(one, max_size=6).map(b"".join)]
     if depth == 0:  # nested, huge lists would multiply into gigabytes
         # Huge: one element many times over (cheap to make, as costly to check as any).
-        huge = st.tuples(one, st.sampled_from([257, 4097, 20_000])).map(lambda t: t[0] * t[1])
+        huge = st.tuples(one, st.sampled_from([257, 4097, 20_000])).map(_repeated)
         choices.append(huge)
     if wire_type != _LENGTH:  # numbers may also come packed
         choices.append(
