@@ -198,7 +198,10 @@ def test_validator_rejects_hostile_batches(
     if rewritten is not None:
         if keep_order:  # where it sits in the batch stays right: the per-rollout checks run
             theirs = honest.rollouts[index]
-            rewritten.prompt_index, rewritten.sample_index = theirs.prompt_index, theirs.sample_index
+            rewritten.prompt_index, rewritten.sample_index = (
+                theirs.prompt_index,
+                theirs.sample_index,
+            )
             rewritten.prompt_id = theirs.prompt_id
         rollouts[index] = rewritten
     job, blob = seal(honest.task, honest.lease, rollouts)
@@ -210,9 +213,7 @@ def test_validator_rejects_hostile_batches(
             common_pb2.BlobRef(blake3=blake3.blake3(bad).digest(), size=len(bad))
         )
         blob = bad
-    checking = honest.pool.submit(
-        validate_job, job, blob, honest.model, honest.environments
-    )
+    checking = honest.pool.submit(validate_job, job, blob, honest.model, honest.environments)
     try:
         outcome = checking.result(timeout=STALL_SECONDS)
     except JobUncheckable as uncheckable:

@@ -26,7 +26,7 @@ import blake3
 import grpc
 from google.protobuf import duration_pb2
 
-from rollnet.sdk.errors import from_rpc_error
+from rollnet.sdk.errors import error_type, from_rpc_error
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.retry import RetryPolicy, is_retryable
@@ -206,8 +206,8 @@ class _ServiceClient:
         deadline = timeout if timeout is not None else (default_timeout or self._timeout)
 
         async def attempt() -> M:
-            response: M = await call(payload, timeout=deadline, metadata=_metadata(metadata))
-            return response
+            response: M | None = await call(payload, timeout=deadline, metadata=_metadata(metadata))
+            return _parsed(response, method, response_type)
 
         return await self._with_retries(attempt, retry)
 
@@ -258,8 +258,9 @@ class _ServiceClient:
             try:
                 async for response in call:
                     progressed = True
-                    on_message(response)
-                    yield response
+                    parsed = _parsed(response, method, response_type)
+                    on_message(parsed)
+                    yield parsed
                 return
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc)
@@ -271,6 +272,17 @@ class _ServiceClient:
                 call.cancel()
             await self._sleep(policy.backoff(number, error.retry_after))
             number += 1
+
+
+def _parsed(response: M | None, method: str, response_type: type[M]) -> M:
+    """``response``, unless it is ``None``: what grpc.aio hands back when the answer's bytes do
+    not parse (it logs the error and goes on). A malformed answer is then an INTERNAL refusal
+    the caller handles like any other, never an ``AttributeError`` on ``None``."""
+    if response is None:
+        code = grpc.StatusCode.INTERNAL
+        name = response_type.DESCRIPTOR.full_name
+        raise error_type(code)(code, f"{method}: the coordinator's answer is not a {name}")
+    return response
 
 
 def _metadata(metadata: Metadata | None) -> tuple[tuple[str, str], ...] | None:
@@ -558,10 +570,10 @@ class BlobClient(_ServiceClient):
                 yield _serialize(blob_service_pb2.UploadBlobRequest(chunk=chunk))
 
         async def attempt() -> blob_service_pb2.UploadBlobResponse:
-            response: blob_service_pb2.UploadBlobResponse = await call(
+            response: blob_service_pb2.UploadBlobResponse | None = await call(
                 messages(), timeout=timeout, metadata=_metadata(metadata)
             )
-            return response
+            return _parsed(response, self._UPLOAD, blob_service_pb2.UploadBlobResponse)
 
         return await self._with_retries(attempt, retry)
 
