@@ -12,15 +12,17 @@ stall), and stops when asked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from conftest import LoopThread, fuzz_settings
+from coordinator_fuzzing import methods
 from google.protobuf.descriptor import MethodDescriptor
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,8 +36,6 @@ from rollnet.sdk.node import NodeFatalError
 from rollnet.sdk.retry import Backoff
 from rollnet.sdk.worker import LeaseContext, RolloutGenerator, Worker, WorkerConfig
 from rollnet.v1 import node_service_pb2, rollout_pb2, task_pb2
-
-from coordinator_fuzzing import methods
 
 EXAMPLES = 6
 #: Answers scripted per RPC; after them every call gets an empty message.
@@ -181,10 +181,9 @@ async def _survives(
             assert loop.time() < deadline, f"{pull} called {fake.calls[pull]} times, then stalled"
             await asyncio.sleep(0.02)
         node.request_stop()
-        try:
+        # A coordinator may refuse a node for good: NodeFatalError is the documented way out.
+        with contextlib.suppress(NodeFatalError):
             await asyncio.wait_for(asyncio.shield(running), PATIENCE)
-        except NodeFatalError:
-            pass  # a coordinator may refuse a node for good: the documented way out
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
@@ -192,8 +191,8 @@ async def _survives(
 
 
 @pytest.fixture(scope="module")
-def loop(loop_thread: LoopThread) -> Iterator[LoopThread]:
-    yield loop_thread
+def loop(loop_thread: LoopThread) -> LoopThread:
+    return loop_thread
 
 
 @fuzz_settings(EXAMPLES)

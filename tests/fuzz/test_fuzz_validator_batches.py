@@ -16,7 +16,6 @@ import concurrent.futures
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 import blake3
