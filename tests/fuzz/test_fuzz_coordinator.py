@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from conftest import LoopThread, fuzz_settings
 from coordinator_fuzzing import (
@@ -33,10 +34,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from wire_strategies import mangled, message
 
-from rollnet.sdk.conformance.wire import Tamper
+from rollnet.sdk.conformance.wire import Tamper, refusal
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import REGISTER_NODE
 from rollnet.sdk.signing import SIGNING_HEADERS
+from rollnet.v1 import blob_service_pb2, common_pb2
 
 METHODS = methods()
 #: Examples per RPC and database in CI (times ROLLNET_FUZZ_SCALE).
@@ -121,3 +123,14 @@ def test_rpc_survives_bad_input(swarm: Swarm, path: str) -> None:
         swarm.serving()
 
     property()
+
+
+def test_get_blob_past_its_end_names_the_offset(swarm: Swarm) -> None:
+    # Regression: INVALID_FIELDS without a field violation (found by the property above).
+    path = "/rollnet.v1.BlobService/GetBlob"
+    digest = swarm.pools.blobs[0]
+    body = blob_service_pb2.GetBlobRequest(blake3=digest, offset=2**31 - 1).SerializeToString()
+    worker = swarm.peers[common_pb2.ROLE_WORKER].identity
+    error = swarm.call(METHODS[path], path, [body], swarm.headers(worker, path, body))
+    assert error is not None
+    refusal(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELDS", field="offset")

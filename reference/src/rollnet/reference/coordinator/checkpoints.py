@@ -17,7 +17,7 @@ from rollnet.reference.coordinator.context import (
     wait_for,
 )
 from rollnet.reference.coordinator.nodes import Caller, timestamp
-from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import verify_signature
@@ -87,9 +87,7 @@ class CheckpointDesk:
         try:
             manifest = checkpoint_pb2.CheckpointManifest.FromString(request.manifest)
         except DecodeError as error:
-            raise Refusal(
-                ErrorReason.INVALID_FIELDS, f"manifest: not a CheckpointManifest: {error}"
-            ) from error
+            raise invalid(("manifest", f"not a CheckpointManifest: {error}")) from error
         _check_manifest(manifest, self.ctx.config.network_id)
         if not verify_signature(
             caller.public_key, request.signature, CHECKPOINT_DOMAIN + request.manifest

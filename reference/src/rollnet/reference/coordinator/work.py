@@ -369,7 +369,7 @@ class WorkDesk:
                 return
             total, data = self.ctx.blobs.read_range(request.blake3, offset, want)
             if offset > total:
-                raise Refusal(ErrorReason.INVALID_FIELDS, f"offset {offset} beyond size {total}")
+                raise invalid(("offset", f"{offset} is beyond the blob's size {total}"))
             if not data:
                 if offset == total and offset == request.offset:
                     yield blob_service_pb2.GetBlobResponse(offset=offset, total_size=total)
