@@ -29,7 +29,7 @@ from rollnet.reference.coordinator import server
 from rollnet.reference.coordinator.config import ENV_PREFIX, OPTIONS, CoordinatorConfig
 from rollnet.reference.trainer.config import LossConfig, TrainerConfig
 
-EXAMPLES = 80
+EXAMPLES = 15
 
 _COORDINATOR_KEYS = sorted(
     {f.name for f in dataclasses.fields(CoordinatorConfig)} | {"pools", "unknown_key"}
@@ -157,3 +157,25 @@ def test_trainer_config_garbage(
     assert code == 2, line
     assert "\n" not in line, line
     assert line.startswith("rollnet trainer: "), line
+
+
+@pytest.mark.parametrize(
+    ("document", "says"),
+    [
+        (b"\x80", "not UTF-8 text"),  # was: unexpected error UnicodeDecodeError
+        (b"a = " + b"[" * 5000, "nested too deeply"),  # was: unexpected error RecursionError
+    ],
+)
+@pytest.mark.parametrize("command", ["coordinator", "trainer"])
+def test_config_files_found_by_fuzzing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, document: bytes, says: str
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_bytes(document)
+    argv = [command, "--data-dir", str(tmp_path / "data"), "--config", str(config)]
+    if command == "trainer":
+        argv += ["--coordinator", "127.0.0.1:1", "--key", str(tmp_path / "k"), "--model", "m"]
+    code, line = _run(argv, capsys)
+    assert code == 2, line
+    assert f"{config}: " in line, line
+    assert says in line, line

@@ -42,7 +42,7 @@ from rollnet.v1 import blob_service_pb2, common_pb2
 
 METHODS = methods()
 #: Examples per RPC and database in CI (times ROLLNET_FUZZ_SCALE).
-EXAMPLES = 25
+EXAMPLES = 8
 _CALLERS = ["allowed"] * 6 + ["other role", "unknown key", "unsigned", "garbage", "forged"]
 _CALLERS += ["tampered"]
 _ASCII = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=90)

@@ -47,7 +47,7 @@ from rollnet.v1 import (
     validation_pb2,
 )
 
-EXAMPLES = 40
+EXAMPLES = 10
 NETWORK = "rollnet-fuzz"
 #: Far above what one check of the tiny model's batch takes; past it the validator stalls.
 STALL_SECONDS = 120.0

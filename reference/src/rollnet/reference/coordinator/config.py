@@ -459,6 +459,8 @@ def load_config(
             raise ConfigError(f"cannot read config file {config_file}: {exc}") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{config_file}: not UTF-8 text (TOML is UTF-8): {exc}") from None
+        except RecursionError:  # tomllib recurses once per level of nesting
+            raise ConfigError(f"{config_file}: invalid TOML: nested too deeply") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_file}: invalid TOML: {exc}") from exc
         for key, raw in document.items():

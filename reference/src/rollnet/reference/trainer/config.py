@@ -163,6 +163,8 @@ def load_trainer_config(path: Path) -> TrainerConfig:
         raise TrainerConfigError(f"{path}: cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise TrainerConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): {error}") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise TrainerConfigError(f"{path}: not TOML: nested too deeply") from None
     except tomllib.TOMLDecodeError as error:
         raise TrainerConfigError(f"{path}: not TOML: {error}") from None
     return trainer_config_from_mapping(data, str(path))
