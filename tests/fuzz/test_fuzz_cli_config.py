@@ -29,7 +29,7 @@ from rollnet.reference.coordinator import server
 from rollnet.reference.coordinator.config import ENV_PREFIX, OPTIONS, CoordinatorConfig
 from rollnet.reference.trainer.config import LossConfig, TrainerConfig
 
-EXAMPLES = 15
+EXAMPLES = 10
 
 _COORDINATOR_KEYS = sorted(
     {f.name for f in dataclasses.fields(CoordinatorConfig)} | {"pools", "unknown_key"}

@@ -26,7 +26,7 @@ from rollnet.reference.coordinator.dashboard_login import COOKIE, login_query
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk.identity import Identity
 
-EXAMPLES = 30
+EXAMPLES = 15
 NETWORK = "rollnet-fuzz"
 
 

@@ -37,7 +37,7 @@ from rollnet.sdk.retry import Backoff
 from rollnet.sdk.worker import LeaseContext, RolloutGenerator, Worker, WorkerConfig
 from rollnet.v1 import node_service_pb2, rollout_pb2, task_pb2
 
-EXAMPLES = 3
+EXAMPLES = 2
 #: Answers scripted per RPC; after them every call gets an empty message.
 SCRIPTED = 3
 #: Longest a node may take to pull again, or to stop: far beyond its back-off (50 ms).

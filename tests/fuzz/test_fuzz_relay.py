@@ -25,7 +25,7 @@ from rollnet.reference.checkpoints import write_origin_blob
 from rollnet.reference.relay.server import RelayConfig, RelayServer, start_relay
 from rollnet.sdk.broadcast.client import BLOB_PATH
 
-EXAMPLES = 80
+EXAMPLES = 40
 
 
 @dataclass
