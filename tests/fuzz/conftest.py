@@ -2,7 +2,7 @@
 module, serving from its own thread so hypothesis drives it with plain blocking calls.
 
 Examples per property: each test names its CI count; ``ROLLNET_FUZZ_SCALE`` multiplies them
-(``ROLLNET_FUZZ_SCALE=50 pytest -n 0 tests/fuzz`` for a long run; docs/testing.md).
+(``ROLLNET_FUZZ_SCALE=50 pytest -n 0 tests/fuzz`` for a long run; README, "Fuzz tests").
 """
 
 from __future__ import annotations

@@ -280,7 +280,7 @@ def _parsed(response: M | None, method: str, response_type: type[M]) -> M:
     the caller handles like any other, never an ``AttributeError`` on ``None``."""
     if response is None:
         code = grpc.StatusCode.INTERNAL
-        name = response_type.DESCRIPTOR.full_name
+        name: str = response_type.DESCRIPTOR.full_name  # type: ignore[attr-defined]
         raise error_type(code)(code, f"{method}: the coordinator's answer is not a {name}")
     return response
 
