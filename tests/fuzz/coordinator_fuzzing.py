@@ -17,7 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import grpc
-from conftest import LoopThread
+from fuzz_testing import LoopThread
+from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health_pb2
@@ -72,15 +73,13 @@ _C = grpc.StatusCode
 
 
 def methods() -> dict[str, MethodDescriptor]:
-    """Every RPC of protocol v1 by full path, from the generated service descriptors."""
-    from rollnet.sdk import methods as registry
-
+    """Every RPC of protocol v1 by full path (``ALL_METHODS``, which the SDK takes from the
+    generated service descriptors), with its descriptor."""
+    pool = descriptor_pool.Default()
     found = {}
-    for module in registry._SERVICE_MODULES:
-        for service in module.DESCRIPTOR.services_by_name.values():
-            for method in service.methods:
-                found[f"/{service.full_name}/{method.name}"] = method
-    assert set(found) == set(ALL_METHODS)
+    for path in ALL_METHODS:
+        service, name = path.strip("/").split("/")
+        found[path] = pool.FindServiceByName(service).methods_by_name[name]
     return found
 
 
@@ -168,8 +167,6 @@ def parses(method: MethodDescriptor, bodies: Sequence[bytes]) -> bool:
 
 
 def _message_class(method: MethodDescriptor) -> type[Message]:
-    from google.protobuf import message_factory
-
     return message_factory.GetMessageClass(method.input_type)
 
 

@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 import tomli_w
-from conftest import fuzz_settings
+from fuzz_testing import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 

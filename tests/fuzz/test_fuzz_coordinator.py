@@ -20,7 +20,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import LoopThread, fuzz_settings
 from coordinator_fuzzing import (
     MESSAGE_CAP,
     Swarm,
@@ -30,6 +29,7 @@ from coordinator_fuzzing import (
     parses,
     start_swarm,
 )
+from fuzz_testing import LoopThread, fuzz_settings
 from hypothesis import event, given
 from hypothesis import strategies as st
 from wire_strategies import mangled, message

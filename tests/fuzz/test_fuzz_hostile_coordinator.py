@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import LoopThread, fuzz_settings
 from coordinator_fuzzing import methods
+from fuzz_testing import LoopThread, fuzz_settings
 from google.protobuf.descriptor import MethodDescriptor
 from hypothesis import given
 from hypothesis import strategies as st

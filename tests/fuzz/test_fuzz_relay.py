@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import LoopThread, fuzz_settings
+from fuzz_testing import LoopThread, fuzz_settings
 from http_fuzzing import METHODS, PRINTABLE, Answer, header_lines, plain_headers, request
 from hypothesis import given
 from hypothesis import strategies as st

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import LoopThread
+from fuzz_testing import LoopThread
 from http_fuzzing import request
 
 from rollnet.reference.checkpoints import write_origin_blob

@@ -20,7 +20,7 @@ from typing import cast
 
 import blake3
 import pytest
-from conftest import fuzz_settings
+from fuzz_testing import fuzz_settings
 from google.protobuf.message import DecodeError
 from hypothesis import event, given
 from hypothesis import strategies as st
