@@ -164,6 +164,7 @@ def test_trainer_config_garbage(
     [
         (b"\x80", "not UTF-8 text"),  # was: unexpected error UnicodeDecodeError
         (b"a = " + b"[" * 5000, "nested too deeply"),  # was: unexpected error RecursionError
+        (b"seed = " + b"9" * 5000, "4300 digits"),  # was: unexpected error ValueError
     ],
 )
 @pytest.mark.parametrize("command", ["coordinator", "trainer"])

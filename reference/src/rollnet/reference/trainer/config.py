@@ -165,6 +165,6 @@ def load_trainer_config(path: Path) -> TrainerConfig:
         raise TrainerConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): {error}") from None
     except RecursionError:  # tomllib recurses once per level of nesting
         raise TrainerConfigError(f"{path}: not TOML: nested too deeply") from None
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, or int()'s 4300-digit limit
         raise TrainerConfigError(f"{path}: not TOML: {error}") from None
     return trainer_config_from_mapping(data, str(path))
