@@ -256,7 +256,8 @@ async def start_swarm(loop: LoopThread, database_url: str, data_dir: Path) -> Sw
         common_pb2.ROLE_OPERATOR: operator,
         common_pb2.ROLE_RELAY: relay,
     }
-    node_ids = [peer.node_id for peer in (*peers.values(), bystander)]
+    # Not the swarm's own nodes: an operator call drawing one would ban or eject it.
+    node_ids = [bystander.node_id, Identity.generate().node_id]
     pools = Pools(
         strings=[
             *node_ids,
