@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rollnet.sdk.errors import from_rpc_error
+from rollnet.sdk.errors import error_type, from_rpc_error
 from rollnet.sdk.retry import RetryPolicy, is_retryable
 
 Metadata = Sequence[tuple[str, str]]
@@ -80,8 +80,10 @@ class ServiceClient:
         deadline = timeout if timeout is not None else (default_timeout or self._timeout)
 
         async def attempt() -> M:
-            response: M = await call(payload, timeout=deadline, metadata=call_metadata(metadata))
-            return response
+            response: M | None = await call(
+                payload, timeout=deadline, metadata=call_metadata(metadata)
+            )
+            return parsed(response, method, response_type)
 
         return await self._with_retries(attempt, retry)
 
@@ -132,8 +134,9 @@ class ServiceClient:
             try:
                 async for response in call:
                     progressed = True
-                    on_message(response)
-                    yield response
+                    message = parsed(response, method, response_type)
+                    on_message(message)
+                    yield message
                 return
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc)
@@ -152,3 +155,14 @@ def call_metadata(metadata: Metadata | None) -> tuple[tuple[str, str], ...] | No
 
 
 __all__ = ["Metadata", "ServiceClient", "call_metadata", "serialize_request"]
+
+
+def parsed(response: M | None, method: str, response_type: type[M]) -> M:
+    """``response``, unless it is ``None``: what grpc.aio hands back when the answer's bytes do
+    not parse (it logs the error and goes on). A malformed answer is then an INTERNAL refusal
+    the caller handles like any other, never an ``AttributeError`` on ``None``."""
+    if response is None:
+        code = grpc.StatusCode.INTERNAL
+        name: str = response_type.DESCRIPTOR.full_name  # type: ignore[attr-defined]
+        raise error_type(code)(code, f"{method}: the coordinator's answer is not a {name}")
+    return response

@@ -34,6 +34,7 @@ from rollnet.sdk._service_client import Metadata as Metadata  # public here
 from rollnet.sdk._service_client import (
     ServiceClient,
     call_metadata,
+    parsed,
     serialize_request,
 )
 from rollnet.sdk.identity import Identity
@@ -241,10 +242,10 @@ class BlobClient(ServiceClient):
                 yield serialize_request(blob_service_pb2.UploadBlobRequest(chunk=chunk))
 
         async def attempt() -> blob_service_pb2.UploadBlobResponse:
-            response: blob_service_pb2.UploadBlobResponse = await call(
+            response: blob_service_pb2.UploadBlobResponse | None = await call(
                 messages(), timeout=timeout, metadata=call_metadata(metadata)
             )
-            return response
+            return parsed(response, self._UPLOAD, blob_service_pb2.UploadBlobResponse)
 
         return await self._with_retries(attempt, retry)
 

@@ -16,7 +16,7 @@ from rollnet.reference.coordinator.blobstore import (
     StoredBlob,
 )
 from rollnet.reference.coordinator.context import CoordinatorContext
-from rollnet.reference.coordinator.refusal import Refusal
+from rollnet.reference.coordinator.refusal import Refusal, invalid
 from rollnet.reference.coordinator.standing import (
     REFUSED_STATES,
     Caller,
@@ -192,7 +192,7 @@ class BlobDesk:
                 return
             total, data = self.ctx.blobs.read_range(request.blake3, offset, want)
             if offset > total:
-                raise Refusal(ErrorReason.INVALID_FIELDS, f"offset {offset} beyond size {total}")
+                raise invalid(("offset", f"{offset} is beyond the blob's size {total}"))
             if not data:
                 if offset == total and offset == request.offset:
                     yield blob_service_pb2.GetBlobResponse(offset=offset, total_size=total)

@@ -15,7 +15,7 @@ from rollnet.reference.coordinator.context import (
     run_to_completion,
     wait_for,
 )
-from rollnet.reference.coordinator.refusal import Refusal, Violations
+from rollnet.reference.coordinator.refusal import Refusal, Violations, invalid
 from rollnet.reference.coordinator.serde import checkpoint_to_proto
 from rollnet.reference.coordinator.standing import Caller
 from rollnet.sdk.checkpoints import manifest_blobs
@@ -75,9 +75,7 @@ class CheckpointDesk:
         try:
             manifest = checkpoint_pb2.CheckpointManifest.FromString(request.manifest)
         except DecodeError as error:
-            raise Refusal(
-                ErrorReason.INVALID_FIELDS, f"manifest: not a CheckpointManifest: {error}"
-            ) from error
+            raise invalid(("manifest", f"not a CheckpointManifest: {error}")) from error
         _check_manifest(manifest, self.ctx.config.network_id)
         if not verify_signature(
             caller.public_key, request.signature, CHECKPOINT_DOMAIN + request.manifest

@@ -457,8 +457,12 @@ def load_config(
             document = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {config_file}: {exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{config_file}: invalid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{config_file}: not UTF-8 text (TOML is UTF-8): {exc}") from None
+        except RecursionError:  # tomllib recurses once per level of nesting
+            raise ConfigError(f"{config_file}: invalid TOML: nested too deeply") from None
+        except ValueError as exc:  # TOMLDecodeError, or int()'s 4300-digit limit
+            raise ConfigError(f"{config_file}: invalid TOML: {exc}") from None
         for key, raw in document.items():
             if key in ("validators", "trainers", "operators"):
                 values[key] = _node_set(raw, key, source)

@@ -246,6 +246,9 @@ class BlobCache:
     async def _run(self, fetch: Fetch) -> None:
         hasher = blake3.blake3()
         errors: list[str] = []
+        # Every upstream said 404: the blob is nowhere, which is not a gateway's failure (a
+        # 502 would have clients retry what cannot come).
+        nowhere = True
         try:
             # Unbuffered: each chunk reaches the OS at once, where readers of the partial file
             # see it; writes land in the page cache, so they do not hold up the loop.
@@ -258,8 +261,10 @@ class BlobCache:
                     except (aiohttp.ClientError, TimeoutError, BlobUnavailable) as error:
                         errors.append(f"{upstream}: {error or type(error).__name__}")
                         self.metrics.upstream_errors.inc()
+                        nowhere = nowhere and getattr(error, "status", 0) == 404
                 else:
-                    raise BlobUnavailable("; ".join(errors[-3:]) or "no upstream")
+                    status = 404 if nowhere else 502
+                    raise BlobUnavailable("; ".join(errors[-3:]) or "no upstream", status=status)
                 self._next_upstream += 1
             if hasher.hexdigest() != fetch.digest:
                 raise BlobUnavailable(f"upstream sent bytes that do not match {fetch.digest}")

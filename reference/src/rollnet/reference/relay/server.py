@@ -32,7 +32,8 @@ from rollnet.sdk.broadcast.client import BLOB_PATH
 log = logging.getLogger(__name__)
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+# ASCII digits only (RFC 9110); ``\d`` would take other scripts' digits too.
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 _IMMUTABLE = "public, max-age=31536000, immutable"
 
 
@@ -245,13 +246,18 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int, bool] | None:
     if not first and not last:
         return 0, size, False
     if not first:
-        length = min(int(last), size)
+        length = min(_position(last), size)
         return (size - length, size, True) if length else None
-    start = int(first)
-    end = min(int(last) + 1, size) if last else size
+    start = _position(first)
+    end = min(_position(last) + 1, size) if last else size
     if start >= size or end <= start:
         return None
     return start, end, True
+
+
+def _position(digits: str) -> int:
+    # Past 19 digits a position lies beyond any blob, and int() refuses 4300 digits or more.
+    return int(digits) if len(digits) <= 19 else 1 << 63
 
 
 def _bound_port(site: web.TCPSite) -> int:

@@ -161,6 +161,10 @@ def load_trainer_config(path: Path) -> TrainerConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise TrainerConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    except tomllib.TOMLDecodeError as error:
+    except UnicodeDecodeError as error:
+        raise TrainerConfigError(f"{path}: not UTF-8 text (TOML is UTF-8): {error}") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise TrainerConfigError(f"{path}: not TOML: nested too deeply") from None
+    except ValueError as error:  # TOMLDecodeError, or int()'s 4300-digit limit
         raise TrainerConfigError(f"{path}: not TOML: {error}") from None
     return trainer_config_from_mapping(data, str(path))
