@@ -198,7 +198,7 @@ class _ServiceClient:
         default_timeout: float | None = None,
     ) -> M:
         payload = _serialize(_with_request_id(request))
-        call = self._channel.unary_unary(
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, M] = self._channel.unary_unary(
             method,
             request_serializer=None,
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
@@ -244,7 +244,7 @@ class _ServiceClient:
         disconnects but a server that fails at once is not retried forever.
         """
         policy = retry or self._retry
-        call_factory = self._channel.unary_stream(
+        call_factory: grpc.aio.UnaryStreamMultiCallable[bytes, M] = self._channel.unary_stream(
             method,
             request_serializer=None,
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
@@ -545,10 +545,12 @@ class BlobClient(_ServiceClient):
                 kind=kind,
             )
         )
-        call = self._channel.stream_unary(
-            self._UPLOAD,
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        call: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse] = (
+            self._channel.stream_unary(
+                self._UPLOAD,
+                request_serializer=None,
+                response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+            )
         )
 
         async def messages() -> AsyncIterator[bytes]:
