@@ -86,7 +86,7 @@ test-fast: $(STAMP) ## the edit-test loop: everything but the slow and PostgreSQ
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench
+	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench tests
 	$(BIN)/lint-imports --no-cache
 
 codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 from protos/

@@ -96,7 +96,7 @@ async def test_catches_a_refusal_with_the_wrong_code(
     from rollnet.sdk.errors import REASON_CODES, ErrorReason
 
     monkeypatch.setitem(
-        REASON_CODES,  # type: ignore[arg-type]
+        REASON_CODES,
         ErrorReason.FENCING_TOKEN_STALE,
         grpc.StatusCode.INVALID_ARGUMENT,
     )

@@ -20,12 +20,15 @@ from rollnet.reference.coordinator import work as work_module
 from rollnet.reference.coordinator.checkpoints import CHECKPOINT_DOMAIN
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.reference.coordinator.work import slash_amount
-from rollnet.sdk.client import ConnectionConfig, RollnetClient
+from rollnet.sdk import testing
+from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.commitments import batch_binding_digest
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.binding import derive_sampling_seed, proof_digest
 from rollnet.sdk.proofs.challenge import verify_challenge
+from rollnet.sdk.retry import RetryPolicy
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -43,16 +46,15 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-NETWORK = "rollnet-test"
-
 
 def connect(coordinator: Coordinator, identity: Identity) -> RollnetClient:
-    return RollnetClient.connect(
-        ConnectionConfig(target=coordinator.address, network_id=NETWORK, timeout=30.0), identity
-    )
+    """A client that retries what is retryable, as a real node would."""
+    return testing.connect(coordinator.address, identity, retry=RetryPolicy(), timeout=30.0)
 
 
-async def register(client: RollnetClient, identity: Identity, role: int) -> None:
+async def register(
+    client: RollnetClient, identity: Identity, role: common_pb2.Role.ValueType
+) -> None:
     await client.nodes.register_node(
         node_service_pb2.RegisterNodeRequest(
             public_key=identity.public_key,
@@ -71,7 +73,7 @@ async def publish_checkpoint(client: RollnetClient, trainer: Identity, step: int
     ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
     manifest = checkpoint_pb2.CheckpointManifest(
         step=step,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
         flops_per_token=2_000_000,
     ).SerializeToString()
@@ -127,7 +129,7 @@ async def do_task(
                 completion_token_ids=[4, 5, 0],
                 behaviour_logprobs=[-0.1, -0.2, -0.3],
                 sampling_seed=derive_sampling_seed(
-                    NETWORK, task.task_id, prompt_index * task.samples_per_prompt + sample
+                    NETWORK_ID, task.task_id, prompt_index * task.samples_per_prompt + sample
                 ),
                 finish_reason=rollout_pb2.FINISH_REASON_EOS,
                 toploc_proof=b"\x00" * 258,
@@ -165,7 +167,7 @@ async def do_task(
             decode_tokens=3 * len(rollouts),
         ),
         binding_digest=batch_binding_digest(
-            NETWORK,
+            NETWORK_ID,
             worker.node_id,
             task.task_id,
             lease.lease_id,

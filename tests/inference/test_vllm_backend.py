@@ -382,11 +382,11 @@ def test_batch_invariance_is_asked_of_vllm(standin: Any, tiny_dir: Path) -> None
 @pytest.mark.usefixtures("standin")
 def test_the_processor_class_is_a_module_attribute_that_pickles() -> None:
     cls = vb.gumbel_processor_class()
-    assert vb.RollnetGumbelMaxProcessor is cls  # type: ignore[attr-defined]
+    assert vb.RollnetGumbelMaxProcessor is cls
     assert issubclass(cls, vllm_standin.LogitsProcessor)
     assert pickle.loads(pickle.dumps(cls)) is cls
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        _ = vb.Nope  # type: ignore[attr-defined]
+        _ = vb.Nope
 
 
 def test_without_the_v2_interface_load_names_the_target(

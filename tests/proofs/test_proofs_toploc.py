@@ -9,6 +9,7 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,7 +149,7 @@ def test_kernel_and_numpy_commit_identical_windows(
 ) -> None:
     """Whole windows (top-k with ties, moduli, interpolation, bytes) from either code path."""
     rng = np.random.default_rng(width)
-    rows = [
+    rows: list[np.ndarray[Any, Any]] = [
         rng.standard_normal(width).astype(np.float32),
         np.round(rng.standard_normal(width) * 4).astype(np.float32) / 4,  # many equal magnitudes
         np.ones(width, dtype=np.float32),  # every magnitude equal: the lowest indices win

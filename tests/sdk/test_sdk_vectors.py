@@ -9,6 +9,7 @@ other drift: the script changed (or the SDK's bytes did) and the file was not re
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import subprocess
 import sys
@@ -132,9 +133,9 @@ def test_request_signing(vectors: dict[str, Any]) -> None:
             == expected
         )
         seconds = int(case["x_rollnet_timestamp"]) / 1000
-        headers = RequestSigner(identity, case["audience"], clock=lambda s=seconds: s).sign(
-            case["method"], body, nonce=bytes.fromhex(case["x_rollnet_nonce"])
-        )
+        headers = RequestSigner(
+            identity, case["audience"], clock=functools.partial(float, seconds)
+        ).sign(case["method"], body, nonce=bytes.fromhex(case["x_rollnet_nonce"]))
         assert headers.key == case["x_rollnet_key"]
         assert headers.signature == case["x_rollnet_signature"]
         signature = b64url_decode(case["x_rollnet_signature"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -14,7 +14,7 @@ from typing import Any, cast
 import blake3
 import numpy as np
 import pytest
-from validator_testing import NETWORK, seal_job
+from validator_testing import seal_job
 
 from rollnet.reference.adversary import CHEATS, NODE_STATISTICS, Cheat, CheatingGenerator
 from rollnet.reference.envs import RewardBreakdown, RewardResult
@@ -32,6 +32,7 @@ from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed, token_logprobs
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -95,13 +96,13 @@ async def generate(
     task = make_task(number, environment, config)
     lease_pb = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
     # The generator finds checkpoint 1 in its store, so it never needs the client.
-    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK_ID)
     # PROOF_REUSED cheats only when sealing, so its generator is the honest one.
     generator = CheatingGenerator(cheat or Cheat.PROOF_REUSED, store)
     context = LeaseContext(
         task=task,
         lease=lease_pb,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         node_id=f"node-{number}",
         client=cast(RollnetClient, None),
         deadline=time.monotonic() + 600,
@@ -340,7 +341,7 @@ async def test_behaviour_logprobs_the_trainer_will_use_are_checked(bench: Bench)
     errors = [c.figures["max_abs_error"] for c in logprobs]
     assert len(errors) == len(honest)
     assert max(errors) <= 1e-5  # fp32: the largest honest drift measured is 6.2e-7
-    cases = {
+    cases: dict[str, list[Callable[[rollout_pb2.Rollout], None]]] = {
         "LOGPROBS_MALFORMED": [
             lambda r: r.behaviour_logprobs.__setitem__(1, float("nan")),
             lambda r: r.behaviour_logprobs.append(-1.0),

@@ -3,35 +3,25 @@ model, jobs built without a network, subprocesses of the real CLIs, and waiting 
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import blake3
-import swarm_testing
 from sqlalchemy import create_engine, select
-from swarm_testing import NETWORK as NETWORK
-from swarm_testing import connect as connect
-from swarm_testing import free_port as free_port
 from swarm_testing import request_tasks as request_tasks
 from swarm_testing import start_trainer as start_trainer
 
 from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
 from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
-from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
-from rollnet.reference.inference.base import DType
-from rollnet.reference.validator import Validator, ValidatorConfig
-from rollnet.reference.worker import InferenceGenerator, make_backend
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.testing import swarm_coordinator_config
 from rollnet.sdk import Identity
-from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.proofs import LeaseBinding, commitment_digest, proof_digest
-from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,
@@ -40,8 +30,6 @@ from rollnet.v1 import (
     validation_pb2,
 )
 
-# Shared swarm helpers; this directory polls a little less often.
-eventually = functools.partial(swarm_testing.eventually, poll=0.1)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,58 +37,12 @@ def coordinator_config_for(
     tmp_path: Path, database_url: str, trainer: Identity, validator: Identity, **changes: Any
 ) -> CoordinatorConfig:
     """Seconds-scale timings, the trainer and validator allow-listed."""
-    base = load_config(tmp_path / "coordinator")
-    settings: dict[str, Any] = {
-        "database_url": database_url,
-        "listen": "127.0.0.1:0",
-        "network_id": NETWORK,
-        "trainers": frozenset({trainer.node_id}),
-        "validators": frozenset({validator.node_id}),
-        "heartbeat_interval": timedelta(seconds=1),
-        "lease_duration": timedelta(seconds=4),
-        "sweep_interval": timedelta(seconds=0.2),
-        "retry_after": timedelta(seconds=0.2),
-        "pull_wait_max": timedelta(seconds=2),
-        "suspect_after_missed": 5.0,
-        "offline_after_missed": 10.0,
-    }
-    settings.update(changes)
-    return with_overrides(base, **settings)
-
-
-def honest_worker(
-    address: str, data_dir: Path, dtype: DType = "float32"
-) -> tuple[Worker, InferenceGenerator]:
-    """An in-process reference worker (torch backend, computing in ``dtype``) and its generator
-    (close it after)."""
-    store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK)
-    generator = InferenceGenerator(lambda: make_backend("torch"), store, dtype=dtype)
-    worker = Worker(
-        WorkerConfig(
-            target=address,
-            data_dir=data_dir,
-            network_id=NETWORK,
-            dtypes=(dtype,),
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        Identity.generate(),
-        generator,
-    )
-    return worker, generator
-
-
-def in_process_validator(address: str, data_dir: Path, identity: Identity) -> Validator:
-    """An in-process reference validator with seconds-scale waits."""
-    return Validator(
-        ValidatorConfig(
-            target=address,
-            data_dir=data_dir,
-            network_id=NETWORK,
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        identity,
+    return swarm_coordinator_config(
+        tmp_path / "coordinator",
+        database_url,
+        trainers=[trainer],
+        validators=[validator],
+        **changes,
     )
 
 

@@ -1,39 +1,17 @@
-"""Helpers shared by the tests that run a swarm: clients, a trainer, demand, waiting.
+"""Helpers shared by the tests that run a swarm: a trainer and its demand.
 
 Importable from every test directory (the root ``conftest.py`` puts ``tests/`` on the path).
+Clients, the network id and waiting are :mod:`rollnet.sdk.testing`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rollnet.reference.checkpoints import publish_model_dir
-from rollnet.sdk import ConnectionConfig, Identity, RetryPolicy, RollnetClient
+from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
-
-NETWORK = "rollnet-test"
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (for a coordinator that must come back on it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def connect(address: str, identity: Identity) -> RollnetClient:
-    """A signed test client that does not retry."""
-    return RollnetClient.connect(
-        ConnectionConfig(
-            target=address, network_id=NETWORK, timeout=15.0, retry=RetryPolicy.no_retry()
-        ),
-        identity,
-    )
 
 
 async def start_trainer(
@@ -49,7 +27,7 @@ async def start_trainer(
             hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
         )
     )
-    await publish_model_dir(client, trainer, model_dir, 1, NETWORK, shard_size=shard_size)
+    await publish_model_dir(client, trainer, model_dir, 1, NETWORK_ID, shard_size=shard_size)
     return client
 
 
@@ -73,23 +51,3 @@ async def request_tasks(
         )
     )
     return list(response.task_ids)
-
-
-async def eventually(
-    condition: Callable[[], Awaitable[bool] | bool],
-    *,
-    within: float,
-    what: str,
-    poll: float = 0.05,
-) -> None:
-    """Wait until ``condition()`` holds, polling; fail naming ``what`` after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        outcome = condition()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(poll)
