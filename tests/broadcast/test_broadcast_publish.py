@@ -13,8 +13,8 @@ import pytest
 from broadcast_testing import model_dir, registered_client
 
 from rollnet.reference.checkpoints import DeltaBase, publish_model_dir, sign_manifest
-from rollnet.reference.coordinator.config import load_config, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
+from rollnet.reference.testing import coordinator_config
 from rollnet.sdk import ConnectionConfig, ErrorReason, RollnetClient, RollnetError
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
@@ -32,13 +32,7 @@ def trainer() -> Identity:
 async def coordinator(
     tmp_path: Path, sqlite_url: str, trainer: Identity
 ) -> AsyncIterator[Coordinator]:
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=sqlite_url,
-        listen="127.0.0.1:0",
-        network_id=NETWORK_ID,
-        trainers=frozenset({trainer.node_id}),
-    )
+    config = coordinator_config(tmp_path / "coordinator", sqlite_url, trainers=[trainer])
     running = await start_coordinator(config)
     yield running
     await running.stop(grace=0.5)

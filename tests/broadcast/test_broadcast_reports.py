@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from broadcast_testing import model_dir, publish_to_origin, registered_client
 
-from rollnet.reference.coordinator.config import load_config, with_overrides
 from rollnet.reference.coordinator.dashboard_view import SwarmView
 from rollnet.reference.coordinator.relay_reports import REPORTS_PER_MINUTE, RelayReports
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
+from rollnet.reference.testing import coordinator_config
 from rollnet.sdk import (
     Backoff,
     ErrorReason,
@@ -37,13 +37,7 @@ SHARD = 64 * 1024
 
 @pytest.fixture
 async def coordinator(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Coordinator]:
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=sqlite_url,
-        listen="127.0.0.1:0",
-        network_id=NETWORK_ID,
-    )
-    running = await start_coordinator(config)
+    running = await start_coordinator(coordinator_config(tmp_path / "coordinator", sqlite_url))
     yield running
     await running.stop(grace=0.5)
 

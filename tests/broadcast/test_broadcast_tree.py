@@ -247,6 +247,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
         await upstream.close()
 
 
+@pytest.mark.slow
 async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     tmp_path: Path, relays: list[RelayServer]
 ) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rollnet.reference import testing as reference_testing
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
-from rollnet.reference import testing as reference_testing
 from rollnet.sdk.identity import Identity
 
 

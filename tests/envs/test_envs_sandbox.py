@@ -48,6 +48,7 @@ def child_pid(box: RewardSandbox, environment: ProbeEnvironment) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_rewards_equal_the_environments_own_and_work_off_the_main_thread() -> None:
     # math-verify's time limit is a SIGALRM: called on this thread pool's thread, the math
     # environment refuses (RuntimeError); through the sandbox it scores, with the same bits.
@@ -159,6 +160,7 @@ def test_close_stops_the_child_and_a_later_call_starts_one(sandbox: RewardSandbo
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("stuck", ["hang", "cpow"])
+@pytest.mark.slow
 def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> None:
     # A parent killed while its child is stuck in a verifier (a Python loop, or one C call that
     # holds the GIL for minutes): the child must not run on.

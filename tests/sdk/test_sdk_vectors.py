@@ -94,6 +94,7 @@ def bf16_array(values: list[str], rows: int, hidden: int) -> np.ndarray[Any, Any
     return np.array([int(v, 16) for v in values], dtype=np.uint16).reshape(rows, hidden)
 
 
+@pytest.mark.slow
 def test_the_file_is_what_the_script_writes() -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=300

@@ -1,6 +1,6 @@
 """Helpers shared by the tests that run a swarm: a trainer and its demand.
 
-Importable from every test directory (the root ``conftest.py`` puts ``tests/`` on the path).
+Importable from every test directory (``tests/support`` is on pytest's ``pythonpath``).
 Clients, the network id and waiting are :mod:`rollnet.sdk.testing`'s.
 """
 

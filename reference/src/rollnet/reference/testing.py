@@ -70,23 +70,11 @@ def coordinator_config(
 
 
 def swarm_coordinator_config(
-    data_dir: Path,
-    database_url: str,
-    *,
-    trainers: Iterable[Identity | str] = (),
-    validators: Iterable[Identity | str] = (),
-    operators: Iterable[Identity | str] = (),
-    **changes: Any,
+    data_dir: Path, database_url: str, **changes: Any
 ) -> CoordinatorConfig:
-    """:func:`coordinator_config` with :data:`SWARM_TIMINGS` (``changes`` override those too)."""
-    return coordinator_config(
-        data_dir,
-        database_url,
-        trainers=trainers,
-        validators=validators,
-        operators=operators,
-        **{**SWARM_TIMINGS, **changes},
-    )
+    """:func:`coordinator_config` (the same ``trainers``, ``validators``, ``operators``) with
+    :data:`SWARM_TIMINGS`; ``changes`` override those too."""
+    return coordinator_config(data_dir, database_url, **{**SWARM_TIMINGS, **changes})
 
 
 def _node_ids(members: Iterable[Identity | str]) -> frozenset[str]:
