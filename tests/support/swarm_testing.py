@@ -1,4 +1,5 @@
-"""Helpers shared by the tests that run a swarm: a trainer and its demand.
+"""Helpers shared by the tests that run a swarm: a trainer, its demand, and read-only probes of
+the coordinator's database.
 
 Importable from every test directory (``tests/support`` is on pytest's ``pythonpath``).
 Clients, the network id and waiting are :mod:`rollnet.sdk.testing`'s.
@@ -7,7 +8,12 @@ Clients, the network id and waiting are :mod:`rollnet.sdk.testing`'s.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import create_engine, func, select
+
+from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
+from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.checkpoints import publish_model_dir
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.sdk.testing import NETWORK_ID, connect
@@ -51,3 +57,96 @@ async def request_tasks(
         )
     )
     return list(response.task_ids)
+
+
+class Ledger:
+    """Read-only probes of a coordinator's database (tasks, commitments, verdicts, nodes,
+    balances), for tests of nodes that run against it."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def node_state(self, node_id: str) -> NodeState | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(Node.state).where(Node.id == node_id)).scalar_one_or_none()
+
+    def verdicts_by_node(self) -> dict[str, list[tuple[bool, tuple[str, ...], Any]]]:
+        """Per worker node: (accepted, reasons, check figures) of each verdict."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(Commitment.node_id, Verdict.accepted, Verdict.reasons, Verdict.check_figures)
+                .join(Verdict, Verdict.commitment_id == Commitment.id)
+                .order_by(Verdict.decided_at)
+            ).all()
+        out: dict[str, list[tuple[bool, tuple[str, ...], Any]]] = {}
+        for node_id, accepted, reasons, figures in rows:
+            out.setdefault(node_id, []).append((accepted, tuple(reasons or ()), figures))
+        return out
+
+    def verdicts_by_validator(self) -> dict[str, list[tuple[bool, tuple[str, ...]]]]:
+        """Per validator node: (accepted, reasons) of each verdict it gave."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Verdict.validator_id, Verdict.accepted, Verdict.reasons))
+            out: dict[str, list[tuple[bool, tuple[str, ...]]]] = {}
+            for validator_id, accepted, reasons in rows:
+                out.setdefault(validator_id, []).append((accepted, tuple(reasons or ())))
+        return out
+
+    def verdicts_per_commitment(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Verdict.commitment_id)).scalars().all()
+        counts: dict[str, int] = {}
+        for commitment_id in rows:
+            counts[commitment_id] = counts.get(commitment_id, 0) + 1
+        return counts
+
+    def commitment_ids(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(Commitment.id)).scalars().all())
+
+    def balance(self, node_id: str, kind: str) -> int:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(LedgerEntry.amount).where(
+                    LedgerEntry.node_id == node_id, LedgerEntry.kind == EntryKind(kind)
+                )
+            ).scalars()
+            return int(sum(rows))
+
+    def tasks_in(self, state: TaskState) -> int:
+        with self.engine.connect() as conn:
+            return len(conn.execute(select(Task.id).where(Task.state == state)).all())
+
+    def jobs_in(self, state: ValidationJobState) -> int:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(ValidationJob.id).where(ValidationJob.state == state))
+            return len(rows.all())
+
+    # ------------------------------------------------------------------ subprocesses
+
+    def task_states(self) -> dict[str, tuple[TaskState, str | None]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Task.id, Task.state, Task.lease_holder)).all()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def commitments_per_task(self) -> dict[str, list[str]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Commitment.task_id, Commitment.node_id)).all()
+        out: dict[str, list[str]] = {}
+        for task_id, node_id in rows:
+            out.setdefault(task_id, []).append(node_id)
+        return out
+
+    def commitment_count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(Commitment)).scalar_one())
+
+    def leased_by(self, node_id: str) -> list[str]:
+        return [
+            task_id
+            for task_id, (state, holder) in self.task_states().items()
+            if state is TaskState.LEASED and holder == node_id
+        ]

@@ -1,5 +1,6 @@
-"""Helpers for validator tests: a fast-ticking coordinator, a trainer that publishes the tiny
-model, jobs built without a network, subprocesses of the real CLIs, and waiting on conditions."""
+"""Helpers for validator tests: a fast-ticking coordinator, jobs built without a network and
+subprocesses of the real CLIs (the trainer, its demand and database probes are
+:mod:`swarm_testing`'s)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-from sqlalchemy import create_engine, select
 from swarm_testing import request_tasks as request_tasks
 from swarm_testing import start_trainer as start_trainer
 
-from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
-from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.testing import swarm_coordinator_config
 from rollnet.sdk import Identity
@@ -44,72 +42,6 @@ def coordinator_config_for(
         validators=[validator],
         **changes,
     )
-
-
-class Ledger:
-    """Read-only probes of the coordinator's database."""
-
-    def __init__(self, url: str) -> None:
-        self.engine = create_engine(url)
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def node_state(self, node_id: str) -> NodeState | None:
-        with self.engine.connect() as conn:
-            return conn.execute(select(Node.state).where(Node.id == node_id)).scalar_one_or_none()
-
-    def verdicts_by_node(self) -> dict[str, list[tuple[bool, tuple[str, ...], Any]]]:
-        """Per worker node: (accepted, reasons, check figures) of each verdict."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(Commitment.node_id, Verdict.accepted, Verdict.reasons, Verdict.check_figures)
-                .join(Verdict, Verdict.commitment_id == Commitment.id)
-                .order_by(Verdict.decided_at)
-            ).all()
-        out: dict[str, list[tuple[bool, tuple[str, ...], Any]]] = {}
-        for node_id, accepted, reasons, figures in rows:
-            out.setdefault(node_id, []).append((accepted, tuple(reasons or ()), figures))
-        return out
-
-    def verdicts_by_validator(self) -> dict[str, list[tuple[bool, tuple[str, ...]]]]:
-        """Per validator node: (accepted, reasons) of each verdict it gave."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Verdict.validator_id, Verdict.accepted, Verdict.reasons))
-            out: dict[str, list[tuple[bool, tuple[str, ...]]]] = {}
-            for validator_id, accepted, reasons in rows:
-                out.setdefault(validator_id, []).append((accepted, tuple(reasons or ())))
-        return out
-
-    def verdicts_per_commitment(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Verdict.commitment_id)).scalars().all()
-        counts: dict[str, int] = {}
-        for commitment_id in rows:
-            counts[commitment_id] = counts.get(commitment_id, 0) + 1
-        return counts
-
-    def commitment_ids(self) -> list[str]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(select(Commitment.id)).scalars().all())
-
-    def balance(self, node_id: str, kind: str) -> int:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(LedgerEntry.amount).where(
-                    LedgerEntry.node_id == node_id, LedgerEntry.kind == EntryKind(kind)
-                )
-            ).scalars()
-            return int(sum(rows))
-
-    def tasks_in(self, state: TaskState) -> int:
-        with self.engine.connect() as conn:
-            return len(conn.execute(select(Task.id).where(Task.state == state)).all())
-
-    def jobs_in(self, state: ValidationJobState) -> int:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(ValidationJob.id).where(ValidationJob.state == state))
-            return len(rows.all())
 
 
 # ------------------------------------------------------------------ subprocesses

@@ -1,5 +1,6 @@
-"""Helpers for worker tests: a coordinator that ticks fast, a trainer that publishes the tiny
-model and asks for rollouts, database probes, and waiting on conditions with a deadline."""
+"""Helpers for worker tests: a coordinator that ticks fast, worker configs, a generator without a
+model, and the coordinator as a process (the trainer, its demand and database probes are
+:mod:`swarm_testing`'s)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,7 @@ from typing import Any
 
 import swarm_testing
 from google.protobuf import json_format
-from sqlalchemy import create_engine, func, select
 
-from rollnet.ledger.enums import NodeState, TaskState
-from rollnet.ledger.models import Commitment, Node, Task
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
@@ -59,44 +57,6 @@ def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
     }
     settings.update(changes)
     return WorkerConfig(**settings)
-
-
-class Ledger:
-    """Read-only probes of the coordinator's database."""
-
-    def __init__(self, url: str) -> None:
-        self.engine = create_engine(url)
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def task_states(self) -> dict[str, tuple[TaskState, str | None]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Task.id, Task.state, Task.lease_holder)).all()
-        return {r[0]: (r[1], r[2]) for r in rows}
-
-    def commitments_per_task(self) -> dict[str, list[str]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Commitment.task_id, Commitment.node_id)).all()
-        out: dict[str, list[str]] = {}
-        for task_id, node_id in rows:
-            out.setdefault(task_id, []).append(node_id)
-        return out
-
-    def commitment_count(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(Commitment)).scalar_one())
-
-    def node_state(self, node_id: str) -> NodeState | None:
-        with self.engine.connect() as conn:
-            return conn.execute(select(Node.state).where(Node.id == node_id)).scalar_one_or_none()
-
-    def leased_by(self, node_id: str) -> list[str]:
-        return [
-            task_id
-            for task_id, (state, holder) in self.task_states().items()
-            if state is TaskState.LEASED and holder == node_id
-        ]
 
 
 class CoordinatorProcess:

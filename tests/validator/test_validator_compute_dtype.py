@@ -10,7 +10,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from validator_testing import Ledger, coordinator_config_for, request_tasks, start_trainer
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, request_tasks, start_trainer
 
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.testing import in_process_validator, in_process_worker

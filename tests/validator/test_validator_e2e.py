@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from swarm_testing import Ledger
 from validator_testing import (
-    Ledger,
     coordinator_config_for,
     request_tasks,
     rollnet,

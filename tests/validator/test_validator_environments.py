@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
-from validator_testing import Ledger, coordinator_config_for, start_trainer
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, start_trainer
 
 from rollnet.ledger.enums import TaskState
 from rollnet.reference.coordinator.server import start_coordinator

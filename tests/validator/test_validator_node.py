@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from validator_testing import Ledger, coordinator_config_for
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for
 
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.server import start_coordinator

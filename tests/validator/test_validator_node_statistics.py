@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from validator_testing import Ledger, coordinator_config_for, request_tasks, start_trainer
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, request_tasks, start_trainer
 
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Node, NodeStatistics

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from swarm_testing import Ledger
 from validator_testing import (
-    Ledger,
     coordinator_config_for,
     request_tasks,
     rollnet,

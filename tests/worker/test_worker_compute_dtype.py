@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from swarm_testing import Ledger
 from worker_testing import (
-    Ledger,
     coordinator_config_for,
     request_tasks,
     start_trainer,

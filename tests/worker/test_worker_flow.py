@@ -7,7 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from worker_testing import Ledger, request_tasks, start_trainer, worker_config
+from swarm_testing import Ledger
+from worker_testing import request_tasks, start_trainer, worker_config
 
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.config import CoordinatorConfig

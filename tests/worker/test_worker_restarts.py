@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from swarm_testing import Ledger
 from worker_testing import (
     CoordinatorProcess,
-    Ledger,
     coordinator_config_for,
     request_tasks,
     start_trainer,

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from swarm_testing import Ledger
 from worker_testing import (
     EchoGenerator,
-    Ledger,
     coordinator_config_for,
     request_tasks,
     start_trainer,

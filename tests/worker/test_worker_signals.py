@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from worker_testing import Ledger, request_tasks, start_trainer, worker_config
+from swarm_testing import Ledger
+from worker_testing import request_tasks, start_trainer, worker_config
 
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.coordinator.config import CoordinatorConfig
