@@ -249,6 +249,7 @@ async def test_copies_are_refused_and_honest_repeats_are_not(
         await coordinator.stop(grace=0.5)
 
 
+@pytest.mark.slow
 async def test_a_task_re_leased_after_a_give_back_is_not_a_copy(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:

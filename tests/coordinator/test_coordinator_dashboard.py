@@ -69,6 +69,7 @@ async def _shows(page: Page, list_id: str, key: str, value: str) -> bool:
     return await locator.count() == 1 and (await locator.inner_text()).strip() == value
 
 
+@pytest.mark.slow
 async def test_dashboard_shows_the_swarm_and_updates(
     dashboard_coordinator: Coordinator,
     browser: Browser,
@@ -191,6 +192,7 @@ async def _get(url: str) -> tuple[int, str]:
     return await asyncio.to_thread(get)
 
 
+@pytest.mark.slow
 async def test_beyond_loopback_an_operator_logs_in_with_a_signed_link(
     coordinator_config: CoordinatorConfig,
     operator_identity: Identity,

@@ -131,6 +131,7 @@ async def _outcome(call: Awaitable[object]) -> RollnetError | None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_every_role_calls_every_rpc_as_the_docs_table_says(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,

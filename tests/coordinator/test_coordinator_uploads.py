@@ -167,6 +167,7 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
         await coordinator.stop(grace=0.5)
 
 
+@pytest.mark.slow
 async def test_tiny_uploads_are_charged_the_blocks_they_take(
     coordinator_config: CoordinatorConfig,
 ) -> None:
@@ -793,6 +794,7 @@ async def test_a_store_cancelled_before_its_thread_starts_still_completes(
     assert not _partials(tmp_path)
 
 
+@pytest.mark.slow
 async def test_the_free_space_reserve_counts_uploads_in_flight(
     coordinator_config: CoordinatorConfig,
 ) -> None:

@@ -62,6 +62,7 @@ async def test_a_worker_declaring_other_dtypes_is_refused_at_registration(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_a_task_made_before_the_dtype_changed_is_given_back_unread(
     tmp_path: Path,
     sqlite_url: str,

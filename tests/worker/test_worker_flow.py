@@ -36,6 +36,7 @@ def reference_generator(data_dir: Path) -> InferenceGenerator:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_worker_commits_verifiable_rollouts(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,

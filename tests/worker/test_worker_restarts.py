@@ -52,6 +52,7 @@ class GatedGenerator(InferenceGenerator):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_coordinator_restart_and_worker_restart_lose_nothing(
     tmp_path: Path, sqlite_url: str, trainer_identity: Identity, tiny_model: Path
 ) -> None:

@@ -180,6 +180,7 @@ class SlowGenerator(RolloutGenerator):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -211,6 +212,7 @@ async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
