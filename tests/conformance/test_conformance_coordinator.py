@@ -22,6 +22,7 @@ def _print(report: Report) -> None:
     print(report.summary())
 
 
+@pytest.mark.slow
 async def test_reference_coordinator_passes(running: Running) -> None:
     """Every case runs (nothing skipped: the suite was given every key and hook; one SQLite
     coordinator has no replica) and passes."""

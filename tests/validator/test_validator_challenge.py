@@ -126,6 +126,7 @@ def altered(
     return seal_job(job.task, lease, rollouts)
 
 
+@pytest.mark.slow
 async def test_only_the_challenged_rollouts_are_prefilled(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:
@@ -158,6 +159,7 @@ async def test_only_the_challenged_rollouts_are_prefilled(
     ]
 
 
+@pytest.mark.slow
 async def test_a_challenge_the_coordinator_did_not_sign_gives_no_verdict(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:
@@ -177,6 +179,7 @@ async def test_a_challenge_the_coordinator_did_not_sign_gives_no_verdict(
         validate_job(moved, blob, checkpoint, environments, COORDINATOR.public_key)
 
 
+@pytest.mark.slow
 async def test_one_bad_rollout_of_n_is_caught_at_the_challenge_rate(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:

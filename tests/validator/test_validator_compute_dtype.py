@@ -22,6 +22,7 @@ from rollnet.sdk.worker import Backoff
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_bfloat16_work_is_validated_in_bfloat16_and_accepted(
     tmp_path: Path, sqlite_url: str, tiny_model: Path
 ) -> None:
