@@ -120,6 +120,7 @@ def test_a_crashed_child_is_replaced(sandbox: RewardSandbox) -> None:
     assert sandbox.restarts == 1
 
 
+@pytest.mark.slow
 def test_the_child_must_build_the_callers_environment() -> None:
     environment = probe(variant=7)  # the probe loader builds variant 8 instead
     with RewardSandbox(loader=PROBE) as box:
@@ -194,6 +195,7 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> Non
             parent.kill()
 
 
+@pytest.mark.slow
 def test_a_child_killed_while_idle_is_replaced_on_the_next_call(sandbox: RewardSandbox) -> None:
     # Whether the death is seen before sending or only when no "ready" comes back, the next
     # batch goes to a fresh child instead of failing.

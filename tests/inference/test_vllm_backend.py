@@ -397,6 +397,7 @@ def test_without_the_v2_interface_load_names_the_target(
         vb.VllmBackend().load(str(tiny_dir), device="cuda")
 
 
+@pytest.mark.slow
 def test_generations_pass_the_reference_validator(
     backend: vb.VllmBackend, reference: TorchBackend
 ) -> None:
@@ -452,6 +453,7 @@ def test_requests_carry_the_seed_and_stop_on_the_eos_set_only(backend: vb.VllmBa
     assert backend.generate([], SamplingParams(seeds=[])) == []
 
 
+@pytest.mark.slow
 def test_same_seeds_same_rollouts_other_seeds_others(backend: vb.VllmBackend) -> None:
     params = SamplingParams(temperature=0.8, max_new_tokens=8, seeds=SEEDS[:4])
     first = backend.generate(PROMPTS[:4], params)
@@ -480,6 +482,7 @@ def test_generate_refuses_what_the_protocol_does_not_define(backend: vb.VllmBack
         backend.prefill([1] * 500, [2] * 14)
 
 
+@pytest.mark.slow
 def test_prefill_derived_proofs_also_pass(
     standin: Any, tiny_dir: Path, reference: TorchBackend
 ) -> None:

@@ -85,6 +85,7 @@ def test_a_kernel_built_from_another_source_is_not_loaded(tmp_path: Path) -> Non
         _field._Kernel(copy)
 
 
+@pytest.mark.slow
 def test_the_sdk_wheel_carries_the_kernel_for_any_python_3(tmp_path: Path) -> None:
     """A built wheel holds the kernel and its source, loads it, and is tagged ``py3-none``
     for this platform (the library uses no Python ABI)."""
