@@ -93,7 +93,7 @@ bench: $(STAMP) ## every benchmark of bench/ (about 30-40 min), one report: docs
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench
+	$(BIN)/mypy sdk/src ledger/src reference/src scripts examples bench tests
 	$(BIN)/lint-imports --no-cache
 
 codegen: $(STAMP) ## regenerate sdk/src/rollnet/v1 and the SDK's unary client methods from protos/

@@ -265,7 +265,9 @@ class Calls:
         self.heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
         self.pull = unary(channel, PULL, task_service_pb2.PullTaskResponse)
         self.register = unary(channel, REGISTER, node_service_pb2.RegisterNodeResponse)
-        self.upload = channel.stream_unary(
+        self.upload: grpc.aio.StreamUnaryMultiCallable[
+            bytes, blob_service_pb2.UploadBlobResponse
+        ] = channel.stream_unary(
             UPLOAD,
             request_serializer=None,
             response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,

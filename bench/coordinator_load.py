@@ -63,10 +63,10 @@ REGISTER = "/rollnet.v1.NodeService/RegisterNode"
 async def serve_echo() -> None:
     """A bare grpc.aio server answering every call with its request bytes."""
 
-    async def echo(request: bytes, context: Any) -> bytes:
+    async def echo(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         return request
 
-    async def echo_stream(requests: Any, context: Any) -> bytes:
+    async def echo_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         last = b""
         async for request in requests:
             last = request
@@ -268,7 +268,9 @@ async def bench_heartbeats(
         grpc.aio.insecure_channel(echo) as echo_channel,
     ):
         heartbeat = unary(channel, HEARTBEAT, node_service_pb2.HeartbeatResponse)
-        echo_call = echo_channel.unary_unary(ECHO_METHOD)
+        echo_call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = echo_channel.unary_unary(
+            ECHO_METHOD
+        )
         body = node_service_pb2.HeartbeatRequest(
             activity=node_service_pb2.ACTIVITY_IDLE
         ).SerializeToString()
@@ -384,10 +386,12 @@ async def bench_lease_cycles(
         grpc.aio.insecure_channel(echo) as echo_channel,
     ):
         await register_all(channel, [trainer], common_pb2.ROLE_TRAINER)
-        upload = channel.stream_unary(
-            "/rollnet.v1.BlobService/UploadBlob",
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        upload: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse] = (
+            channel.stream_unary(
+                "/rollnet.v1.BlobService/UploadBlob",
+                request_serializer=None,
+                response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+            )
         )
         # A checkpoint, then more demand than the run can consume.
         shard = b"bench weights"
@@ -439,7 +443,9 @@ async def bench_lease_cycles(
             "/rollnet.v1.CommitmentService/SubmitCommitment",
             commitment_service_pb2.SubmitCommitmentResponse,
         )
-        echo_call = echo_channel.unary_unary(ECHO_METHOD)
+        echo_call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = echo_channel.unary_unary(
+            ECHO_METHOD
+        )
 
         def pull_request(i: int) -> bytes:
             # As the SDK sends it: a mutating request carries a request id (32 hex digits).
@@ -499,7 +505,9 @@ async def bench_lease_cycles(
             prompt_id=123456789,
             request_id="0" * 32,
         )
-        echo_stream = echo_channel.stream_unary(ECHO_STREAM_METHOD)
+        echo_stream: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = echo_channel.stream_unary(
+            ECHO_STREAM_METHOD
+        )
 
         async def echo_cycle(i: int) -> None:
             # The cycle's own calls, signed, with its messages' sizes: a unary pull, a

@@ -136,7 +136,7 @@ def main() -> None:
 
     site = Path(tempfile.mkdtemp(prefix="rollnet-bench-site-"))
     sys.path.insert(0, str(ROOT / "tests" / "envs"))
-    import vf_tasksets  # type: ignore[import-not-found]  # the tests' probe taskset
+    import vf_tasksets  # the tests' probe taskset
 
     vf_tasksets.install(site)
     sys.path.insert(0, str(site))

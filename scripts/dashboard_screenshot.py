@@ -7,7 +7,7 @@ in Debian's chromium (headless, driven by playwright)::
 
     python scripts/dashboard_screenshot.py docs/dashboard.png
 
-It uses the test suite's protocol helpers (tests/coordinator), as the dashboard's browser test
+It uses the test suite's protocol helpers (tests/support), as the dashboard's browser test
 does, so the picture shows what the tests check.
 """
 
@@ -19,22 +19,22 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "coordinator")]
+sys.path[:0] = [str(ROOT / "tests" / "support")]
 
-from coordinator_testing import (  # type: ignore[import-not-found]  # noqa: E402
-    connect,
+from coordinator_testing import (  # noqa: E402
     judge_next_job,
     publish_checkpoint,
     pull_and_commit,
     register,
     request_tasks,
 )
-from dashboard_testing import CHROMIUM, CHROMIUM_ARGS  # type: ignore[import-not-found]  # noqa: E402
+from dashboard_testing import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from playwright.async_api import async_playwright  # noqa: E402
 
 from rollnet.reference.coordinator.config import load_config, with_overrides  # noqa: E402
 from rollnet.reference.coordinator.server import start_coordinator  # noqa: E402
 from rollnet.sdk import Identity  # noqa: E402
+from rollnet.sdk.testing import connect  # noqa: E402
 from rollnet.v1 import common_pb2, node_service_pb2  # noqa: E402
 
 REJECTS = {3: "EXPONENT_MISMATCH", 7: "SAMPLING_MISMATCH", 10: "EXPONENT_MISMATCH"}

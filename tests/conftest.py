@@ -22,6 +22,12 @@ Database fixtures (stable names; other areas reuse them):
     A :func:`rollnet.ledger.create_engine` engine on ``db_url``, schema at head, disposed after
     the test.
 
+Model fixture:
+
+``tiny_model`` (session)
+    A directory with the tiny reference model (:func:`rollnet.reference.model.tiny.init_tiny_model`,
+    seed 0), made once per session.
+
 Sandbox fixture:
 
 ``sandbox_host`` (session)
@@ -104,6 +110,14 @@ def sandbox_host() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{message} (CI is set: the sandbox tests must run)")
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny reference model's directory, made once per session."""
+    from rollnet.reference.model.tiny import init_tiny_model
+
+    return init_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from rollnet.sdk import Identity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import abuse  # bench/abuse.py, found through sys.path
+from coordinator_load import Node
 
 HONEST_NODES = 4
 ATTACKER_KEYS = 4
@@ -42,7 +43,7 @@ LIMITS = abuse.Limits(
 
 @pytest.mark.slow
 async def test_attacks_hold_their_limits(tmp_path: Path) -> None:
-    trainer = abuse.Node(Identity.generate())
+    trainer = Node(Identity.generate())
     with abuse.coordinator(tmp_path, LIMITS, trainer) as running:
         phases = await abuse.run_attacks(
             running,

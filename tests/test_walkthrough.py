@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from swarm_testing import free_port
+
+from rollnet.sdk.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "walkthrough.md"

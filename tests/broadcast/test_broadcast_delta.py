@@ -38,6 +38,7 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return write_trainer_steps(tmp_path_factory.mktemp("steps"), 3)
 
 
+@pytest.mark.slow
 def test_chain_of_real_steps_is_bit_identical_and_small(steps: list[Path], tmp_path: Path) -> None:
     current = steps[0] / "model.safetensors"
     for number, directory in enumerate(steps[1:], start=1):

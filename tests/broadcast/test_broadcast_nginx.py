@@ -14,12 +14,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from broadcast_testing import NETWORK, model_dir, publish_to_origin, wait_until
+from broadcast_testing import model_dir, publish_to_origin
 
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.v1 import checkpoint_pb2
 
 NGINX = Path(os.environ.get("ROLLNET_NGINX", "/usr/sbin/nginx"))
@@ -105,7 +106,7 @@ async def test_clients_through_nginx_verify_and_the_origin_serves_once(
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
         url = f"http://127.0.0.1:{port}"
         for index in range(3):
-            store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK)
+            store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK_ID)
             async with RelayShards([url]) as shards:
                 directory = await store.ensure(checkpoint, shards)
             assert (directory / "model.safetensors").read_bytes() == (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from broadcast_testing import NETWORK, model_dir, publish_to_origin
+from broadcast_testing import model_dir, publish_to_origin
 
 import rollnet.reference.checkpoints as publishing
 import rollnet.sdk.checkpoints as store_module
@@ -25,6 +25,7 @@ from rollnet.sdk.checkpoints import (
     FallbackShards,
 )
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import common_pb2
 
 SHARD = 64 * 1024
@@ -65,7 +66,7 @@ async def test_publishing_reads_each_byte_once_and_the_digests_are_right(
         stored[digest] = data
         return False
 
-    manifest, counts = await build_manifest(source, 1, NETWORK, sink, shard_size=SHARD)
+    manifest, counts = await build_manifest(source, 1, NETWORK_ID, sink, shard_size=SHARD)
     for item in manifest.files:
         shards, whole = expected_refs(source / item.path, SHARD)
         assert [s.blake3 for s in item.shards] == shards
@@ -106,7 +107,7 @@ async def test_storing_a_shard_overlaps_reading_and_hashing_the_next(tmp_path: P
     mp = pytest.MonkeyPatch()
     mp.setattr(publishing, "read_shard", watching_read)
     try:
-        manifest, _ = await build_manifest(source, 1, NETWORK, slow_sink, shard_size=SHARD)
+        manifest, _ = await build_manifest(source, 1, NETWORK_ID, slow_sink, shard_size=SHARD)
     finally:
         mp.undo()
     assert next_read.is_set()
@@ -136,7 +137,7 @@ async def test_a_client_hashes_each_shard_once_and_never_reads_a_file_back(
     monkeypatch.setattr(store_module, "_digest_of_bytes", digest_of_bytes)
     monkeypatch.setattr(store_module, "_digest_of", digest_of)
 
-    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
     async with RelayShards([origin.url]) as shards:
         directory = await store.ensure(checkpoint, shards)
         received = shards.received_bytes
@@ -174,10 +175,12 @@ async def test_sources_that_do_not_check_are_checked_and_fall_back(tmp_path: Pat
         for path in (tmp_path / "origin" / "blobs").iterdir()
     }
     with pytest.raises(CheckpointVerificationError, match="does not match"):
-        await CheckpointStore(tmp_path / "a", network_id=NETWORK).ensure(checkpoint, WrongBytes())
+        await CheckpointStore(tmp_path / "a", network_id=NETWORK_ID).ensure(
+            checkpoint, WrongBytes()
+        )
     good = Served(blobs)
     # Wrong bytes from the primary are caught and the fallback asked, shard by shard.
-    directory = await CheckpointStore(tmp_path / "b", network_id=NETWORK).ensure(
+    directory = await CheckpointStore(tmp_path / "b", network_id=NETWORK_ID).ensure(
         checkpoint, FallbackShards(WrongBytes(), good)
     )
     assert (directory / "model.safetensors").read_bytes() == (
@@ -196,7 +199,7 @@ async def test_shards_far_out_of_order_still_give_the_right_file(tmp_path: Path)
     }
     weights = next(
         item
-        for item in store_module.verify_checkpoint(checkpoint, network_id=NETWORK).files
+        for item in store_module.verify_checkpoint(checkpoint, network_id=NETWORK_ID).files
         if item.path == "model.safetensors"
     )
     first = weights.shards[0].blake3
@@ -213,7 +216,7 @@ async def test_shards_far_out_of_order_still_give_the_right_file(tmp_path: Path)
                 rest_done.set()
             return blobs[shard.blake3]
 
-    store = CheckpointStore(tmp_path / "client", network_id=NETWORK, concurrency=4)
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID, concurrency=4)
     directory = await store.ensure(checkpoint, FirstShardLast())
     assert (directory / "model.safetensors").read_bytes() == (
         source / "model.safetensors"
@@ -234,11 +237,11 @@ async def test_a_wrong_file_digest_is_still_refused(tmp_path: Path) -> None:
         blobs[digest] = data
         return False
 
-    manifest, _ = await build_manifest(source, 1, NETWORK, sink, shard_size=SHARD)
+    manifest, _ = await build_manifest(source, 1, NETWORK_ID, sink, shard_size=SHARD)
     for item in manifest.files:
         item.content.blake3 = bytes(32)
     checkpoint = publishing.signed_checkpoint(trainer, manifest)
     with pytest.raises(CheckpointVerificationError, match="file digest does not match"):
-        await CheckpointStore(tmp_path / "client", network_id=NETWORK).ensure(
+        await CheckpointStore(tmp_path / "client", network_id=NETWORK_ID).ensure(
             checkpoint, Served(blobs)
         )

@@ -10,18 +10,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from broadcast_testing import model_dir
+from broadcast_testing import model_dir, registered_client
 
 from rollnet.reference.checkpoints import DeltaBase, publish_model_dir, sign_manifest
-from rollnet.reference.coordinator.config import load_config, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
-from rollnet.sdk import ConnectionConfig, ErrorReason, RetryPolicy, RollnetClient, RollnetError
+from rollnet.reference.testing import coordinator_config
+from rollnet.sdk import ConnectionConfig, ErrorReason, RollnetClient, RollnetError
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.sdk.identity import Identity
-from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2, node_service_pb2
-
-NETWORK = "rollnet-test"
+from rollnet.sdk.testing import NETWORK_ID, wait_until
+from rollnet.v1 import checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
 
 @pytest.fixture
@@ -33,34 +32,10 @@ def trainer() -> Identity:
 async def coordinator(
     tmp_path: Path, sqlite_url: str, trainer: Identity
 ) -> AsyncIterator[Coordinator]:
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=sqlite_url,
-        listen="127.0.0.1:0",
-        network_id=NETWORK,
-        trainers=frozenset({trainer.node_id}),
-    )
+    config = coordinator_config(tmp_path / "coordinator", sqlite_url, trainers=[trainer])
     running = await start_coordinator(config)
     yield running
     await running.stop(grace=0.5)
-
-
-async def connected(coordinator: Coordinator, identity: Identity, role: int) -> RollnetClient:
-    client = RollnetClient.connect(
-        ConnectionConfig(
-            target=coordinator.address, network_id=NETWORK, retry=RetryPolicy.no_retry()
-        ),
-        identity,
-    )
-    await client.nodes.register_node(
-        node_service_pb2.RegisterNodeRequest(
-            public_key=identity.public_key,
-            role=role,  # type: ignore[arg-type]
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-            software_version="test/0",
-        )
-    )
-    return client
 
 
 async def test_a_delta_published_through_the_coordinator_is_applied(
@@ -70,20 +45,20 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
     first = model_dir(tmp_path / "step0", bytes(weights))
     weights[1000:1010] = bytes(10)
     second = model_dir(tmp_path / "step1", bytes(weights))
-    publisher = await connected(coordinator, trainer, common_pb2.ROLE_TRAINER)
+    publisher = await registered_client(coordinator.address, trainer, common_pb2.ROLE_TRAINER)
     worker = Identity.generate()
-    reader = await connected(coordinator, worker, common_pb2.ROLE_WORKER)
+    reader = await registered_client(coordinator.address, worker, common_pb2.ROLE_WORKER)
     origin = tmp_path / "origin"
     try:
         await publish_model_dir(
-            publisher, trainer, first, 0, NETWORK, shard_size=50_000, origin_dir=origin
+            publisher, trainer, first, 0, NETWORK_ID, shard_size=50_000, origin_dir=origin
         )
         published = await publish_model_dir(
             publisher,
             trainer,
             second,
             1,
-            NETWORK,
+            NETWORK_ID,
             shard_size=50_000,
             delta_base=DeltaBase(0, first),
             origin_dir=origin,
@@ -96,7 +71,7 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
             (origin / "blobs" / s.blake3.hex()).is_file()
             for s in [*entry.shards, *entry.delta.shards]
         )
-        store = CheckpointStore(tmp_path / "node", network_id=NETWORK)
+        store = CheckpointStore(tmp_path / "node", network_id=NETWORK_ID)
         for step in (0, 1):
             response = await reader.checkpoints.get_checkpoint(
                 checkpoint_service_pb2.GetCheckpointRequest(step=step)
@@ -136,8 +111,6 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
 
         # A relay watching the coordinator (its own key, registered by watch_coordinator, as
         # rollnet relay --coordinator does) prefetches both steps, deltas included.
-        from broadcast_testing import wait_until
-
         from rollnet.reference.relay import RelayConfig, start_relay, watch_coordinator
         from rollnet.sdk.checkpoints import manifest_blobs
 
@@ -146,9 +119,9 @@ async def test_a_delta_published_through_the_coordinator_is_applied(
             RelayConfig(data_dir=tmp_path / "relay", upstreams=[origin_relay.url])
         )
         watcher = RollnetClient.connect(
-            ConnectionConfig(target=coordinator.address, network_id=NETWORK), Identity.generate()
+            ConnectionConfig(target=coordinator.address, network_id=NETWORK_ID), Identity.generate()
         )
-        task = asyncio.create_task(watch_coordinator(relay.cache, watcher, network_id=NETWORK))
+        task = asyncio.create_task(watch_coordinator(relay.cache, watcher, network_id=NETWORK_ID))
         wanted = {ref.blake3.hex() for _, ref in manifest_blobs(published.manifest)}
         try:
             await wait_until(lambda: all(relay.cache.path(d) is not None for d in wanted))

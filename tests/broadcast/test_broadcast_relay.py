@@ -11,11 +11,12 @@ from pathlib import Path
 import aiohttp
 import blake3
 import pytest
-from broadcast_testing import NETWORK, GatedUpstream, model_dir, publish_to_origin, wait_until
+from broadcast_testing import GatedUpstream, model_dir, publish_to_origin
 
 from rollnet.reference.relay import RelayConfig, RelayServer, prefetch_checkpoints, start_relay
 from rollnet.sdk.checkpoints import manifest_blobs
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.v1 import checkpoint_pb2
 
 
@@ -212,7 +213,7 @@ async def test_announced_checkpoints_are_prefetched(
         yield forged  # refused: its blobs are not fetched
         yield checkpoint
 
-    await prefetch_checkpoints(server.cache, announced(), network_id=NETWORK)
+    await prefetch_checkpoints(server.cache, announced(), network_id=NETWORK_ID)
     manifest = checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest)
     digests = {ref.blake3.hex() for _, ref in manifest_blobs(manifest)}
     assert all(server.cache.path(d) is not None for d in digests)

@@ -11,27 +11,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from broadcast_testing import NETWORK, model_dir, publish_to_origin
+from broadcast_testing import model_dir, publish_to_origin, registered_client
 
-from rollnet.reference.coordinator.config import load_config, with_overrides
 from rollnet.reference.coordinator.dashboard_view import SwarmView
 from rollnet.reference.coordinator.relay_reports import REPORTS_PER_MINUTE, RelayReports
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
+from rollnet.reference.testing import coordinator_config
 from rollnet.sdk import (
     Backoff,
-    ConnectionConfig,
     ErrorReason,
     Identity,
     NodeConfig,
     NodeReport,
     NodeSession,
-    RetryPolicy,
-    RollnetClient,
     RollnetError,
 )
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import CheckpointStore, verify_checkpoint
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import common_pb2, node_service_pb2
 
 SHARD = 64 * 1024
@@ -39,13 +37,7 @@ SHARD = 64 * 1024
 
 @pytest.fixture
 async def coordinator(tmp_path: Path, sqlite_url: str) -> AsyncIterator[Coordinator]:
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=sqlite_url,
-        listen="127.0.0.1:0",
-        network_id=NETWORK,
-    )
-    running = await start_coordinator(config)
+    running = await start_coordinator(coordinator_config(tmp_path / "coordinator", sqlite_url))
     yield running
     await running.stop(grace=0.5)
 
@@ -87,20 +79,20 @@ async def test_a_corrupted_shard_reaches_the_operator_with_the_next_heartbeat(
     origin = await started_relay(relays, tmp_path / "origin")
     bad = await started_relay(relays, tmp_path / "bad", origin.url)
     good = await started_relay(relays, tmp_path / "good", origin.url)
-    manifest = verify_checkpoint(checkpoint, network_id=NETWORK)
+    manifest = verify_checkpoint(checkpoint, network_id=NETWORK_ID)
     victim = next(f for f in manifest.files if f.path == "model.safetensors").shards[2]
     (tmp_path / "bad" / "blobs").mkdir(parents=True, exist_ok=True)
     (tmp_path / "bad" / "blobs" / victim.blake3.hex()).write_bytes(bytes(victim.size))
 
     shards = RelayShards([bad.url, good.url], rng=random.Random(0))
     shards.health[good.url].failures = 1e6  # the bad relay is asked first
-    store = CheckpointStore(tmp_path / "client", network_id=NETWORK, relays=shards)
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID, relays=shards)
     worker = Identity.generate()
     session = NodeSession(
         NodeConfig(
             target=coordinator.address,
             role=common_pb2.ROLE_WORKER,
-            network_id=NETWORK,
+            network_id=NETWORK_ID,
             call_timeout=5.0,
             backoff=Backoff(initial=0.1, maximum=0.4, jitter=0.0),
         ),
@@ -154,30 +146,15 @@ def report(url: str, index: int) -> node_service_pb2.RelayReport:
     )
 
 
-async def connected(coordinator: Coordinator, identity: Identity) -> RollnetClient:
-    client = RollnetClient.connect(
-        ConnectionConfig(
-            target=coordinator.address, network_id=NETWORK, retry=RetryPolicy.no_retry()
-        ),
-        identity,
-    )
-    await client.nodes.register_node(
-        node_service_pb2.RegisterNodeRequest(
-            public_key=identity.public_key,
-            role=common_pb2.ROLE_WORKER,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-            software_version="test/0",
-        )
-    )
-    return client
-
-
 async def test_reports_are_bounded_deduplicated_and_rate_limited(
     coordinator: Coordinator,
 ) -> None:
     relay = "http://relay.example:7090"
     one, two = Identity.generate(), Identity.generate()
-    first, second = await connected(coordinator, one), await connected(coordinator, two)
+    first, second = (
+        await registered_client(coordinator.address, one),
+        await registered_client(coordinator.address, two),
+    )
     try:
         # More than 8 in one heartbeat, or something that is not an http(s) URL: refused,
         # naming the field.

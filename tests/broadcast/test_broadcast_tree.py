@@ -14,14 +14,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from broadcast_testing import NETWORK, GatedUpstream, model_dir, publish_to_origin, wait_until
+from broadcast_testing import GatedUpstream, model_dir, publish_to_origin
 
 from rollnet.reference.checkpoints import DeltaBase
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
 from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
-from rollnet.sdk.broadcast import RelayShards
+from rollnet.sdk.broadcast import BadShardReport, RelayShards
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.v1 import common_pb2
 
 SHARD = 64 * 1024
@@ -58,7 +59,7 @@ async def test_tree_fans_out_and_every_client_verifies(
     second = await relay(relays, tmp_path / "r2", first[0].url, first[1].url)
     clients = [[first[0].url, first[1].url], [second.url], [second.url], [second.url]]
     for index, urls in enumerate(clients):
-        store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK)
+        store = CheckpointStore(tmp_path / f"client{index}", network_id=NETWORK_ID)
         async with RelayShards(urls) as shards:  # the store hints the step
             directory = await store.ensure(checkpoint, shards)
         assert (directory / "model.safetensors").read_bytes() == (
@@ -159,8 +160,8 @@ async def test_a_corrupted_shard_is_refetched_and_its_relay_reported(
     victim = weights.shards[1]
     stored = tmp_path / "bad" / "blobs" / victim.blake3.hex()
     stored.write_bytes(b"\x00" * victim.size)  # same size, wrong bytes
-    reports = []
-    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    reports: list[BadShardReport] = []
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
     async with RelayShards(
         [bad.url, good.url], on_bad_shard=reports.append, rng=random.Random(0)
     ) as shards:
@@ -181,7 +182,7 @@ async def test_a_manifest_with_a_bad_signature_is_refused_before_any_fetch(
     checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer)
     checkpoint.signature = bytes([checkpoint.signature[0] ^ 1]) + checkpoint.signature[1:]
     origin = await relay(relays, tmp_path / "origin")
-    store = CheckpointStore(tmp_path / "client", network_id=NETWORK)
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
     async with RelayShards([origin.url]) as shards:
         with pytest.raises(CheckpointVerificationError, match="signature"):
             await store.ensure(checkpoint, shards)
@@ -210,7 +211,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
             for name, data in (("config.json", small), ("model.safetensors", large))
         ]
         data = checkpoint_pb2.CheckpointManifest(
-            step=3, network_id=NETWORK, files=files
+            step=3, network_id=NETWORK_ID, files=files
         ).SerializeToString()
         checkpoint = checkpoint_pb2.Checkpoint(
             manifest=data,
@@ -219,7 +220,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
             step=3,
         )
         root, partial = tmp_path / "ckpt", tmp_path / "ckpt" / ".relay-partial"
-        store = CheckpointStore(root, network_id=NETWORK)
+        store = CheckpointStore(root, network_id=NETWORK_ID)
         shards = RelayShards([upstream.url], partial_dir=partial)
         task = asyncio.create_task(store.ensure(checkpoint, shards))
         await wait_until(lambda: shards.received_bytes >= len(small) + len(large) // 2)
@@ -234,7 +235,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
         upstream.requests.clear()
         upstream.gate.set()
         # A new process, the same directories.
-        store = CheckpointStore(root, network_id=NETWORK)
+        store = CheckpointStore(root, network_id=NETWORK_ID)
         async with RelayShards([upstream.url], partial_dir=partial) as shards:
             directory = await store.ensure(checkpoint, shards)
         assert (directory / "model.safetensors").read_bytes() == large
@@ -246,6 +247,7 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
         await upstream.close()
 
 
+@pytest.mark.slow
 async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     tmp_path: Path, relays: list[RelayServer]
 ) -> None:
@@ -261,7 +263,7 @@ async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     origin = await relay(relays, origin_dir)
     first = await relay(relays, tmp_path / "r0", origin.url)
     second = await relay(relays, tmp_path / "r1", first.url)
-    follower = CheckpointStore(tmp_path / "follower", network_id=NETWORK, keep=2)
+    follower = CheckpointStore(tmp_path / "follower", network_id=NETWORK_ID, keep=2)
     for number, checkpoint in enumerate(checkpoints):
         async with RelayShards([second.url], step=number) as shards:
             directory = await follower.ensure(checkpoint, shards)
@@ -282,7 +284,7 @@ async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     weights = next(f for f in checkpoint_files(checkpoints[3]) if f.path == "model.safetensors")
     assert weights.delta.content.size * 10 < weights.content.size
     # A node that joins at step 3 has no base: it gets the full files.
-    late = CheckpointStore(tmp_path / "late", network_id=NETWORK)
+    late = CheckpointStore(tmp_path / "late", network_id=NETWORK_ID)
     async with RelayShards([second.url]) as shards:
         directory = await late.ensure(checkpoints[3], shards)
     assert (directory / "model.safetensors").read_bytes() == (
@@ -304,7 +306,7 @@ async def test_shards_no_relay_delivers_come_from_the_coordinator(tmp_path: Path
             return (origin / "blobs" / shard.blake3.hex()).read_bytes()
 
     async with RelayShards(["http://127.0.0.1:9"], attempts_per_relay=1) as dead:
-        store = CheckpointStore(tmp_path / "client", network_id=NETWORK, relays=dead)
+        store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID, relays=dead)
         directory = await store.ensure(checkpoint, OriginFiles())
     assert (directory / "model.safetensors").read_bytes() == (
         source / "model.safetensors"

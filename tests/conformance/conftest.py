@@ -16,22 +16,21 @@ from conformance_testing import MESSAGE_CAP, NETWORK, QUOTA, Running
 
 from rollnet.reference.coordinator.config import (
     PoolConfig,
-    load_config,
     with_overrides,
 )
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.testing import coordinator_config
 from rollnet.sdk import Identity
 
 
 def conformance_config(tmp_path: Path, database_url: str, keys: dict[str, Identity]) -> Any:
-    config = with_overrides(
-        load_config(tmp_path / "coordinator"),
-        database_url=database_url,
-        listen="127.0.0.1:0",
+    config = coordinator_config(
+        tmp_path / "coordinator",
+        database_url,
         network_id=NETWORK,
-        validators=frozenset({keys["validator"].node_id}),
-        trainers=frozenset({keys["trainer"].node_id}),
-        operators=frozenset({keys["operator"].node_id}),
+        validators=[keys["validator"]],
+        trainers=[keys["trainer"]],
+        operators=[keys["operator"]],
         heartbeat_interval=timedelta(seconds=2),
         lease_duration=timedelta(seconds=3),
         upload_quota_bytes=QUOTA,

@@ -27,6 +27,7 @@ def key_dir(running: Running, folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 async def test_passing_cases_exit_0_with_junit(
     running: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

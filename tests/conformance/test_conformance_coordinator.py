@@ -22,6 +22,7 @@ def _print(report: Report) -> None:
     print(report.summary())
 
 
+@pytest.mark.slow
 async def test_reference_coordinator_passes(running: Running) -> None:
     """Every case runs (nothing skipped: the suite was given every key and hook; one SQLite
     coordinator has no replica) and passes."""
@@ -96,7 +97,7 @@ async def test_catches_a_refusal_with_the_wrong_code(
     from rollnet.sdk.errors import REASON_CODES, ErrorReason
 
     monkeypatch.setitem(
-        REASON_CODES,  # type: ignore[arg-type]
+        REASON_CODES,
         ErrorReason.FENCING_TOKEN_STALE,
         grpc.StatusCode.INVALID_ARGUMENT,
     )

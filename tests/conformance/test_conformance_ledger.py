@@ -14,7 +14,14 @@ SEED = bytes(range(32))
 
 
 def _entry(
-    sequence: int, micros: int, kind: int, amount: int, **ids: str
+    sequence: int,
+    micros: int,
+    kind: ledger_pb2.LedgerEntry.Kind.ValueType,
+    amount: int,
+    *,
+    commitment_id: str = "",
+    verdict_id: str = "",
+    memo: str = "",
 ) -> ledger_pb2.LedgerEntry:
     return ledger_pb2.LedgerEntry(
         sequence=sequence,
@@ -22,9 +29,11 @@ def _entry(
             seconds=micros // 1_000_000, nanos=micros % 1_000_000 * 1000
         ),
         node_id=NODE,
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         amount=amount,
-        **ids,
+        commitment_id=commitment_id,
+        verdict_id=verdict_id,
+        memo=memo,
     )
 
 

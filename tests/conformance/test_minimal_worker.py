@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,7 +40,7 @@ def worker() -> ModuleType:
 
 
 def test_imports_nothing_of_the_sdk_or_the_reference() -> None:
-    imported = set()
+    imported: set[str] = set()
     for node in ast.walk(ast.parse(EXAMPLE.read_text())):
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
@@ -61,8 +62,8 @@ def test_reproduces_the_golden_vectors(worker: ModuleType) -> None:
     floats = np.array([int(x, 16) for x in rounding["float32"]], dtype=np.uint32)
     assert [f"{b:04x}" for b in worker.bf16_bits(floats.view(np.float32))] == rounding["bf16"]
 
-    def hidden(entry: dict[str, object], rows: int) -> np.ndarray:
-        bits = np.array([int(x, 16) for x in entry["bf16"]], dtype=np.uint32) << 16  # type: ignore[attr-defined]
+    def hidden(entry: dict[str, Any], rows: int) -> np.ndarray:
+        bits = np.array([int(x, 16) for x in entry["bf16"]], dtype=np.uint32) << 16
         return bits.view(np.float32).reshape(rows, entry["hidden_size"])
 
     for window in toploc["windows"]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.reference import testing as reference_testing
+from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk.identity import Identity
 
@@ -35,15 +36,12 @@ def coordinator_config(
     validator_identity: Identity,
     operator_identity: Identity,
 ) -> CoordinatorConfig:
-    base = load_config(tmp_path / "coordinator")
-    return with_overrides(
-        base,
-        database_url=db_url,
-        listen="127.0.0.1:0",
-        network_id="rollnet-test",
-        trainers=frozenset({trainer_identity.node_id}),
-        validators=frozenset({validator_identity.node_id}),
-        operators=frozenset({operator_identity.node_id}),
+    return reference_testing.coordinator_config(
+        tmp_path / "coordinator",
+        db_url,
+        trainers=[trainer_identity],
+        validators=[validator_identity],
+        operators=[operator_identity],
     )
 
 

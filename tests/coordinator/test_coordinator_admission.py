@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from coordinator_testing import connect, register
+from coordinator_testing import register
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, PoolConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 

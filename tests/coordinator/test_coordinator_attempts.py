@@ -8,7 +8,6 @@ import time
 import pytest
 from coordinator_testing import (
     Work,
-    connect,
     judge_next_job,
     make_work,
     publish_checkpoint,
@@ -28,6 +27,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.copies import COPY_LOGPROB_MAX
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.sdk.worker.lease import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_service_pb2
 
@@ -104,7 +104,7 @@ async def test_give_backs_keep_the_seeds_and_are_recorded(
         assert len(set(seen[0])) == 4  # one seed per rollout, all different
 
         def read(session: Session) -> tuple[list[tuple[object, ...]], dict[AttemptOutcome, int]]:
-            rows = [
+            rows: list[tuple[object, ...]] = [
                 (a.node_id, a.lease_id, a.fencing_token, a.outcome, a.reason, a.detail)
                 for a in attempts_of_task(session, task_id)
             ]
@@ -249,6 +249,7 @@ async def test_copies_are_refused_and_honest_repeats_are_not(
         await coordinator.stop(grace=0.5)
 
 
+@pytest.mark.slow
 async def test_a_task_re_leased_after_a_give_back_is_not_a_copy(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import blake3
 import grpc
 import pytest
-from coordinator_testing import connect, raw_upload, register, upload_chunk, upload_header
+from coordinator_testing import raw_upload, register, upload_chunk, upload_header
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.v1 import blob_service_pb2, common_pb2
 
 KIND = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH

@@ -21,7 +21,7 @@ from pathlib import Path
 import blake3
 import grpc
 import pytest
-from coordinator_testing import connect, raw_upload, register, upload_chunk, upload_header
+from coordinator_testing import raw_upload, register, upload_chunk, upload_header
 from google.protobuf import descriptor_pool, duration_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -51,6 +51,7 @@ from rollnet.sdk import Identity, RollnetClient, RollnetError, from_rpc_error
 from rollnet.sdk.checkpoints import MAX_CHECKPOINT_PATH_BYTES
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import default_method_policy
+from rollnet.sdk.testing import connect
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_service_pb2,
@@ -131,7 +132,9 @@ def _field_variants(
     elif isinstance(rule, Pairs):
         yield "count", name, _fill(name, descriptor, rule.max_items + 1)
         yield "nul", f'{name}["a\\u0000b"]', _put(name, "a\x00b", None)
-        value_field = descriptor.message_type.fields_by_name["value"]
+        entry_type = descriptor.message_type
+        assert entry_type is not None, name
+        value_field = entry_type.fields_by_name["value"]
         if isinstance(rule.value, Nested):
             if depth < 3:
                 nested = bounds_.messages[rule.value.name]
@@ -169,7 +172,9 @@ def _put(name: str, key: str, value: object) -> Mutation:
 
     def mutate(message: Message) -> None:
         entries = getattr(message, name)
-        value_type = message.DESCRIPTOR.fields_by_name[name].message_type.fields_by_name["value"]
+        entry_type = message.DESCRIPTOR.fields_by_name[name].message_type
+        assert entry_type is not None, name
+        value_type = entry_type.fields_by_name["value"]
         if value is not None:
             entries[key] = value
         elif value_type.message_type is None:
@@ -252,13 +257,18 @@ async def call_raw(client: RollnetClient, method: str, body: bytes) -> RollnetEr
             async def one() -> AsyncIterator[bytes]:
                 yield body
 
-            await channel.stream_unary(method, request_serializer=None)(one(), timeout=10)
+            upload: grpc.aio.StreamUnaryMultiCallable[bytes, bytes]
+            upload = channel.stream_unary(method, request_serializer=None)
+            await upload(one(), timeout=10)
         elif shape.server_streaming:
-            stream = channel.unary_stream(method, request_serializer=None)(body, timeout=10)
-            async for _ in stream:
+            listen: grpc.aio.UnaryStreamMultiCallable[bytes, bytes]
+            listen = channel.unary_stream(method, request_serializer=None)
+            async for _ in listen(body, timeout=10):
                 break
         else:
-            await channel.unary_unary(method, request_serializer=None)(body, timeout=10)
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
+            call = channel.unary_unary(method, request_serializer=None)
+            await call(body, timeout=10)
     except grpc.aio.AioRpcError as error:
         return from_rpc_error(error)
     return None
@@ -545,7 +555,7 @@ async def test_the_heartbeat_batcher_isolates_a_heartbeat_the_database_refuses(
             await client.close()
     failed = [i for i, result in enumerate(results) if isinstance(result, BaseException)]
     assert failed == [8], results
-    assert all(result.known for result in results if not isinstance(result, BaseException))  # type: ignore[union-attr]
+    assert all(result.known for result in results if not isinstance(result, BaseException))
 
 
 # --------------------------------------------------------------------------- size cap

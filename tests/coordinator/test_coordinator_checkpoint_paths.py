@@ -11,11 +11,12 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_testing import NETWORK, connect, register, sqlite_only
+from coordinator_testing import register, sqlite_only
 
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity, RollnetError
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -31,7 +32,7 @@ VECTORS = json.loads(
 def _manifest(step: int, paths: list[str], shard: common_pb2.BlobRef) -> bytes:
     return checkpoint_pb2.CheckpointManifest(
         step=step,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         files=[
             checkpoint_pb2.CheckpointFile(path=path, content=shard, shards=[shard])
             for path in paths

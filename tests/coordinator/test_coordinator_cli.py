@@ -16,8 +16,6 @@ import pytest
 import structlog
 from coordinator_testing import (
     COMPLETION_TOKENS,
-    NETWORK,
-    connect,
     judge_next_job,
     publish_checkpoint,
     pull,
@@ -38,6 +36,7 @@ from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import (
     checkpoint_pb2,
     checkpoint_service_pb2,
@@ -276,7 +275,7 @@ async def test_checkpoint_publish(
 def _cli_target(coordinator: Coordinator, identity: Identity, tmp_path: Path) -> list[str]:
     """The connection options of a CLI command signing with ``identity``'s key."""
     key = _key_file(identity, tmp_path / f"{identity.node_id}.key")
-    return ["--coordinator", coordinator.address, "--key", str(key), "--network-id", NETWORK]
+    return ["--coordinator", coordinator.address, "--key", str(key), "--network-id", NETWORK_ID]
 
 
 @asynccontextmanager

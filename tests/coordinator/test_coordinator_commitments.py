@@ -11,7 +11,6 @@ import grpc
 import pytest
 from coordinator_testing import (
     commitment_request,
-    connect,
     judge_next_job,
     make_work,
     publish_checkpoint,
@@ -20,7 +19,6 @@ from coordinator_testing import (
     register,
     request_tasks,
     upload_and_commit,
-    wait_until,
 )
 from google.protobuf import duration_pb2
 
@@ -34,6 +32,7 @@ from rollnet.reference.coordinator.server import (
 )
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
 from rollnet.sdk.commitments import max_batch_bytes
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import grpc
 import pytest
 from coordinator_testing import (
-    connect,
     publish_checkpoint,
     pull,
     pull_and_commit,
@@ -20,6 +19,7 @@ from coordinator_testing import (
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import Identity, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2, node_pb2, validation_service_pb2
 
 

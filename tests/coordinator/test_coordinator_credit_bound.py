@@ -11,9 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from coordinator_testing import (
-    NETWORK,
     commitment_request,
-    connect,
     make_work,
     publish_checkpoint,
     pull,
@@ -31,6 +29,7 @@ from rollnet.reference.model.tokenizer import save_char_tokenizer
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.prompts import encode_problem
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -60,7 +59,7 @@ async def _publish_with_tokenizer(
         ref = common_pb2.BlobRef(blake3=blob.blake3, size=blob.size)
         files.append(checkpoint_pb2.CheckpointFile(path=name, content=ref, shards=[ref]))
     manifest = checkpoint_pb2.CheckpointManifest(
-        step=step, network_id=NETWORK, files=files, flops_per_token=FLOPS_PER_TOKEN
+        step=step, network_id=NETWORK_ID, files=files, flops_per_token=FLOPS_PER_TOKEN
     ).SerializeToString()
     await client.checkpoints.publish_checkpoint(
         checkpoint_service_pb2.PublishCheckpointRequest(
@@ -136,9 +135,9 @@ async def test_credit_is_bounded_by_the_recorded_prompt_lengths(
             with pytest.raises(RollnetError) as refused:
                 await client.commitments.submit_commitment(commitment_request(worker, padded, blob))
             refusals.append(refused.value)
-        for refused in refusals:
-            assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused
-            assert refused.reason == ErrorReason.ROLLOUT_BATCH_INVALID, refused
+        for refusal in refusals:
+            assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT, refusal
+            assert refusal.reason == ErrorReason.ROLLOUT_BATCH_INVALID, refusal
         assert "prompt tokens; prompt 0 has" in refusals[0].message
         assert "prompt_index" in refusals[2].message
 

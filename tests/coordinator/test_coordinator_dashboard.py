@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 import structlog
-from coordinator_testing import wait_until
 from dashboard_testing import CHROMIUM_ARGS, make_history, need_chromium
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page, Request, async_playwright
+from playwright.async_api import Error as PlaywrightError
 
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.dashboard_login import login_query
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import Identity
+from rollnet.sdk.testing import wait_until
 from rollnet.v1 import node_service_pb2
 
 DEADLINE = 20.0
@@ -68,6 +69,7 @@ async def _shows(page: Page, list_id: str, key: str, value: str) -> bool:
     return await locator.count() == 1 and (await locator.inner_text()).strip() == value
 
 
+@pytest.mark.slow
 async def test_dashboard_shows_the_swarm_and_updates(
     dashboard_coordinator: Coordinator,
     browser: Browser,
@@ -79,18 +81,20 @@ async def test_dashboard_shows_the_swarm_and_updates(
     swarm = await make_history(coordinator.address, trainer_identity, validator_identity)
     try:
         page = await browser.new_page()
+        dashboard_url = coordinator.dashboard.url
         errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
         outside: list[str] = []  # every request must go to the dashboard itself
-        page.on(
-            "request",
-            lambda request: (
-                None
-                if request.url.startswith(coordinator.dashboard.url)  # type: ignore[union-attr]
-                else outside.append(request.url)
-            ),
-        )
-        await page.goto(coordinator.dashboard.url)
+
+        def on_error(error: PlaywrightError) -> None:
+            errors.append(str(error))
+
+        def on_request(request: Request) -> None:
+            if not request.url.startswith(dashboard_url):
+                outside.append(request.url)
+
+        page.on("pageerror", on_error)
+        page.on("request", on_request)
+        await page.goto(dashboard_url)
 
         async def loaded() -> bool:
             return await _shows(page, "tasks-by-state", "accepted", "3")
@@ -188,6 +192,7 @@ async def _get(url: str) -> tuple[int, str]:
     return await asyncio.to_thread(get)
 
 
+@pytest.mark.slow
 async def test_beyond_loopback_an_operator_logs_in_with_a_signed_link(
     coordinator_config: CoordinatorConfig,
     operator_identity: Identity,

@@ -4,13 +4,14 @@ their steps were read, not against one published since (which no node could hold
 from __future__ import annotations
 
 import pytest
-from coordinator_testing import connect, publish_checkpoint, register
+from coordinator_testing import publish_checkpoint, register
 
 from rollnet.reference.coordinator import dashboard_view
 from rollnet.reference.coordinator.dashboard_view import SwarmView
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.reference.demo_view import summary_fields
 from rollnet.sdk import Identity
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2, node_service_pb2
 
 

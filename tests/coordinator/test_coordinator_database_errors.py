@@ -12,13 +12,13 @@ import asyncio
 import grpc
 import psycopg
 import pytest
-from coordinator_testing import connect, register
+from coordinator_testing import register
 from sqlalchemy.engine import make_url
-from swarm_testing import eventually
 
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity
 from rollnet.sdk.errors import ErrorReason, RollnetError
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import common_pb2, ledger_service_pb2
 
 _SERVER = "postgresql://postgres@127.0.0.1:5432"
@@ -59,7 +59,7 @@ async def test_a_call_that_loses_its_database_connection_is_unavailable(
         with psycopg.connect(f"{_SERVER}/{database}") as holder:
             holder.execute("LOCK TABLE ledger_entries IN ACCESS EXCLUSIVE MODE")
             call = asyncio.create_task(client.ledger.list_entries(request))
-            await eventually(
+            await wait_until(
                 lambda: asyncio.to_thread(_waiting_on_lock, database),
                 within=30,
                 what="the coordinator's read waiting on the lock",

@@ -15,6 +15,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 
 
 @sqlite_only
+@pytest.mark.slow
 async def test_a_second_coordinator_on_one_sqlite_database_is_refused(
     coordinator_config: CoordinatorConfig, tmp_path: Path
 ) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import pytest
 from coordinator_testing import (
-    connect,
     make_work,
     publish_checkpoint,
     pull,
@@ -20,22 +19,22 @@ from coordinator_testing import (
     request_tasks,
     sqlite_only,
     upload_and_commit,
-    wait_until,
 )
 from google.protobuf.duration_pb2 import Duration
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from rollnet.ledger import idempotency
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.group_commit import GroupCommitWriter
 from rollnet.ledger.models import Node, Task
-from rollnet.reference.coordinator import context as context_module
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.identity import node_id_from_public_key
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import common_pb2, node_pb2, task_pb2, task_service_pb2
 
 
@@ -415,15 +414,17 @@ async def test_a_request_id_repeated_across_long_polls_leases_once_and_spares_th
         same = task_service_pb2.PullTaskRequest(request_id="twice", wait=Duration(seconds=10))
         calls = [asyncio.ensure_future(hostile.tasks.pull_task(same)) for _ in range(2)]
         calls += [asyncio.ensure_future(pull(client, wait=10)) for client in clients[1:]]
-        waiters = coordinator.ctx.signals.work_available._waiters  # type: ignore[attr-defined]
+        waiters = coordinator.ctx.signals.work_available._waiters
         # Every pull found no work and long-polls: their request ids were looked up once.
         await wait_until(lambda: _true(len(waiters) == len(calls)), what="every pull waiting")
         await request_tasks(trainer, 10)
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        responses: list[task_service_pb2.PullTaskResponse] = []
         for outcome in outcomes:
             assert isinstance(outcome, task_service_pb2.PullTaskResponse), outcome
             assert outcome.HasField("lease")
-        first, second, *others = outcomes
+            responses.append(outcome)
+        first, second, *others = responses
         assert first == second
         assert coordinator.dispatcher.leases.retried == 0  # no batch failed on the way
         leased = {response.task.task_id for response in [first, *others]}
@@ -452,7 +453,7 @@ async def test_a_batch_that_fails_is_retried_pull_by_pull(
     identities = [Identity.generate() for _ in range(5)]
     clients = [connect(coordinator.address, identity) for identity in identities]
     broken, leaving = (node_id_from_public_key(i.public_key) for i in identities[1:3])
-    store = context_module.idempotency.store
+    store = idempotency.store
     reached, proceed = threading.Event(), threading.Event()
 
     def failing_store(session: Session, caller_id: str, *args: Any, **kwargs: Any) -> None:
@@ -475,7 +476,7 @@ async def test_a_batch_that_fails_is_retried_pull_by_pull(
         for client, identity in zip(clients, identities, strict=True):
             await register(client, identity, common_pb2.ROLE_WORKER)
         await request_tasks(trainer, 5)
-        monkeypatch.setattr(context_module.idempotency, "store", failing_store)
+        monkeypatch.setattr(idempotency, "store", failing_store)
         monkeypatch.setattr(leases, "_lease_batch", recording)
         blocker = await _hold(writer, released)
         first = asyncio.ensure_future(pull(clients[0], wait=0))

@@ -19,12 +19,14 @@ from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator import commitments
 from rollnet.reference.coordinator.credit import slash_amount
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.sdk import batches
-from rollnet.sdk.client import ConnectionConfig, RollnetClient
+from rollnet.sdk import batches, testing
+from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.challenge import verify_challenge
+from rollnet.sdk.retry import RetryPolicy
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -41,16 +43,15 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-NETWORK = "rollnet-test"
-
 
 def connect(coordinator: Coordinator, identity: Identity) -> RollnetClient:
-    return RollnetClient.connect(
-        ConnectionConfig(target=coordinator.address, network_id=NETWORK, timeout=30.0), identity
-    )
+    """A client that retries what is retryable, as a real node would."""
+    return testing.connect(coordinator.address, identity, retry=RetryPolicy(), timeout=30.0)
 
 
-async def register(client: RollnetClient, identity: Identity, role: int) -> None:
+async def register(
+    client: RollnetClient, identity: Identity, role: common_pb2.Role.ValueType
+) -> None:
     await client.nodes.register_node(
         node_service_pb2.RegisterNodeRequest(
             public_key=identity.public_key,
@@ -69,7 +70,7 @@ async def publish_checkpoint(client: RollnetClient, trainer: Identity, step: int
     ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
     manifest = checkpoint_pb2.CheckpointManifest(
         step=step,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
         flops_per_token=2_000_000,
     ).SerializeToString()

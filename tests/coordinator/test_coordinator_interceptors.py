@@ -20,7 +20,7 @@ class _Details:
         self.invocation_metadata: tuple[tuple[str, str], ...] = ()
 
 
-class _Counting(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class _Counting(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
@@ -29,12 +29,14 @@ class _Counting(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return await continuation(details)
 
 
-async def _unary(request: bytes, context: Any) -> bytes:
+async def _unary(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
     return request
 
 
 SERVED = "/rollnet.v1.NodeService/Heartbeat"
-HANDLERS = {SERVED: grpc.unary_unary_rpc_method_handler(_unary)}
+HANDLERS: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+    SERVED: grpc.unary_unary_rpc_method_handler(_unary)
+}
 
 
 async def _lookup(details: Any) -> Any:

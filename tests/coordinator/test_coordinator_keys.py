@@ -7,13 +7,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from coordinator_testing import connect, register
+from coordinator_testing import register
 from sqlalchemy.orm import Session
 
 from rollnet.reference.coordinator import keys as keys_module
 from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import Identity
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2
 
 T = TypeVar("T")

@@ -4,22 +4,24 @@ LEASE_CLOSED; ReportProgress and FailTask name a lease by its id alone."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
 
 import grpc
 import pytest
 from coordinator_testing import (
     commitment_request,
-    connect,
     make_work,
     publish_checkpoint,
     pull,
     register,
     request_tasks,
 )
+from google.protobuf.message import Message
 
 from rollnet.reference.coordinator.server import Coordinator, sweep_once
 from rollnet.sdk import ErrorReason, Identity, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.v1 import blob_service_pb2, common_pb2, task_service_pb2
 
 
@@ -57,20 +59,22 @@ async def test_a_lease_past_its_deadline_is_expired_before_and_after_the_sweep(
         later = real_clock() + coordinator.ctx.config.lease_duration + timedelta(seconds=1)
         coordinator.ctx.clock = lambda: later
         # Past the deadline, before the sweep: committing or reporting progress is too late.
-        for use in (
+        too_late: tuple[Awaitable[Message], ...] = (
             client.commitments.submit_commitment(commitment_request(worker, work, uploaded.blob)),
             client.tasks.report_progress(progress),
-        ):
+        )
+        for use in too_late:
             refused = await _refusal(use)
             assert refused.code == grpc.StatusCode.FAILED_PRECONDITION, refused
             assert refused.reason == ErrorReason.LEASE_EXPIRED, refused
         # After the sweep requeued it (it was LEASE_CLOSED then), the same, FailTask too.
         await sweep_once(coordinator.ctx)
-        for use in (
+        too_late = (
             client.commitments.submit_commitment(commitment_request(worker, work, uploaded.blob)),
             client.tasks.report_progress(progress),
             client.tasks.fail_task(give_back),
-        ):
+        )
+        for use in too_late:
             refused = await _refusal(use)
             assert refused.code == grpc.StatusCode.FAILED_PRECONDITION, refused
             assert refused.reason == ErrorReason.LEASE_EXPIRED, refused

@@ -10,20 +10,14 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from coordinator_testing import (
-    connect,
-    publish_checkpoint,
-    pull,
-    register,
-    request_tasks,
-    wait_until,
-)
+from coordinator_testing import publish_checkpoint, pull, register, request_tasks
 from google.protobuf import duration_pb2
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.heartbeats import LAG_LIMIT, LoopLag
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 State = node_pb2.Node

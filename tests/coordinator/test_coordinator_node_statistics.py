@@ -11,13 +11,7 @@ from typing import NamedTuple
 
 import grpc
 import pytest
-from coordinator_testing import (
-    connect,
-    publish_checkpoint,
-    pull_and_commit,
-    register,
-    request_tasks,
-)
+from coordinator_testing import publish_checkpoint, pull_and_commit, register, request_tasks
 from google.protobuf import duration_pb2
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -30,6 +24,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.proofs.statistics import StatisticsPolicy
+from rollnet.sdk.testing import connect
 from rollnet.v1 import (
     commitment_pb2,
     common_pb2,

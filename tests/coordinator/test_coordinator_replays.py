@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_testing import NETWORK, connect, register
+from coordinator_testing import register
 from google.protobuf import duration_pb2
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -19,6 +19,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_once
 from rollnet.sdk import ErrorReason, Identity, RequestSigner, RollnetError, from_rpc_error
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, task_service_pb2
 
 #: Calls whose replay matters: a heartbeat (deferred to the heartbeat batch), a read, and a
@@ -41,12 +42,12 @@ class Captured:
     def __init__(self, identity: Identity, method: str, body: bytes) -> None:
         self.method = method
         self.body = body
-        self.metadata = RequestSigner(identity, NETWORK).sign(method, body).as_metadata()
+        self.metadata = RequestSigner(identity, NETWORK_ID).sign(method, body).as_metadata()
 
     async def send(self, address: str) -> RollnetError | None:
         """Send it to ``address``: the refusal, or None when it was served."""
         async with grpc.aio.insecure_channel(address) as channel:
-            call = channel.unary_unary(self.method)
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(self.method)
             try:
                 await call(self.body, metadata=self.metadata, timeout=10)
             except grpc.aio.AioRpcError as error:

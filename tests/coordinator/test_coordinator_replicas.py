@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from coordinator_testing import commitment_request as build_commitment
 from coordinator_testing import (
-    connect,
     make_work,
     publish_checkpoint,
     pull,
@@ -29,6 +28,7 @@ from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.testing import connect
 from rollnet.v1 import blob_service_pb2, common_pb2, ledger_pb2, ledger_service_pb2
 
 TASKS = 24

@@ -22,7 +22,6 @@ from pathlib import Path
 import grpc
 import pytest
 from coordinator_testing import (
-    connect,
     judge_next_job,
     make_work,
     publish_checkpoint,
@@ -30,7 +29,6 @@ from coordinator_testing import (
     register,
     request_tasks,
     upload_and_commit,
-    wait_until,
 )
 from sqlalchemy import update
 
@@ -39,6 +37,7 @@ from rollnet.ledger.engine import session_factory
 from rollnet.ledger.models import Task
 from rollnet.reference.cli import main as cli_main
 from rollnet.sdk import ErrorReason, Identity, RollnetError
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import (
     commitment_pb2,
     commitment_service_pb2,

@@ -13,14 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from coordinator_testing import (
-    NETWORK,
-    connect,
-    publish_checkpoint,
-    pull_and_commit,
-    register,
-    request_tasks,
-)
+from coordinator_testing import publish_checkpoint, pull_and_commit, register, request_tasks
 from google.protobuf import duration_pb2, message_factory
 from google.protobuf.message import Message
 
@@ -37,6 +30,7 @@ from rollnet.sdk import (
     open_channel,
 )
 from rollnet.sdk.methods import ALL_METHODS, ROLE_TABLE, Access, roles_text
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import (
     checkpoint_service_pb2,
     commitment_service_pb2,
@@ -105,7 +99,7 @@ async def _call(channel: grpc.aio.Channel, method: str) -> RollnetError | None:
     streaming after a moment, which is past every check of the caller's role)."""
     descriptor, request, stream_in, stream_out = _request_for(method)
     response_type = message_factory.GetMessageClass(descriptor.output_type)
-    serialize, parse = request.SerializeToString, response_type.FromString
+    serialize, parse = type(request).SerializeToString, response_type.FromString
     try:
         if stream_in:
             call: Any = channel.stream_unary(method, serialize, parse)
@@ -115,6 +109,7 @@ async def _call(channel: grpc.aio.Channel, method: str) -> RollnetError | None:
 
             await call(one(), timeout=5)
         elif stream_out:
+            stream: grpc.aio.UnaryStreamCall[Message, Message]
             stream = channel.unary_stream(method, serialize, parse)(request, timeout=0.5)
             async for _ in stream:
                 pass
@@ -136,6 +131,7 @@ async def _outcome(call: Awaitable[object]) -> RollnetError | None:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_every_role_calls_every_rpc_as_the_docs_table_says(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -157,7 +153,7 @@ async def test_every_role_calls_every_rpc_as_the_docs_table_says(
     channels = {
         role: open_channel(
             ConnectionConfig(
-                target=coordinator.address, network_id=NETWORK, retry=RetryPolicy.no_retry()
+                target=coordinator.address, network_id=NETWORK_ID, retry=RetryPolicy.no_retry()
             ),
             key,
         )

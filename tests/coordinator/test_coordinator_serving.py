@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_testing import connect, register, sqlite_only
+from coordinator_testing import register, sqlite_only
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,6 +24,7 @@ from rollnet.ledger import create_engine, upgrade_to_head
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, TlsConfig
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2, task_service_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from coordinator_testing import NETWORK, pull
+from coordinator_testing import pull
 from dashboard_testing import make_history
 
 from rollnet.ledger import chain
 from rollnet.ledger.engine import create_engine, session_factory
 from rollnet.reference.cli import main as cli_main
 from rollnet.sdk import Identity, RollnetError
+from rollnet.sdk.testing import NETWORK_ID
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,7 @@ class CoordinatorProcess:
 
 def start(data_dir: Path, *extra: str) -> CoordinatorProcess:
     argv = [sys.executable, "-m", "rollnet.reference.cli", "coordinator", "--data-dir"]
-    argv += [str(data_dir), "--listen", "127.0.0.1:0", "--network-id", NETWORK, *extra]
+    argv += [str(data_dir), "--listen", "127.0.0.1:0", "--network-id", NETWORK_ID, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     return CoordinatorProcess(process)
@@ -131,7 +132,7 @@ async def test_ctrl_c_with_nodes_connected_stops_at_once_and_signs_the_head(
     try:
         with session_factory(engine)() as session:
             tip = chain.chain_tip(session)
-            head = chain.latest_signed_head(session, NETWORK)
+            head = chain.latest_signed_head(session, NETWORK_ID)
         assert tip.sequence == 8  # the history's three credits, a slash, four validator rewards
         assert head is not None
         assert (head.sequence, head.head_hash) == (tip.sequence, tip.head_hash)

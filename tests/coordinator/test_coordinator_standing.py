@@ -5,13 +5,13 @@ is checked like any other input."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
 import pytest
 from coordinator_testing import (
     commitment_request,
-    connect,
     make_work,
     publish_checkpoint,
     pull,
@@ -24,6 +24,7 @@ from rollnet.ledger import idempotency
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk.testing import connect
 from rollnet.v1 import (
     blob_service_pb2,
     commitment_pb2,
@@ -39,9 +40,9 @@ from rollnet.v1 import (
 BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
 
 
-async def _refused(call: object) -> RollnetError:
+async def _refused(call: Awaitable[object]) -> RollnetError:
     with pytest.raises(RollnetError) as refused:
-        await call  # type: ignore[misc]
+        await call
     return refused.value
 
 
@@ -160,13 +161,13 @@ async def test_ejected_nodes_do_no_more_work_and_verdicts_are_checked(
         await operator.nodes.eject_node(
             node_service_pb2.EjectNodeRequest(node_id=validator_identity.node_id, reason="broken")
         )
-        for call in (
+        for attempt in (
             validator.validation.submit_verdict(_verdict(job)),
             validator.validation.pull_validation_job(
                 validation_service_pb2.PullValidationJobRequest()
             ),
         ):
-            refused = await _refused(call)
+            refused = await _refused(attempt)
             assert refused.reason == ErrorReason.NODE_EJECTED, refused
         balance = await honest_client.ledger.get_balance(
             ledger_service_pb2.GetBalanceRequest(node_id=honest.node_id)

@@ -17,7 +17,6 @@ import grpc
 import pytest
 from coordinator_testing import (
     Work,
-    connect,
     judge_next_job,
     make_work,
     pull,
@@ -27,14 +26,11 @@ from coordinator_testing import (
     upload_and_commit,
     upload_chunk,
     upload_header,
-    wait_until,
 )
-from coordinator_testing import (
-    publish_checkpoint as publish_test_checkpoint,
-)
+from coordinator_testing import publish_checkpoint as publish_test_checkpoint
 
 from rollnet.ledger.models import Blob
-from rollnet.reference.coordinator import blob_intake, blobstore, server
+from rollnet.reference.coordinator import blob_intake, server
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.context import run_to_completion
@@ -52,6 +48,7 @@ from rollnet.reference.coordinator.uploads import (
 )
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import blob_service_pb2, common_pb2
 
 BATCH = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
@@ -82,7 +79,9 @@ def _later(coordinator: Coordinator, seconds: float) -> None:
     coordinator.ctx.uploads.clock = lambda: time.time() + seconds
 
 
-async def _refused(client: RollnetClient, data: bytes, kind: int = BATCH) -> RollnetError:
+async def _refused(
+    client: RollnetClient, data: bytes, kind: blob_service_pb2.BlobKind.ValueType = BATCH
+) -> RollnetError:
     with pytest.raises(RollnetError) as refused:
         await client.blobs.upload(data, kind)
     return refused.value
@@ -168,6 +167,7 @@ async def test_workers_upload_rollout_batches_only_within_their_quota(
         await coordinator.stop(grace=0.5)
 
 
+@pytest.mark.slow
 async def test_tiny_uploads_are_charged_the_blocks_they_take(
     coordinator_config: CoordinatorConfig,
 ) -> None:
@@ -434,6 +434,7 @@ async def _upload_held(
 ) -> blob_service_pb2.UploadBlobResponse:
     """Upload ``data`` as one chunk, its header sent first and the chunk only once ``go_on`` is
     set (at once when None); raises grpc.aio.AioRpcError when refused."""
+    call: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse]
     call = client.channel.stream_unary(
         method_path("BlobService", "UploadBlob"),
         request_serializer=None,
@@ -610,7 +611,7 @@ async def test_an_upload_cancelled_while_its_file_is_written_is_still_tracked(
         release.wait(10)
         fsync(fd)
 
-    monkeypatch.setattr(blobstore.os, "fsync", slow_fsync)
+    monkeypatch.setattr("rollnet.reference.coordinator.blobstore.os.fsync", slow_fsync)
     try:
         data = os.urandom(10_000)
         digest = blake3.blake3(data).digest()
@@ -721,6 +722,7 @@ async def test_a_refused_large_upload_frees_its_room_before_reading_the_rest(
     ctx = coordinator.ctx
     identity, worker = await _worker(coordinator)
     checks = _disk_fills_after_the_header(monkeypatch)
+    call: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse]
     call = worker.channel.stream_unary(
         method_path("BlobService", "UploadBlob"),
         request_serializer=None,
@@ -768,7 +770,7 @@ async def test_a_store_cancelled_before_its_thread_starts_still_completes(
         await start.wait()
         return await to_thread(function, *args)
 
-    monkeypatch.setattr(blobstore.asyncio, "to_thread", busy_executor)
+    monkeypatch.setattr("rollnet.reference.coordinator.blobstore.asyncio.to_thread", busy_executor)
     created: list[int] = []
     data = os.urandom(3 << 20)  # streamed to a temporary file
 
@@ -792,6 +794,7 @@ async def test_a_store_cancelled_before_its_thread_starts_still_completes(
     assert not _partials(tmp_path)
 
 
+@pytest.mark.slow
 async def test_the_free_space_reserve_counts_uploads_in_flight(
     coordinator_config: CoordinatorConfig,
 ) -> None:

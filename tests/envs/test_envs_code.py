@@ -155,6 +155,7 @@ def test_each_attack_is_contained_and_scores_zero(
 
 
 @needs_sandbox
+@pytest.mark.slow
 def test_an_endless_loop_is_unverifiable_not_a_claim_to_reject(code: CodeEnvironment) -> None:
     problem = code.prompt(index_of(code, "sum-two"))
     with pytest.raises(VerifierTimeout, match="ran out of time"):

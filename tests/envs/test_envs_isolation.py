@@ -191,6 +191,7 @@ time.sleep(60)
     assert int(error) == 11
 
 
+@pytest.mark.slow
 def test_an_endless_loop_meets_the_cpu_limit_and_a_sleeper_the_wall_clock() -> None:
     looping = run("while True: pass", wall_s=30.0)
     assert looping.cpu_limited

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,16 +23,9 @@ from rollnet.reference.envs import (
     SandboxError,
     load_environment,
 )
+from rollnet.sdk.testing import wait_until_blocking
 
 PROBE = "sandbox_probe:load"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -55,6 +48,7 @@ def child_pid(box: RewardSandbox, environment: ProbeEnvironment) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_rewards_equal_the_environments_own_and_work_off_the_main_thread() -> None:
     # math-verify's time limit is a SIGALRM: called on this thread pool's thread, the math
     # environment refuses (RuntimeError); through the sandbox it scores, with the same bits.
@@ -97,7 +91,7 @@ def test_a_verifier_past_the_limit_is_killed_and_the_rest_scored(sandbox: Reward
     assert results[1].reward == environment.unverifiable_reward(environment.prompt(4), 13)
     assert results[2].reward == RewardBreakdown(1.0, 0.0, 1.0)
     assert sandbox.restarts == 1
-    wait_for(lambda: exited(first))
+    wait_until_blocking(lambda: exited(first), within=20.0)
     assert child_pid(sandbox, environment) != first
 
 
@@ -126,6 +120,7 @@ def test_a_crashed_child_is_replaced(sandbox: RewardSandbox) -> None:
     assert sandbox.restarts == 1
 
 
+@pytest.mark.slow
 def test_the_child_must_build_the_callers_environment() -> None:
     environment = probe(variant=7)  # the probe loader builds variant 8 instead
     with RewardSandbox(loader=PROBE) as box:
@@ -166,6 +161,7 @@ def test_close_stops_the_child_and_a_later_call_starts_one(sandbox: RewardSandbo
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("stuck", ["hang", "cpow"])
+@pytest.mark.slow
 def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> None:
     # A parent killed while its child is stuck in a verifier (a Python loop, or one C call that
     # holds the GIL for minutes): the child must not run on.
@@ -189,16 +185,17 @@ def test_the_child_exits_when_its_parent_dies(tmp_path: Path, stuck: str) -> Non
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
         # Kill the parent once the child is busy in the verifier.
-        wait_for(lambda: cpu_seconds(child) > 1.0)
+        wait_until_blocking(lambda: cpu_seconds(child) > 1.0, within=20.0)
         members = tree(child)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-        wait_for(lambda: all(exited(member) for member in members))
+        wait_until_blocking(lambda: all(exited(member) for member in members), within=20.0)
     finally:
         if parent.poll() is None:
             parent.kill()
 
 
+@pytest.mark.slow
 def test_a_child_killed_while_idle_is_replaced_on_the_next_call(sandbox: RewardSandbox) -> None:
     # Whether the death is seen before sending or only when no "ready" comes back, the next
     # batch goes to a fresh child instead of failing.
@@ -258,7 +255,10 @@ def test_a_verifier_that_writes_without_end_cannot_flood_the_log(
         for _ in range(3):
             assert sandbox.rewards(environment, [(prompt, "shout", 10)])[0].failure is None
         sandbox.close()  # the child's stderr closes: everything it wrote has been read
-        wait_for(lambda: any(r.msg == "reward_sandbox_stderr_truncated" for r in caplog.records))
+        wait_until_blocking(
+            lambda: any(r.msg == "reward_sandbox_stderr_truncated" for r in caplog.records),
+            within=20.0,
+        )
     passed = sum(
         len(r.__dict__["line"]) + 1 for r in caplog.records if r.msg == "reward_sandbox_stderr"
     )

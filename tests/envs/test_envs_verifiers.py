@@ -85,6 +85,7 @@ def test_tasks_become_prompts_with_their_keys_and_the_config_pins_everything(
     assert [again.prompt(i) for i in range(6)] == [environment.prompt(i) for i in range(6)]
 
 
+@pytest.mark.slow
 def test_chat_prompts_carry_their_messages(site: Path) -> None:
     chat = load_environment(
         "verifiers", {"taskset": vf_tasksets.TASKSET, "taskset_config": {"system": "Be terse."}}
@@ -95,6 +96,7 @@ def test_chat_prompts_carry_their_messages(site: Path) -> None:
     assert chat.digest != load_environment("verifiers", CONFIG).digest
 
 
+@pytest.mark.slow
 def test_the_tasks_own_rewards_score_in_the_sandbox(
     environment: VerifiersEnvironment, sandbox: RewardSandbox
 ) -> None:
@@ -123,6 +125,7 @@ def test_its_rewards_are_not_computed_in_this_process(
         environment.reward(environment.prompt(0), "0enots", 3)
 
 
+@pytest.mark.slow
 def test_a_misbehaving_reward_is_contained_and_the_next_one_scores(
     environment: VerifiersEnvironment, sandbox: RewardSandbox, tmp_path: Path
 ) -> None:
@@ -210,6 +213,7 @@ def test_a_malformed_configuration_is_refused_before_any_child_starts(
     assert caught.value.key == key
 
 
+@pytest.mark.slow
 def test_another_installed_version_is_refused(tmp_path: Path, environment: Any) -> None:
     # A second host with version 1.0.1 of the taskset: the task's normalised configuration
     # (naming 1.0.0 and its digest) is refused there, in a fresh process with that site.
@@ -266,6 +270,7 @@ def test_listing_needs_the_sandbox(site: Path, monkeypatch: pytest.MonkeyPatch) 
         box.check(VerifiersEnvironment.__new__(VerifiersEnvironment))
 
 
+@pytest.mark.slow
 def test_the_listing_child_does_not_see_the_nodes_files(
     site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

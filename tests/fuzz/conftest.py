@@ -26,7 +26,7 @@ def loop_thread() -> Iterator[LoopThread]:
         thread.close()
 
 
-def _postgres_admin(statement: sql.Composable) -> None:
+def _postgres_admin(statement: sql.Composed) -> None:
     with psycopg.connect(f"{_LIBPQ_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
         conn.execute(statement)
 

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from rollnet.reference.cli import main
 from rollnet.reference.coordinator import server
 from rollnet.reference.coordinator.config import ENV_PREFIX, OPTIONS, CoordinatorConfig
-from rollnet.reference.trainer.config import LossConfig, TrainerConfig
+from rollnet.reference.trainer.config import TrainerConfig
+from rollnet.reference.trainer.loss import LossConfig
 
 EXAMPLES = 10
 

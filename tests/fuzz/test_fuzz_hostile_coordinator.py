@@ -94,7 +94,7 @@ class HostileCoordinator:
         return script.popleft() if script else b""
 
 
-async def _answer(answer: Answer, context: grpc.aio.ServicerContext) -> bytes:
+async def _answer(answer: Answer, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
     if isinstance(answer, Refusal):
         context.set_trailing_metadata((("grpc-status-details-bin", answer.details),))
         await context.abort(answer.code, answer.message)
@@ -115,21 +115,21 @@ class _Handler(grpc.GenericRpcHandler):
 
         if method.server_streaming:
 
-            async def stream(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 for _ in range(2):
                     yield await _answer(fake.next_answer(path), context)
 
             return grpc.unary_stream_rpc_method_handler(stream)
         if method.client_streaming:
 
-            async def upload(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+            async def upload(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
                 async for _ in requests:
                     pass
                 return await _answer(fake.next_answer(path), context)
 
             return grpc.stream_unary_rpc_method_handler(upload)
 
-        async def unary(_request: Any, context: grpc.aio.ServicerContext) -> bytes:
+        async def unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             return await _answer(fake.next_answer(path), context)
 
         return grpc.unary_unary_rpc_method_handler(unary)

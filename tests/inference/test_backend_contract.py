@@ -59,6 +59,7 @@ def eos_ids(backend: InferenceBackend) -> frozenset[int]:
     return ids
 
 
+@pytest.mark.slow
 def test_generations_are_well_formed(backend: InferenceBackend) -> None:
     generations = backend.generate(
         PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seeds=SEEDS)
@@ -80,6 +81,7 @@ def test_generations_are_well_formed(backend: InferenceBackend) -> None:
             assert n == MAX_NEW
 
 
+@pytest.mark.slow
 def test_same_seeds_same_rollouts(backend: InferenceBackend) -> None:
     params = SamplingParams(temperature=0.8, max_new_tokens=16, seeds=SEEDS[:4])
     first = backend.generate(PROMPTS[:4], params)
@@ -92,6 +94,7 @@ def test_same_seeds_same_rollouts(backend: InferenceBackend) -> None:
     assert [g.completion_ids for g in other] != [g.completion_ids for g in first]
 
 
+@pytest.mark.slow
 def test_reference_validator_accepts_proofs_and_sampling(
     backend: InferenceBackend, validator: TorchBackend
 ) -> None:

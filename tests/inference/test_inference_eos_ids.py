@@ -130,7 +130,7 @@ def test_the_vllm_backend_has_the_torch_backends_eos_set_and_stops_on_it(chat_di
     candidates = reference.generate(
         [prompt] * 96, SamplingParams(max_new_tokens=limit, seeds=range(96), proofs=False)
     )
-    ends = {EXTRA_EOS: None, base_eos(chat_dir): None, None: None}
+    ends: dict[int | None, int | None] = {EXTRA_EOS: None, base_eos(chat_dir): None, None: None}
     for seed, generation in enumerate(candidates):
         last = generation.completion_ids[-1]
         key = last if last in reference.eos_token_ids else None

@@ -382,11 +382,11 @@ def test_batch_invariance_is_asked_of_vllm(standin: Any, tiny_dir: Path) -> None
 @pytest.mark.usefixtures("standin")
 def test_the_processor_class_is_a_module_attribute_that_pickles() -> None:
     cls = vb.gumbel_processor_class()
-    assert vb.RollnetGumbelMaxProcessor is cls  # type: ignore[attr-defined]
+    assert vb.RollnetGumbelMaxProcessor is cls
     assert issubclass(cls, vllm_standin.LogitsProcessor)
     assert pickle.loads(pickle.dumps(cls)) is cls
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        _ = vb.Nope  # type: ignore[attr-defined]
+        _ = vb.Nope
 
 
 def test_without_the_v2_interface_load_names_the_target(
@@ -397,6 +397,7 @@ def test_without_the_v2_interface_load_names_the_target(
         vb.VllmBackend().load(str(tiny_dir), device="cuda")
 
 
+@pytest.mark.slow
 def test_generations_pass_the_reference_validator(
     backend: vb.VllmBackend, reference: TorchBackend
 ) -> None:
@@ -452,6 +453,7 @@ def test_requests_carry_the_seed_and_stop_on_the_eos_set_only(backend: vb.VllmBa
     assert backend.generate([], SamplingParams(seeds=[])) == []
 
 
+@pytest.mark.slow
 def test_same_seeds_same_rollouts_other_seeds_others(backend: vb.VllmBackend) -> None:
     params = SamplingParams(temperature=0.8, max_new_tokens=8, seeds=SEEDS[:4])
     first = backend.generate(PROMPTS[:4], params)
@@ -480,6 +482,7 @@ def test_generate_refuses_what_the_protocol_does_not_define(backend: vb.VllmBack
         backend.prefill([1] * 500, [2] * 14)
 
 
+@pytest.mark.slow
 def test_prefill_derived_proofs_also_pass(
     standin: Any, tiny_dir: Path, reference: TorchBackend
 ) -> None:

@@ -91,6 +91,13 @@ _SAMPLING_DEFAULTS: dict[str, Any] = {
 class SamplingParams:
     """``vllm.SamplingParams``: the fields the backend sets or the processor checks."""
 
+    # The fields the tests read; __init__ sets every field of _SAMPLING_DEFAULTS.
+    temperature: float
+    stop_token_ids: list[int] | None
+    ignore_eos: bool
+    max_tokens: int
+    extra_args: dict[str, Any] | None
+
     def __init__(self, **kwargs: Any) -> None:
         unknown = set(kwargs) - set(_SAMPLING_DEFAULTS)
         if unknown:
@@ -191,7 +198,7 @@ class LLM:
         )
         torch.set_float32_matmul_precision(precision)
         causal_lm = AutoModelForCausalLM.from_pretrained(model, local_files_only=True)
-        self.model = StandinModel(causal_lm.eval())
+        self.model = StandinModel(causal_lm.eval())  # type: ignore[no-untyped-call]
         config = json.loads((self.model_dir / "config.json").read_text())
         self.eos_token_id = config.get("eos_token_id")
         self.prompt_len = _HostAndDevice(MAX_NUM_REQS)

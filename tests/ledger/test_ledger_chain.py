@@ -28,9 +28,9 @@ from rollnet.ledger import (
 )
 from rollnet.ledger.canonical import GENESIS_HASH, canonical_entry_bytes, chain_hash, datetime_to_us
 from rollnet.ledger.chain import public_key_bytes
+from rollnet.sdk.testing import NETWORK_ID
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-NETWORK = "rollnet-test"
 AddNodes = Callable[..., list[str]]
 
 
@@ -120,16 +120,16 @@ def test_signed_heads_are_idempotent_per_sequence_and_verify(
     (alice,) = add_nodes(1)
     key = Ed25519PrivateKey.generate()
     with sessions.begin() as session:
-        empty_head = sign_chain_head(session, key, NETWORK, now=T0)
+        empty_head = sign_chain_head(session, key, NETWORK_ID, now=T0)
         assert (empty_head.sequence, empty_head.head_hash) == (0, GENESIS_HASH)
         append_entries(session, [NewEntry(alice, EntryKind.CREDIT, 5)], now=T0)
-        head = sign_chain_head(session, key, NETWORK, now=T0)
-        again = sign_chain_head(session, key, NETWORK, now=T0 + timedelta(seconds=1))
+        head = sign_chain_head(session, key, NETWORK_ID, now=T0)
+        again = sign_chain_head(session, key, NETWORK_ID, now=T0 + timedelta(seconds=1))
     assert head == again
     assert head.sequence == 1
     assert head.signer_public_key == public_key_bytes(key)
     with sessions.begin() as session:
-        assert latest_signed_head(session, NETWORK) == head
+        assert latest_signed_head(session, NETWORK_ID) == head
         assert latest_signed_head(session, "other-network") is None
     pinned = verify_database(migrated_engine, pinned_key=public_key_bytes(key))
     assert pinned.ok, pinned.summary()

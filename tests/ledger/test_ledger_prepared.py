@@ -215,7 +215,9 @@ def test_heartbeats_store_times_as_sqlalchemy_does(
         nodes.record_heartbeats(session, [first], now=now)
         session.execute(update(table_of(Node)).where(_N.id == second).values(last_heartbeat_at=now))
     with sessions.begin() as session:
-        stored = dict(session.execute(select(_N.id, cast(_N.last_heartbeat_at, String))).all())
+        stored: dict[str, str] = dict(
+            session.execute(select(_N.id, cast(_N.last_heartbeat_at, String))).all()
+        )
     assert stored[first] == stored[second]
     if sessions.kw["bind"].dialect.name == "sqlite":
         assert stored[first] == "2026-01-01 00:00:05.000001"

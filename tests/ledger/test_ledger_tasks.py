@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -377,9 +377,9 @@ def test_a_large_demand_leaves_postgres_leasing_by_index(
         pytest.skip("PostgreSQL's planner statistics; SQLite plans this query by index anyway")
     with sessions.begin() as session:
         enqueue_tasks(session, _tasks(3000), now=T0)
-    candidate = _CANDIDATES[(True, True)].statement.params(
-        environments=["arithmetic"], min_step=0, limit=1
-    )
+    statement = _CANDIDATES[(True, True)].statement
+    assert isinstance(statement, Select)
+    candidate = statement.params(environments=["arithmetic"], min_step=0, limit=1)
     sql = candidate.compile(migrated_engine, compile_kwargs={"literal_binds": True})
     with sessions.begin() as session:
         plan = "\n".join(row[0] for row in session.execute(text(f"EXPLAIN {sql}")))

@@ -30,9 +30,9 @@ from rollnet.ledger.canonical import (
 )
 from rollnet.ledger.chain import public_key_bytes
 from rollnet.reference.cli import main
+from rollnet.sdk.testing import NETWORK_ID
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-NETWORK = "rollnet-test"
 ENTRIES = 60
 AddNodes = Callable[..., list[str]]
 
@@ -78,7 +78,7 @@ def ledger(
                 now=T0,
             )
             if batch in (0, 2):
-                sign_chain_head(session, key, NETWORK, now=T0)
+                sign_chain_head(session, key, NETWORK_ID, now=T0)
     return Ledger(url=db_url, engine=migrated_engine, coordinator_key=key, nodes=nodes)
 
 
@@ -230,10 +230,10 @@ def test_forged_head_is_caught(ledger: Ledger, capsys: pytest.CaptureFixture[str
         "INSERT INTO ledger_signed_heads"
         " (network_id, sequence, head_hash, signer_public_key, signature, signed_at)"
         " VALUES (:network, 40, :hash, :key, :signature, :at)",
-        network=NETWORK,
+        network=NETWORK_ID,
         hash=head_hash,
         key=public_key_bytes(forger),
-        signature=forger.sign(chain_head_message(NETWORK, 40, bytes(head_hash))),
+        signature=forger.sign(chain_head_message(NETWORK_ID, 40, bytes(head_hash))),
         at=T0,
     )
     code, output = run_cli(capsys, "ledger", "verify", "--db", ledger.url)

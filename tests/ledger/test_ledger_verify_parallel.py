@@ -13,9 +13,9 @@ from rollnet.ledger.canonical import GENESIS_HASH, chain_hash, chain_head_messag
 from rollnet.ledger.chain import public_key_bytes
 from rollnet.ledger.export_format import entry_line, header_line, signed_head_line
 from rollnet.ledger.verify import ExportFormatError, _read_header, _span_bounds, verify_export
+from rollnet.sdk.testing import NETWORK_ID
 
 COUNT = 3000
-NETWORK = "rollnet-test"
 
 
 def _write_export(path: Path, key: Ed25519PrivateKey) -> None:
@@ -52,11 +52,11 @@ def _write_export(path: Path, key: Ed25519PrivateKey) -> None:
         if sequence % 1000 == 0:
             heads.append(
                 signed_head_line(
-                    network_id=NETWORK,
+                    network_id=NETWORK_ID,
                     sequence=sequence,
                     head_hash=entry_hash,
                     signer_public_key=public_key_bytes(key),
-                    signature=key.sign(chain_head_message(NETWORK, sequence, entry_hash)),
+                    signature=key.sign(chain_head_message(NETWORK_ID, sequence, entry_hash)),
                     signed_at="2026-01-01T00:00:00+00:00",
                 )
             )

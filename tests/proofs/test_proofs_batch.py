@@ -104,7 +104,7 @@ def test_batched_proof_verification_isolates_bad_rollouts() -> None:
     fourth = results[3]
     assert not isinstance(fourth, toploc.ProofFormatError)
     assert fourth[0].unexplained_mismatches is None  # decided per rollout, not per batch
-    assert results[2][0].unexplained_mismatches == 0  # type: ignore[index]
+    assert results[2][0].unexplained_mismatches == 0
     # bf16 patterns mixed with floats take the per-rollout path and agree too.
     mixed = toploc.verify_proofs(proofs[2:3] * 2, [hidden[2], toploc.bf16_bits(hidden[2])])
     assert mixed[1] == toploc.verify_proof(proofs[2], toploc.bf16_bits(hidden[2]))

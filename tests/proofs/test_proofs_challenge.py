@@ -15,34 +15,36 @@ from rollnet.sdk.proofs import (
     sign_challenge,
     verify_challenge,
 )
+from rollnet.sdk.testing import NETWORK_ID
 
 COORDINATOR = Identity.from_seed(bytes(range(32, 64)))
 WORKER = Identity.from_seed(bytes(range(32)))
-NETWORK = "rollnet-test"
 BINDING = bytes(range(100, 132))
 
 
 def challenge_for(commitment_id: str, rollouts: int = 32, challenged: int = 8) -> bytes:
-    return sign_challenge(COORDINATOR.sign, NETWORK, commitment_id, BINDING, rollouts, challenged)
+    return sign_challenge(
+        COORDINATOR.sign, NETWORK_ID, commitment_id, BINDING, rollouts, challenged
+    )
 
 
 def test_challenge_verifies_with_the_coordinator_key_only() -> None:
     challenge = challenge_for("c-1")
     assert len(challenge) == 64
     key = COORDINATOR.public_key
-    assert verify_challenge(key, challenge, NETWORK, "c-1", BINDING, 32, 8)
+    assert verify_challenge(key, challenge, NETWORK_ID, "c-1", BINDING, 32, 8)
     # Any other commitment, batch, count or network: not this challenge.
-    assert not verify_challenge(key, challenge, NETWORK, "c-2", BINDING, 32, 8)
-    assert not verify_challenge(key, challenge, NETWORK, "c-1", bytes(32), 32, 8)
-    assert not verify_challenge(key, challenge, NETWORK, "c-1", BINDING, 31, 8)
-    assert not verify_challenge(key, challenge, NETWORK, "c-1", BINDING, 32, 7)
+    assert not verify_challenge(key, challenge, NETWORK_ID, "c-2", BINDING, 32, 8)
+    assert not verify_challenge(key, challenge, NETWORK_ID, "c-1", bytes(32), 32, 8)
+    assert not verify_challenge(key, challenge, NETWORK_ID, "c-1", BINDING, 31, 8)
+    assert not verify_challenge(key, challenge, NETWORK_ID, "c-1", BINDING, 32, 7)
     assert not verify_challenge(key, challenge, "rollnet-other", "c-1", BINDING, 32, 8)
     # A worker that knows everything it committed can sign the same message, but only with its
     # own key: what it computes is not the coordinator's challenge.
-    forged = sign_challenge(WORKER.sign, NETWORK, "c-1", BINDING, 32, 8)
+    forged = sign_challenge(WORKER.sign, NETWORK_ID, "c-1", BINDING, 32, 8)
     assert forged != challenge
-    assert not verify_challenge(key, forged, NETWORK, "c-1", BINDING, 32, 8)
-    assert not verify_challenge(key, challenge[:63], NETWORK, "c-1", BINDING, 32, 8)
+    assert not verify_challenge(key, forged, NETWORK_ID, "c-1", BINDING, 32, 8)
+    assert not verify_challenge(key, challenge[:63], NETWORK_ID, "c-1", BINDING, 32, 8)
 
 
 def test_challenge_is_deterministic_after_the_commitment() -> None:
@@ -89,8 +91,8 @@ def test_challenge_depends_on_state_that_did_not_exist_at_commitment() -> None:
 
 def test_message_refuses_a_count_out_of_range() -> None:
     with pytest.raises(ValueError, match="challenged rollouts 9"):
-        challenge_message(NETWORK, "c-1", BINDING, 8, 9)
-    assert not verify_challenge(COORDINATOR.public_key, bytes(64), NETWORK, "c-1", BINDING, 8, 9)
+        challenge_message(NETWORK_ID, "c-1", BINDING, 8, 9)
+    assert not verify_challenge(COORDINATOR.public_key, bytes(64), NETWORK_ID, "c-1", BINDING, 8, 9)
 
 
 def test_detection_probability() -> None:

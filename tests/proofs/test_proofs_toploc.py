@@ -9,6 +9,7 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,6 +85,7 @@ def test_a_kernel_built_from_another_source_is_not_loaded(tmp_path: Path) -> Non
         _field._Kernel(copy)
 
 
+@pytest.mark.slow
 def test_the_sdk_wheel_carries_the_kernel_for_any_python_3(tmp_path: Path) -> None:
     """A built wheel holds the kernel and its source, loads it, and is tagged ``py3-none``
     for this platform (the library uses no Python ABI)."""
@@ -148,7 +150,7 @@ def test_kernel_and_numpy_commit_identical_windows(
 ) -> None:
     """Whole windows (top-k with ties, moduli, interpolation, bytes) from either code path."""
     rng = np.random.default_rng(width)
-    rows = [
+    rows: list[np.ndarray[Any, Any]] = [
         rng.standard_normal(width).astype(np.float32),
         np.round(rng.standard_normal(width) * 4).astype(np.float32) / 4,  # many equal magnitudes
         np.ones(width, dtype=np.float32),  # every magnitude equal: the lowest indices win

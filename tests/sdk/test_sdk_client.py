@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import blake3
 import grpc
 import pytest
-from sdk_testing import NETWORK_ID, PlannedFailure, Swarm
+from sdk_testing import PlannedFailure, Swarm
 
 from rollnet.sdk import (
     BlobClient,
@@ -27,6 +27,7 @@ from rollnet.sdk import (
     from_rpc_error,
     method_path,
 )
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import blob_service_pb2, common_pb2, node_service_pb2
 
 POLICY = RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05, jitter=0.0)
@@ -201,7 +202,9 @@ async def test_upload_header_altered_after_signing_is_refused(swarm: Swarm) -> N
         yield blob_service_pb2.UploadBlobRequest(chunk=b"x").SerializeToString()
 
     async with grpc.aio.insecure_channel(swarm.target) as channel:
-        call = channel.stream_unary(method, request_serializer=None, response_deserializer=None)
+        call: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await call(stream(header(2)), metadata=headers.as_metadata(), timeout=5)
         error = from_rpc_error(info.value)

@@ -19,13 +19,12 @@ def test_no_sdk_module_reads_the_environment() -> None:
     readers = []
     for path in sorted(SDK.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            name = (
-                node.attr
-                if isinstance(node, ast.Attribute)
-                else node.id
-                if isinstance(node, ast.Name)
-                else None
-            )
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Name):
+                name = node.id
+            else:
+                continue
             if name in ("environ", "getenv", "environb", "putenv"):
                 readers.append(f"{path.relative_to(SDK)}:{node.lineno} {name}")
     assert readers == []

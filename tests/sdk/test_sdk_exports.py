@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import rollnet.sdk
 
 EXPORTS = [
@@ -123,6 +125,7 @@ def test_exports_snapshot() -> None:
         assert hasattr(rollnet.sdk, name), name
 
 
+@pytest.mark.slow
 def test_import_is_light() -> None:
     """Importing the SDK must not pull in torch, SQLAlchemy, vLLM or transformers."""
     code = (

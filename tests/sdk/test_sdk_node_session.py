@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select
-from swarm_testing import NETWORK, eventually, free_port
 
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
+from rollnet.reference import testing as reference_testing
 from rollnet.reference.checkpoints import publish_model_dir
-from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.nodes import NodeRegistry
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import (
@@ -30,6 +30,7 @@ from rollnet.sdk import (
     NodeReport,
     NodeSession,
 )
+from rollnet.sdk.testing import NETWORK_ID, free_port, wait_until
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
 
 FAST = Backoff(initial=0.1, maximum=0.4, jitter=0.0)
@@ -38,25 +39,22 @@ FAST = Backoff(initial=0.1, maximum=0.4, jitter=0.0)
 def coordinator_config(tmp_path: Path, database_url: str, **changes: Any) -> CoordinatorConfig:
     """Sub-second heartbeats, so commands arrive within a test."""
     settings: dict[str, Any] = {
-        "database_url": database_url,
-        "listen": "127.0.0.1:0",
-        "network_id": NETWORK,
         "heartbeat_interval": timedelta(seconds=0.3),
         "heartbeat_interval_min": timedelta(seconds=0.2),
         "heartbeat_interval_max": timedelta(seconds=2),
         "sweep_interval": timedelta(seconds=0.2),
         "suspect_after_missed": 10.0,
         "offline_after_missed": 20.0,
+        **changes,
     }
-    settings.update(changes)
-    return with_overrides(load_config(tmp_path / "coordinator"), **settings)
+    return reference_testing.coordinator_config(tmp_path / "coordinator", database_url, **settings)
 
 
 def node_config(address: str, role: common_pb2.Role.ValueType, **changes: Any) -> NodeConfig:
     settings: dict[str, Any] = {
         "target": address,
         "role": role,
-        "network_id": NETWORK,
+        "network_id": NETWORK_ID,
         "call_timeout": 5.0,
         "backoff": FAST,
         "deregister_timeout": 3.0,
@@ -100,10 +98,10 @@ async def test_registers_follows_the_granted_interval_and_stops_cleanly(
         assert session.coordinator_public_key == coordinator.ctx.identity.public_key
         assert stored_node(db_url, identity.node_id) == (NodeRole.WORKER, NodeState.PENDING)
         # The first heartbeat makes the node ACTIVE, and its reply grants the interval asked for.
-        await eventually(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
+        await wait_until(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
         assert stored_node(db_url, identity.node_id) == (NodeRole.WORKER, NodeState.ACTIVE)
         assert session.heartbeat_interval == pytest.approx(1.0)
-        await eventually(lambda: session.heartbeats_ok >= 3, within=20, what="more heartbeats")
+        await wait_until(lambda: session.heartbeats_ok >= 3, within=20, what="more heartbeats")
         assert not session.stopping
         assert session.fatal is None
         session.request_stop()
@@ -139,7 +137,7 @@ async def test_drain_command_stops_the_session(
             node_service_pb2.EjectNodeRequest(node_id=validator.node_id, reason="drain test")
         )
         # The next heartbeat carries a DrainCommand: the session stops by itself.
-        await eventually(lambda: session.stopping, within=20, what="the drain command")
+        await wait_until(lambda: session.stopping, within=20, what="the drain command")
         assert any("drain_commanded" in r.getMessage() for r in caplog.records)
         assert session.fatal is None
         # An ejected node may not deregister: that refusal is for good.
@@ -159,7 +157,7 @@ async def test_registers_again_when_told_to(tmp_path: Path, sqlite_url: str) -> 
     session = NodeSession(node_config(coordinator.address, common_pb2.ROLE_WORKER), identity)
     try:
         assert await session.start()
-        await eventually(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
+        await wait_until(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
         # The registration disappears behind the session's back (the same key deregisters).
         await session.client.nodes.deregister_node(
             node_service_pb2.DeregisterNodeRequest(reason="behind its back")
@@ -169,7 +167,7 @@ async def test_registers_again_when_told_to(tmp_path: Path, sqlite_url: str) -> 
             NodeState.DEREGISTERED,
         )
         # A heartbeat answers with a ReregisterCommand; the session registers again.
-        await eventually(
+        await wait_until(
             lambda: (
                 stored_node(sqlite_url, identity.node_id) == (NodeRole.WORKER, NodeState.ACTIVE)
             ),
@@ -279,7 +277,7 @@ async def test_refusals_for_good_stop_the_session(tmp_path: Path, sqlite_url: st
         await admin.client.nodes.ban_node(
             node_service_pb2.BanNodeRequest(node_id=allowed.node_id, reason="ban test")
         )
-        await eventually(lambda: session.fatal is not None, within=20, what="the ban to land")
+        await wait_until(lambda: session.fatal is not None, within=20, what="the ban to land")
         assert session.stopping
         assert session.fatal is not None
         assert session.fatal.reason == ErrorReason.NODE_BANNED
@@ -377,7 +375,7 @@ async def test_backs_off_while_the_coordinator_is_unreachable(
     starting = asyncio.create_task(session.start())
     coordinator = None
     try:
-        await eventually(lambda: len(delays()) >= 5, within=30, what="five retries")
+        await wait_until(lambda: len(delays()) >= 5, within=30, what="five retries")
         assert not starting.done()
         # Without jitter the waits double from `initial` up to `maximum`, then stay there.
         assert delays()[:5] == [0.1, 0.2, 0.4, 0.4, 0.4]
@@ -391,7 +389,7 @@ async def test_backs_off_while_the_coordinator_is_unreachable(
             node_config(f"127.0.0.1:{free_port()}", common_pb2.ROLE_WORKER), Identity.generate()
         )
         trying = asyncio.create_task(unreachable.start())
-        await eventually(lambda: len(delays()) >= 7, within=30, what="retries of the second")
+        await wait_until(lambda: len(delays()) >= 7, within=30, what="retries of the second")
         unreachable.request_stop()
         assert await asyncio.wait_for(trying, 5) is False
         assert unreachable.fatal is None
@@ -405,9 +403,7 @@ async def test_backs_off_while_the_coordinator_is_unreachable(
 
 
 @pytest.mark.timeout(180)
-async def test_a_trainer_lives_its_session(
-    tmp_path: Path, db_url: str, tiny_model_dir: Path
-) -> None:
+async def test_a_trainer_lives_its_session(tmp_path: Path, db_url: str, tiny_model: Path) -> None:
     trainer = Identity.generate()
     config = coordinator_config(tmp_path, db_url, trainers=frozenset({trainer.node_id}))
     coordinator = await start_coordinator(config)
@@ -419,7 +415,7 @@ async def test_a_trainer_lives_its_session(
             await session.call(
                 "publish",
                 lambda: publish_model_dir(
-                    session.client, trainer, tiny_model_dir, 1, NETWORK, shard_size=1 << 20
+                    session.client, trainer, tiny_model, 1, NETWORK_ID, shard_size=1 << 20
                 ),
             )
             response = await session.call(
@@ -436,7 +432,7 @@ async def test_a_trainer_lives_its_session(
                 ),
             )
             assert len(response.task_ids) == 2
-            await eventually(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
+            await wait_until(lambda: session.heartbeats_ok >= 1, within=20, what="a heartbeat")
             assert stored_node(db_url, trainer.node_id) == (NodeRole.TRAINER, NodeState.ACTIVE)
         # Leaving the block deregistered it.
         assert stored_node(db_url, trainer.node_id) == (NodeRole.TRAINER, NodeState.DEREGISTERED)
@@ -448,10 +444,3 @@ async def test_a_trainer_lives_its_session(
                 raise AssertionError("entered without a registration")
     finally:
         await coordinator.stop(grace=0.5)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollnet.reference.model.tiny import init_tiny_model
-
-    return init_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import structlog
 
 from rollnet.reference.coordinator.config import load_config, with_overrides
@@ -16,6 +17,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 README = Path(__file__).resolve().parents[2] / "sdk" / "README.md"
 
 
+@pytest.mark.slow
 async def test_the_sdk_readme_example_runs(tmp_path: Path) -> None:
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
     assert code is not None

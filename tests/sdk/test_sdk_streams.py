@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from sdk_testing import NETWORK_ID
 
 from rollnet.sdk import (
     ConnectionConfig,
@@ -21,6 +20,7 @@ from rollnet.sdk import (
     default_method_policy,
     open_channel,
 )
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     common_pb2,
     rollout_pb2,

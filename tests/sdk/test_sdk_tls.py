@@ -10,7 +10,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from sdk_testing import NETWORK_ID, NodeServicer
+from sdk_testing import NodeServicer
 
 from rollnet.sdk import (
     ConnectionConfig,
@@ -23,6 +23,7 @@ from rollnet.sdk import (
     default_method_policy,
     open_channel,
 )
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import common_pb2, node_service_pb2, node_service_pb2_grpc
 
 

@@ -9,6 +9,7 @@ other drift: the script changed (or the SDK's bytes did) and the file was not re
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def bf16_array(values: list[str], rows: int, hidden: int) -> np.ndarray[Any, Any
     return np.array([int(v, 16) for v in values], dtype=np.uint16).reshape(rows, hidden)
 
 
+@pytest.mark.slow
 def test_the_file_is_what_the_script_writes() -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=300
@@ -132,9 +134,9 @@ def test_request_signing(vectors: dict[str, Any]) -> None:
             == expected
         )
         seconds = int(case["x_rollnet_timestamp"]) / 1000
-        headers = RequestSigner(identity, case["audience"], clock=lambda s=seconds: s).sign(
-            case["method"], body, nonce=bytes.fromhex(case["x_rollnet_nonce"])
-        )
+        headers = RequestSigner(
+            identity, case["audience"], clock=functools.partial(float, seconds)
+        ).sign(case["method"], body, nonce=bytes.fromhex(case["x_rollnet_nonce"]))
         assert headers.key == case["x_rollnet_key"]
         assert headers.signature == case["x_rollnet_signature"]
         signature = b64url_decode(case["x_rollnet_signature"])

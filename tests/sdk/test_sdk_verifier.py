@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sdk_testing import NETWORK_ID, Swarm
+from sdk_testing import Swarm
 
 from rollnet.sdk import (
     AUDIENCE_HEADER,
@@ -33,6 +33,7 @@ from rollnet.sdk import (
     signing_interceptors,
 )
 from rollnet.sdk.identity import b64url_encode
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.verifier import NonceCacheFull
 from rollnet.v1 import common_pb2, node_service_pb2
 
@@ -47,7 +48,9 @@ async def raw_call(
 ) -> bytes:
     """Send exact bytes and headers on an unsigned channel; raise the typed error on failure."""
     async with grpc.aio.insecure_channel(swarm.target) as channel:
-        call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
         try:
             response: bytes = await call(body, metadata=tuple(metadata), timeout=5)
         except grpc.aio.AioRpcError as exc:
@@ -273,7 +276,7 @@ async def test_banned_key_is_refused(swarm: Swarm) -> None:
     assert info.value.reason == ErrorReason.NODE_BANNED
 
 
-class Recorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class Recorder(grpc.aio.UnaryUnaryClientInterceptor):
     """Records the metadata and request bytes of each call, as sent after signing."""
 
     def __init__(self) -> None:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from rollnet.reference.trainer.policy import TrainingSequence
 
-def batch(vocab: int) -> list:
+
+def batch(vocab: int) -> list[TrainingSequence]:
     from rollnet.reference.trainer.policy import TrainingSequence
 
     draw = random.Random(7)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from swarm_testing import free_port
+
+from rollnet.sdk.testing import free_port
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 

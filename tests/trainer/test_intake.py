@@ -38,7 +38,9 @@ def _intake(bound: int, batch: int = 2, state: IntakeState | None = None) -> Rol
     )
 
 
-def _group(start: int, name: str, checkpoint: int, rewards: list[float]) -> list:
+def _group(
+    start: int, name: str, checkpoint: int, rewards: list[float]
+) -> list[rollout_pb2.AcceptedRollout]:
     return [_rollout(start + i, name, checkpoint, r) for i, r in enumerate(rewards)]
 
 
@@ -156,7 +158,7 @@ def test_a_restart_resumes_without_losing_or_repeating_a_rollout() -> None:
     replay = [r for r in [*stream, *_group(9, "c", 1, SIGNAL)[2:]] if r.sequence > 4]
     for rollout in replay:
         second.offer(rollout, 1)
-    got = []
+    got: list[str] = []
     while (taken := second.take_batch(1)) is not None:
         got.extend(g.group_id for g in taken)
     assert got == ["b", "c"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rollnet.reference.trainer.advantages import group_advantages, has_signal
-from rollnet.reference.trainer.loss import LossConfig, policy_loss
+from rollnet.reference.trainer.loss import LossConfig, LossResult, policy_loss
 
 
 def _case(
@@ -26,9 +26,11 @@ def _case(
     }
 
 
-def _loss_and_grad(config: LossConfig, case: dict[str, torch.Tensor], tokens: float) -> tuple:
+def _loss_and_grad(
+    config: LossConfig, case: dict[str, torch.Tensor], tokens: float
+) -> tuple[LossResult, list[float]]:
     result = policy_loss(config, total_loss_tokens=tokens, **case)
-    result.loss.backward()
+    result.loss.backward()  # type: ignore[no-untyped-call]
     grad = case["logprobs"].grad
     assert grad is not None
     return result, grad.tolist()
@@ -121,7 +123,7 @@ def test_kl_to_reference_and_entropy_bonus() -> None:
     result = policy_loss(
         config, total_loss_tokens=2, entropy=entropy, reference_logprobs=reference, **case
     )
-    result.loss.backward()
+    result.loss.backward()  # type: ignore[no-untyped-call]
     deltas = [-0.5, 0.5]  # reference − logπ
     k3 = [math.exp(d) - d - 1 for d in deltas]
     assert result.loss.item() == pytest.approx((0.1 * sum(k3) - 0.01 * 3.0) / 2)

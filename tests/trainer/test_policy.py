@@ -31,7 +31,7 @@ def test_recomputed_behaviour_logprobs_match_the_sampler(
         for g in generations
     ]
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    policy = PolicyForward(model.eval())
+    policy = PolicyForward(model.eval())  # type: ignore[no-untyped-call]
     # Sequences of different lengths in one padded micro-batch, and one at a time.
     for size in (3, 1):
         recomputed = behaviour_logprobs(policy, sequences, 1, torch.device("cpu"), size)

@@ -14,19 +14,13 @@ import json
 from pathlib import Path
 
 import pytest
-from swarm_testing import connect, eventually
-from trainer_testing import (
-    alive,
-    coordinator_config,
-    kill_tree,
-    spawn_trainer,
-    validator,
-    worker,
-)
+from trainer_testing import alive, coordinator_config, kill_tree, spawn_trainer
 
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.testing import in_process_validator, in_process_worker
 from rollnet.reference.trainer.metrics import read_jsonl
 from rollnet.sdk import Identity, RollnetError
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import checkpoint_service_pb2
 
 STEPS = 4
@@ -81,14 +75,14 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
     config.write_text(CONFIG)
     data_dir = tmp_path / "trainer"
     log = tmp_path / "trainer.log"
-    node, generator = worker(address, tmp_path / "worker")
-    check = validator(address, tmp_path / "validator", checker)
+    node, generator = in_process_worker(address, tmp_path / "worker")
+    check = in_process_validator(address, tmp_path / "validator", checker)
     running = [asyncio.create_task(node.run()), asyncio.create_task(check.run())]
     process = spawn_trainer(
         address, trainer_key, tiny_model, data_dir, config, log, processes=processes
     )
     try:
-        await eventually(
+        await wait_until(
             lambda: _committed_step(data_dir) >= 2 or process.poll() is not None,
             within=180,
             what="the trainer to commit step 2",
@@ -96,7 +90,7 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
         assert process.poll() is None, log.read_text()[-3000:]
         killed = kill_tree(process)
         # torchrun's workers too: a survivor would go on training beside the restarted trainer.
-        await eventually(
+        await wait_until(
             lambda: not alive(killed), within=30, what="the trainer's processes to die"
         )
         killed_at = _committed_step(data_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from validator_testing import NETWORK, seal_job
+from validator_testing import seal_job
 
 from rollnet.reference.adversary import Cheat, CheatingGenerator
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
@@ -32,6 +32,7 @@ from rollnet.sdk.proofs import (
     detection_probability,
     sign_challenge,
 )
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -71,12 +72,12 @@ async def honest_job(root: Path) -> tuple[validation_pb2.ValidationJob, bytes]:
         checkpoint_step=1,
     )
     lease = task_pb2.Lease(lease_id="lease-1", fencing_token=1)
-    store = CheckpointStore(root / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(root / "checkpoints", network_id=NETWORK_ID)
     generator = CheatingGenerator(Cheat.PROOF_REUSED, store)  # generates honestly
     context = LeaseContext(
         task=task,
         lease=lease,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         node_id="node-1",
         client=cast(RollnetClient, None),
         deadline=time.monotonic() + 600,
@@ -119,10 +120,13 @@ def altered(
     tokens[position] = (tokens[position] + 1) % vocab
     rollouts[index].ClearField("completion_token_ids")
     rollouts[index].completion_token_ids.extend(tokens)
-    lease = LeaseBinding(NETWORK, batch.node_id, batch.task_id, batch.lease_id, batch.fencing_token)
+    lease = LeaseBinding(
+        NETWORK_ID, batch.node_id, batch.task_id, batch.lease_id, batch.fencing_token
+    )
     return seal_job(job.task, lease, rollouts)
 
 
+@pytest.mark.slow
 async def test_only_the_challenged_rollouts_are_prefilled(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:
@@ -155,6 +159,7 @@ async def test_only_the_challenged_rollouts_are_prefilled(
     ]
 
 
+@pytest.mark.slow
 async def test_a_challenge_the_coordinator_did_not_sign_gives_no_verdict(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:
@@ -174,6 +179,7 @@ async def test_a_challenge_the_coordinator_did_not_sign_gives_no_verdict(
         validate_job(moved, blob, checkpoint, environments, COORDINATOR.public_key)
 
 
+@pytest.mark.slow
 async def test_one_bad_rollout_of_n_is_caught_at_the_challenge_rate(
     model: tuple[Path, CheckpointModel], environments: EnvironmentCache
 ) -> None:

@@ -10,24 +10,19 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from validator_testing import (
-    NETWORK,
-    Ledger,
-    coordinator_config_for,
-    eventually,
-    honest_worker,
-    in_process_validator,
-    request_tasks,
-    start_trainer,
-)
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, request_tasks, start_trainer
 
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.testing import in_process_validator, in_process_worker
 from rollnet.reference.validator import Validator, ValidatorConfig, ValidatorFatalError
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Backoff
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_bfloat16_work_is_validated_in_bfloat16_and_accepted(
     tmp_path: Path, sqlite_url: str, tiny_model: Path
 ) -> None:
@@ -38,13 +33,13 @@ async def test_bfloat16_work_is_validated_in_bfloat16_and_accepted(
     address = coordinator.address
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    worker, generator = honest_worker(address, tmp_path / "worker", dtype="bfloat16")
+    worker, generator = in_process_worker(address, tmp_path / "worker", dtype="bfloat16")
     validator = in_process_validator(address, tmp_path / "validator", identity)
     working = asyncio.create_task(worker.run())
     validating = asyncio.create_task(validator.run())
     try:
         await request_tasks(trainer_client, 2)
-        await eventually(lambda: validator.verdicts_submitted == 2, within=120, what="two verdicts")
+        await wait_until(lambda: validator.verdicts_submitted == 2, within=120, what="two verdicts")
         verdicts = ledger.verdicts_by_node()[worker.node_id]
         assert [(accepted, reasons) for accepted, reasons, _ in verdicts] == [(True, ())] * 2
         assert ledger.balance(worker.node_id, "credit") > 0
@@ -71,7 +66,7 @@ async def test_a_validator_that_cannot_run_the_networks_dtype_is_refused(
     config = ValidatorConfig(
         target=coordinator.address,
         data_dir=tmp_path / "validator",
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         dtypes=("float32",),
         backoff=Backoff(initial=0.1, maximum=0.5),
     )

@@ -23,13 +23,9 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from swarm_testing import Ledger
 from validator_testing import (
-    NETWORK,
-    Ledger,
     coordinator_config_for,
-    eventually,
-    free_port,
-    in_process_validator,
     request_tasks,
     rollnet,
     spawn,
@@ -40,7 +36,9 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.adversary import CHEATS, Cheat, build_cheating_worker
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.testing import in_process_validator
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, free_port, wait_until
 from rollnet.sdk.worker import Backoff, WorkerConfig, WorkerFatalError
 
 EJECT_AFTER = 2
@@ -78,7 +76,7 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
     trainer_client = await start_trainer(address, trainer, tiny_model)
     processes: list[subprocess.Popen[bytes]] = []
     cheaters: dict[Cheat, tuple[Identity, subprocess.Popen[bytes] | asyncio.Task[None]]] = {}
-    common = ["--coordinator", address, "--network-id", NETWORK, "--pull-wait", "1"]
+    common = ["--coordinator", address, "--network-id", NETWORK_ID, "--pull-wait", "1"]
     validator_in_process = in_process_validator(address, tmp_path / "v2", second)
     validating = asyncio.create_task(validator_in_process.run())
 
@@ -118,7 +116,7 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
                 WorkerConfig(
                     target=address,
                     data_dir=tmp_path / cheat.value,
-                    network_id=NETWORK,
+                    network_id=NETWORK_ID,
                     pull_wait=1.0,
                     backoff=Backoff(initial=0.1, maximum=1.0),
                     drain_timeout=5.0,
@@ -161,7 +159,7 @@ async def test_honest_work_is_credited_and_every_cheater_is_ejected(
             judging = set(ledger.verdicts_by_validator()) == {validator.node_id, second.node_id}
             return ejected and judging and len(verdicts.get(honest.node_id, [])) >= 2
 
-        await eventually(
+        await wait_until(
             progress, within=240, what="every cheater ejected, honest work judged by both"
         )
 

@@ -21,19 +21,15 @@ from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
-from validator_testing import (
-    Ledger,
-    coordinator_config_for,
-    eventually,
-    honest_worker,
-    in_process_validator,
-    start_trainer,
-)
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, start_trainer
 
 from rollnet.ledger.enums import TaskState
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.reference.testing import in_process_validator, in_process_worker
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import wait_until
 from rollnet.v1 import common_pb2, rollout_service_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
@@ -102,7 +98,7 @@ async def test_the_pipeline_runs_validates_and_credits(
     coordinator = await start_coordinator(config)
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(coordinator.address, trainer, model)
-    worker, generator = honest_worker(coordinator.address, tmp_path / "worker")
+    worker, generator = in_process_worker(coordinator.address, tmp_path / "worker")
     validator = in_process_validator(
         coordinator.address, tmp_path / "validator", validator_identity
     )
@@ -125,7 +121,7 @@ async def test_the_pipeline_runs_validates_and_credits(
             timeout=300,
         )
         assert len(response.task_ids) == 2
-        await eventually(
+        await wait_until(
             lambda: ledger.tasks_in(TaskState.ACCEPTED) == 2,
             within=400,
             what="both tasks accepted",

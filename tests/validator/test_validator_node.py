@@ -9,12 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from validator_testing import NETWORK, Ledger, coordinator_config_for, eventually
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for
 
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.validator import Validator, ValidatorConfig, ValidatorFatalError
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Backoff
 
 
@@ -28,7 +30,7 @@ async def test_a_key_off_the_allow_list_is_refused(tmp_path: Path, sqlite_url: s
     config = ValidatorConfig(
         target=coordinator.address,
         data_dir=tmp_path / "validator",
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         backoff=Backoff(initial=0.1, maximum=0.5),
     )
     try:
@@ -40,7 +42,7 @@ async def test_a_key_off_the_allow_list_is_refused(tmp_path: Path, sqlite_url: s
         # The allowed key registers, idles, and deregisters when asked to stop.
         validator = Validator(config, allowed)
         running = asyncio.create_task(validator.run())
-        await eventually(
+        await wait_until(
             lambda: ledger.node_state(allowed.node_id) is not None, within=20, what="registration"
         )
         validator.request_stop()

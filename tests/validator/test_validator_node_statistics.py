@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from validator_testing import (
-    NETWORK,
-    Ledger,
-    coordinator_config_for,
-    eventually,
-    in_process_validator,
-    request_tasks,
-    start_trainer,
-)
+from swarm_testing import Ledger
+from validator_testing import coordinator_config_for, request_tasks, start_trainer
 
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.models import Node, NodeStatistics
@@ -29,10 +22,12 @@ from rollnet.reference.adversary.cheats import _LOAD_LOCK
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.inference.base import DType
 from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.testing import in_process_validator
 from rollnet.reference.worker import InferenceGenerator
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.statistics import BFLOAT16_POLICY
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Backoff, Worker, WorkerConfig, WorkerFatalError
 
 STEERING_BUDGET = 20_000
@@ -88,13 +83,13 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
     address = coordinator.address
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    store = CheckpointStore(tmp_path / "honest" / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(tmp_path / "honest" / "checkpoints", network_id=NETWORK_ID)
     generator = InferenceGenerator(SerializedLoadBackend, store, dtype="bfloat16")
     honest = Worker(
         WorkerConfig(
             target=address,
             data_dir=tmp_path / "honest",
-            network_id=NETWORK,
+            network_id=NETWORK_ID,
             dtypes=("bfloat16",),
             pull_wait=1.0,
             backoff=Backoff(initial=0.1, maximum=1.0),
@@ -108,7 +103,7 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
         WorkerConfig(
             target=address,
             data_dir=tmp_path / "steering",
-            network_id=NETWORK,
+            network_id=NETWORK_ID,
             dtypes=("bfloat16",),
             pull_wait=1.0,
             backoff=Backoff(initial=0.1, maximum=1.0),
@@ -132,7 +127,7 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
                 assert not task.done(), task
             return ledger.node_state(steering_identity.node_id) is NodeState.EJECTED
 
-        await eventually(flagged, within=540, what="the steering worker flagged and ejected")
+        await wait_until(flagged, within=540, what="the steering worker flagged and ejected")
         steered = evidence(ledger, steering_identity.node_id)
         assert steered is not None
         tokens, losses, wins, test = steered
@@ -151,7 +146,7 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
             await asyncio.wait_for(steering_run, 60)
 
         # The honest worker: statistics accumulated, no near-tie loss, not flagged.
-        await eventually(
+        await wait_until(
             lambda: (evidence(ledger, honest.node_id) or (0,))[0] > 0,
             within=120,
             what="statistics of the honest worker",

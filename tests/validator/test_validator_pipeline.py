@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -14,7 +14,7 @@ from typing import Any, cast
 import blake3
 import numpy as np
 import pytest
-from validator_testing import NETWORK, seal_job
+from validator_testing import seal_job
 
 from rollnet.reference.adversary import CHEATS, NODE_STATISTICS, Cheat, CheatingGenerator
 from rollnet.reference.envs import RewardBreakdown, RewardResult
@@ -32,6 +32,7 @@ from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.proofs import FLOAT32, LeaseBinding, derive_sampling_seed, token_logprobs
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -95,13 +96,13 @@ async def generate(
     task = make_task(number, environment, config)
     lease_pb = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
     # The generator finds checkpoint 1 in its store, so it never needs the client.
-    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK_ID)
     # PROOF_REUSED cheats only when sealing, so its generator is the honest one.
     generator = CheatingGenerator(cheat or Cheat.PROOF_REUSED, store)
     context = LeaseContext(
         task=task,
         lease=lease_pb,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         node_id=f"node-{number}",
         client=cast(RollnetClient, None),
         deadline=time.monotonic() + 600,
@@ -117,6 +118,7 @@ def judge(bench: Bench, job: validation_pb2.ValidationJob, blob: bytes) -> Any:
     return validate_job(job, blob, bench.model, bench.environments)
 
 
+@pytest.mark.slow
 async def test_honest_batch_is_accepted_with_figures(bench: Bench) -> None:
     task, lease, rollouts = await generate(bench, None)
     job, blob = seal_job(task, lease, rollouts)
@@ -156,6 +158,7 @@ async def test_honest_batch_is_accepted_with_figures(bench: Bench) -> None:
     assert request.validated_work.decode_tokens == outcome.decode_tokens
 
 
+@pytest.mark.slow
 async def test_math_jobs_are_scored_off_the_main_thread(bench: Bench) -> None:
     # Worker and validator both compute rewards on threads, where math-verify's time limit
     # (SIGALRM) cannot work: the reward sandbox scores them in a child process instead.
@@ -168,6 +171,7 @@ async def test_math_jobs_are_scored_off_the_main_thread(bench: Bench) -> None:
     assert all(c.figures["verifier_failed"] == 0.0 for c in rewards)
 
 
+@pytest.mark.slow
 async def test_rollouts_failing_another_check_are_not_scored(bench: Bench) -> None:
     # Their completions are text the worker chose: the verifier never sees them.
     task, lease, rollouts = await generate(bench, Cheat.TOKEN_ALTERED)
@@ -186,6 +190,7 @@ async def test_rollouts_failing_another_check_are_not_scored(bench: Bench) -> No
     "cheat",
     [c for c in Cheat if c is not Cheat.PROOF_REUSED and CHEATS[c].caught_by != NODE_STATISTICS],
 )
+@pytest.mark.slow
 async def test_every_cheat_is_rejected_by_its_check(bench: Bench, cheat: Cheat) -> None:
     task, lease, rollouts = await generate(bench, cheat)
     job, blob = seal_job(task, lease, rollouts)
@@ -196,6 +201,7 @@ async def test_every_cheat_is_rejected_by_its_check(bench: Bench, cheat: Cheat) 
     assert outcome.reject_reason == first.reason != ""
 
 
+@pytest.mark.slow
 async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> None:
     task, lease, rollouts = await generate(bench, None)
     other = LeaseBinding(lease.network_id, lease.node_id, lease.task_id, "another-lease", 1)
@@ -205,6 +211,7 @@ async def test_proof_reused_under_another_lease_fails_binding(bench: Bench) -> N
     assert outcome.reject_reason == "COMMITMENT_DIGEST_MISMATCH"
 
 
+@pytest.mark.slow
 async def test_rollouts_rebound_to_another_task_fail_sampling(bench: Bench) -> None:
     # Another node's valid tokens and proofs, re-signed for the thief's own lease on another
     # task with the same prompts (a fresh copy after a reject, another demand) with that task's
@@ -223,6 +230,7 @@ async def test_rollouts_rebound_to_another_task_fail_sampling(bench: Bench) -> N
     assert outcome.reject_reason == "TOKEN_NOT_SAMPLED"
 
 
+@pytest.mark.slow
 async def test_tampered_blob_and_batch_are_rejected_before_the_model(bench: Bench) -> None:
     task, lease, rollouts = await generate(bench, None)
     job, blob = seal_job(task, lease, rollouts)
@@ -297,6 +305,7 @@ async def test_oversized_rollouts_are_refused_from_their_lengths(bench: Bench) -
     assert all(c.passed for c in outcome.checks if c.rollout_index >= 2)
 
 
+@pytest.mark.slow
 async def test_a_job_whose_environment_cannot_be_rebuilt_here_is_not_judged(
     bench: Bench,
 ) -> None:
@@ -340,7 +349,7 @@ async def test_behaviour_logprobs_the_trainer_will_use_are_checked(bench: Bench)
     errors = [c.figures["max_abs_error"] for c in logprobs]
     assert len(errors) == len(honest)
     assert max(errors) <= 1e-5  # fp32: the largest honest drift measured is 6.2e-7
-    cases = {
+    cases: dict[str, list[Callable[[rollout_pb2.Rollout], None]]] = {
         "LOGPROBS_MALFORMED": [
             lambda r: r.behaviour_logprobs.__setitem__(1, float("nan")),
             lambda r: r.behaviour_logprobs.append(-1.0),
@@ -522,6 +531,7 @@ async def test_a_claim_of_the_unverifiable_reward_is_not_slashed(
 
 
 @pytest.mark.usefixtures("sandbox_host")
+@pytest.mark.slow
 async def test_code_rewards_are_recomputed_in_the_sandbox_and_a_differing_claim_rejected(
     bench: Bench,
 ) -> None:

@@ -11,13 +11,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from swarm_testing import Ledger
 from validator_testing import (
-    NETWORK,
-    Ledger,
     coordinator_config_for,
-    eventually,
-    honest_worker,
-    in_process_validator,
     request_tasks,
     rollnet,
     spawn,
@@ -28,7 +24,9 @@ from validator_testing import (
 from rollnet.ledger.enums import NodeState, ValidationJobState
 from rollnet.ledger.models import ValidationJob
 from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.testing import in_process_validator, in_process_worker
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 
 
 @pytest.mark.slow
@@ -44,7 +42,7 @@ async def test_sigkilled_validator_job_completes_on_restart(
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
     # An honest worker in this process commits one task, then stops.
-    worker, generator = honest_worker(address, tmp_path / "worker")
+    worker, generator = in_process_worker(address, tmp_path / "worker")
     running = asyncio.create_task(worker.run())
     key = tmp_path / "validator.key"
     validator.save(key)
@@ -57,20 +55,20 @@ async def test_sigkilled_validator_job_completes_on_restart(
         "--data-dir",
         str(tmp_path / "validator"),
         "--network-id",
-        NETWORK,
+        NETWORK_ID,
         "--pull-wait",
         "1",
     )
     first = second = None
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         [commitment_id] = ledger.commitment_ids()
 
         first = spawn(command, tmp_path / "validator-1.log")
-        await eventually(
+        await wait_until(
             lambda: ledger.jobs_in(ValidationJobState.LEASED) == 1,
             within=60,
             what="the validator leasing the job",
@@ -81,7 +79,7 @@ async def test_sigkilled_validator_job_completes_on_restart(
         assert ledger.verdicts_per_commitment() == {}, "the verdict landed before the kill"
 
         second = spawn(command, tmp_path / "validator-2.log")
-        await eventually(
+        await wait_until(
             lambda: ledger.verdicts_per_commitment() == {commitment_id: 1},
             within=90,
             what="the restarted validator's verdict",
@@ -118,8 +116,8 @@ async def test_a_job_the_validator_cannot_check_is_abandoned_not_fatal(
     # again, and the commitment gets exactly one verdict.
     from rollnet.reference.envs import SandboxError
     from rollnet.reference.validator import node as validator_node
+    from rollnet.reference.validator.pipeline import validate_job as real
 
-    real = validator_node.validate_job
     calls = 0
 
     def flaky(*args: Any) -> Any:
@@ -137,15 +135,15 @@ async def test_a_job_the_validator_cannot_check_is_abandoned_not_fatal(
     address = coordinator.address
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    worker, generator = honest_worker(address, tmp_path / "worker")
+    worker, generator = in_process_worker(address, tmp_path / "worker")
     validator = in_process_validator(address, tmp_path / "validator", identity)
     working = asyncio.create_task(worker.run())
     validating = asyncio.create_task(validator.run())
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         [commitment_id] = ledger.commitment_ids()
-        await eventually(
+        await wait_until(
             lambda: ledger.verdicts_per_commitment() == {commitment_id: 1},
             within=60,
             what="the verdict after the abandoned attempt",
@@ -184,12 +182,12 @@ async def test_a_stop_does_not_wait_forever_for_a_jobs_inputs(
     address = coordinator.address
     ledger = Ledger(sqlite_url)
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    worker, generator = honest_worker(address, tmp_path / "worker")
+    worker, generator = in_process_worker(address, tmp_path / "worker")
     working = asyncio.create_task(worker.run())
     validator = None
     try:
         await request_tasks(trainer_client, 1)
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="a commitment")
         worker.request_stop()
         await asyncio.wait_for(working, 30)
         fetching = asyncio.Event()

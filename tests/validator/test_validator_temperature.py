@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
-from validator_testing import NETWORK, seal_job
+from validator_testing import seal_job
 
 from rollnet.reference.adversary import Cheat, CheatingGenerator
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
@@ -28,6 +28,7 @@ from rollnet.reference.worker import InferenceGenerator
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.client import RollnetClient
 from rollnet.sdk.proofs import BFLOAT16
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
@@ -77,7 +78,7 @@ async def generate(
         compute_dtype=common_pb2.COMPUTE_DTYPE_BFLOAT16,
     )
     lease = task_pb2.Lease(lease_id=f"lease-{number}", fencing_token=1)
-    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(bench.root / "checkpoints", network_id=NETWORK_ID)
     generator: InferenceGenerator
     if cheat is None:
         generator = InferenceGenerator(TorchBackend, store, dtype="bfloat16")
@@ -87,7 +88,7 @@ async def generate(
     context = LeaseContext(
         task=task,
         lease=lease,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         node_id=f"node-{number}",
         client=cast(RollnetClient, None),
         deadline=time.monotonic() + 600,

@@ -11,21 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from validator_testing import (
-    NETWORK,
-    coordinator_config_for,
-    eventually,
-    in_process_validator,
-    request_tasks,
-    start_trainer,
-)
+from validator_testing import coordinator_config_for, request_tasks, start_trainer
 
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.inference.torch_backend import TorchBackend
+from rollnet.reference.testing import in_process_validator
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk import Backoff, Identity, Worker, WorkerConfig
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.proofs import FLOAT32, token_logprobs
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import LeaseContext
 from rollnet.v1 import rollout_pb2, task_pb2
 
@@ -57,13 +52,13 @@ async def test_the_trainer_gets_the_validators_log_probabilities(
     )
     address = coordinator.address
     trainer_client = await start_trainer(address, trainer, tiny_model)
-    store = CheckpointStore(tmp_path / "worker" / "checkpoints", network_id=NETWORK)
+    store = CheckpointStore(tmp_path / "worker" / "checkpoints", network_id=NETWORK_ID)
     generator = ShadingGenerator(lambda: make_backend("torch"), store)
     worker = Worker(
         WorkerConfig(
             target=address,
             data_dir=tmp_path / "worker",
-            network_id=NETWORK,
+            network_id=NETWORK_ID,
             pull_wait=1.0,
             backoff=Backoff(initial=0.1, maximum=1.0),
         ),
@@ -75,7 +70,7 @@ async def test_the_trainer_gets_the_validators_log_probabilities(
     validating = asyncio.create_task(validator.run())
     try:
         await request_tasks(trainer_client, 1, samples=2, max_new_tokens=24)
-        await eventually(lambda: validator.verdicts_submitted == 1, within=150, what="a verdict")
+        await wait_until(lambda: validator.verdicts_submitted == 1, within=150, what="a verdict")
         outcome = validator.last_outcome
         assert outcome is not None
         assert outcome.accepted, outcome.reject_reason  # the shading passes every check

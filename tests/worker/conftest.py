@@ -1,4 +1,4 @@
-"""Fixtures for worker tests: the tiny model (made once), a fast-ticking coordinator config."""
+"""Fixtures for worker tests: a fast-ticking coordinator config (the tiny model is the root's)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ from worker_testing import coordinator_config_for
 
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.sdk.identity import Identity
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollnet.reference.model.tiny import init_tiny_model
-
-    return init_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
 @pytest.fixture

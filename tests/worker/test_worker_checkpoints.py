@@ -17,9 +17,8 @@ from rollnet.sdk.checkpoints import (
     verify_checkpoint,
 )
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import checkpoint_pb2, common_pb2
-
-NETWORK = "rollnet-test"
 
 
 class MemoryShards:
@@ -45,7 +44,7 @@ def make_checkpoint(
     step: int,
     files: dict[str, bytes],
     *,
-    network: str = NETWORK,
+    network: str = NETWORK_ID,
     shard: int = 5,
 ) -> checkpoint_pb2.Checkpoint:
     entries = []
@@ -77,7 +76,7 @@ FILES = {"config.json": b'{"hidden": 64}', "weights/model.safetensors": b"012345
 async def test_fetches_verifies_and_reuses(tmp_path: Path) -> None:
     source, trainer = MemoryShards(), Identity.generate()
     checkpoint = make_checkpoint(source, trainer, 1, FILES)
-    store = CheckpointStore(tmp_path, network_id=NETWORK)
+    store = CheckpointStore(tmp_path, network_id=NETWORK_ID)
     directory = await store.ensure(checkpoint, source)
     assert directory == tmp_path / "step-1"
     for path, content in FILES.items():
@@ -99,7 +98,7 @@ async def test_refuses_what_does_not_check_out(tmp_path: Path, tamper: str) -> N
     if tamper == "unsafe_path":
         files = {"../escape.txt": b"boom"}
     checkpoint = make_checkpoint(
-        source, trainer, 1, files, network="other-net" if tamper == "network" else NETWORK
+        source, trainer, 1, files, network="other-net" if tamper == "network" else NETWORK_ID
     )
     if tamper == "signature":
         checkpoint.signature = Identity.generate().sign(CHECKPOINT_DOMAIN + checkpoint.manifest)
@@ -113,7 +112,7 @@ async def test_refuses_what_does_not_check_out(tmp_path: Path, tamper: str) -> N
         manifest.files[0].content.blake3 = bytes(32)
         checkpoint.manifest = manifest.SerializeToString()
         checkpoint.signature = trainer.sign(CHECKPOINT_DOMAIN + checkpoint.manifest)
-    store = CheckpointStore(tmp_path, network_id=NETWORK, trusted_trainer_keys=trusted)
+    store = CheckpointStore(tmp_path, network_id=NETWORK_ID, trusted_trainer_keys=trusted)
     with pytest.raises(CheckpointVerificationError):
         await store.ensure(checkpoint, source)
     assert store.path(1) is None
@@ -122,7 +121,7 @@ async def test_refuses_what_does_not_check_out(tmp_path: Path, tamper: str) -> N
 
 async def test_keeps_newest_versions_only(tmp_path: Path) -> None:
     source, trainer = MemoryShards(), Identity.generate()
-    store = CheckpointStore(tmp_path, network_id=NETWORK, keep=2)
+    store = CheckpointStore(tmp_path, network_id=NETWORK_ID, keep=2)
     for step in (1, 2, 3):
         await store.ensure(make_checkpoint(source, trainer, step, FILES), source)
     assert store.steps() == [2, 3]
@@ -135,7 +134,7 @@ async def test_interrupted_download_resumes_file_by_file(tmp_path: Path) -> None
     partial = tmp_path / ".partial-step-4"
     partial.mkdir(parents=True)
     (partial / "config.json").write_bytes(FILES["config.json"])
-    store = CheckpointStore(tmp_path, network_id=NETWORK)
+    store = CheckpointStore(tmp_path, network_id=NETWORK_ID)
     await store.ensure(checkpoint, source)
     config_shards = {
         s.blake3
@@ -150,9 +149,9 @@ async def test_interrupted_download_resumes_file_by_file(tmp_path: Path) -> None
 def test_verify_checkpoint_checks_the_step() -> None:
     source, trainer = MemoryShards(), Identity.generate()
     checkpoint = make_checkpoint(source, trainer, 2, FILES)
-    assert verify_checkpoint(checkpoint, network_id=NETWORK, step=2).step == 2
+    assert verify_checkpoint(checkpoint, network_id=NETWORK_ID, step=2).step == 2
     with pytest.raises(CheckpointVerificationError):
-        verify_checkpoint(checkpoint, network_id=NETWORK, step=3)
+        verify_checkpoint(checkpoint, network_id=NETWORK_ID, step=3)
 
 
 PATH_CASES = json.loads(
@@ -170,7 +169,7 @@ async def test_the_store_applies_the_path_rule_before_writing_anything(
     shard = source.add(b"content")
     manifest = checkpoint_pb2.CheckpointManifest(
         step=1,
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         files=[
             checkpoint_pb2.CheckpointFile(path=path, content=shard, shards=[shard])
             for path in case["paths"]
@@ -184,7 +183,7 @@ async def test_the_store_applies_the_path_rule_before_writing_anything(
         step=1,
     )
     root = tmp_path / "checkpoints"
-    store = CheckpointStore(root, network_id=NETWORK)
+    store = CheckpointStore(root, network_id=NETWORK_ID)
     if case["valid"]:
         directory = await store.ensure(checkpoint, source)
         for path in case["paths"]:
@@ -201,5 +200,5 @@ async def test_the_store_applies_the_path_rule_before_writing_anything(
 async def test_an_empty_file_is_written_empty(tmp_path: Path) -> None:
     source, trainer = MemoryShards(), Identity.generate()
     checkpoint = make_checkpoint(source, trainer, 1, {"empty.txt": b"", **FILES})
-    directory = await CheckpointStore(tmp_path, network_id=NETWORK).ensure(checkpoint, source)
+    directory = await CheckpointStore(tmp_path, network_id=NETWORK_ID).ensure(checkpoint, source)
     assert (directory / "empty.txt").read_bytes() == b""

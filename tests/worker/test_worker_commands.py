@@ -8,11 +8,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_worker_runtime import EchoGenerator
 from worker_testing import (
-    connect,
+    EchoGenerator,
     coordinator_config_for,
-    eventually,
     request_tasks,
     start_trainer,
     worker_config,
@@ -21,6 +19,7 @@ from worker_testing import (
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.sdk.worker import Worker, WorkerFatalError
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
@@ -69,7 +68,7 @@ async def test_ejected_worker_is_told_to_drain_and_stops(
             )
         )
         await request_tasks(trainer, 1)
-        await eventually(lambda: len(generator.leases) == 1, within=40, what="a lease")
+        await wait_until(lambda: len(generator.leases) == 1, within=40, what="a lease")
         await operator.nodes.eject_node(
             node_service_pb2.EjectNodeRequest(node_id=identity.node_id, reason="maintenance test")
         )
@@ -109,14 +108,14 @@ async def test_deregistered_worker_is_told_to_register_again(
             return False
 
     try:
-        await eventually(active, within=30, what="the worker to be ACTIVE")
+        await wait_until(active, within=30, what="the worker to be ACTIVE")
         # The registration disappears behind the worker's back.
         await rogue.nodes.deregister_node(node_service_pb2.DeregisterNodeRequest(reason="test"))
         assert await _state(rogue, identity.node_id) == State.STATE_DEREGISTERED
-        await eventually(active, within=30, what="ReregisterCommand to bring it back")
+        await wait_until(active, within=30, what="ReregisterCommand to bring it back")
         # And it still does work.
         await request_tasks(trainer, 1)
-        await eventually(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
+        await wait_until(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
     finally:

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from swarm_testing import Ledger
 from worker_testing import (
-    Ledger,
     coordinator_config_for,
-    eventually,
     request_tasks,
     start_trainer,
     worker_config,
@@ -26,6 +25,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.worker import InferenceGenerator
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import wait_until
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
 from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, task_service_pb2
 
@@ -62,6 +62,7 @@ async def test_a_worker_declaring_other_dtypes_is_refused_at_registration(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_a_task_made_before_the_dtype_changed_is_given_back_unread(
     tmp_path: Path,
     sqlite_url: str,
@@ -89,7 +90,7 @@ async def test_a_task_made_before_the_dtype_changed_is_given_back_unread(
     worker = Worker(settings, Identity.generate(), generator)
     running = asyncio.create_task(worker.run())
     try:
-        await eventually(
+        await wait_until(
             lambda: ledger.task_states()[task_id][0] is TaskState.FAILED,
             within=60,
             what="the float32 task to use up its attempts",

@@ -7,12 +7,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from worker_testing import Ledger, eventually, request_tasks, start_trainer, worker_config
+from swarm_testing import Ledger
+from worker_testing import request_tasks, start_trainer, worker_config
 
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs import load_environment
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
@@ -22,6 +24,7 @@ from rollnet.sdk.prompts import encode_prompt
 from rollnet.sdk.proofs import LeaseBinding, RolloutAssignment, RolloutClaim, verify_rollout
 from rollnet.sdk.proofs.binding import commitment_digest
 from rollnet.sdk.proofs.thresholds import FLOAT32
+from rollnet.sdk.testing import wait_until
 from rollnet.sdk.worker import Worker
 from rollnet.v1 import rollout_pb2
 
@@ -34,6 +37,7 @@ def reference_generator(data_dir: Path) -> InferenceGenerator:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_worker_commits_verifiable_rollouts(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -52,7 +56,7 @@ async def test_worker_commits_verifiable_rollouts(
     running = asyncio.create_task(worker.run())
     try:
         task_ids = await request_tasks(trainer, 2)
-        await eventually(lambda: worker.receipts_kept == 2, within=90, what="two receipts")
+        await wait_until(lambda: worker.receipts_kept == 2, within=90, what="two receipts")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
 
@@ -74,9 +78,7 @@ async def test_worker_commits_verifiable_rollouts(
         # A validator's view: re-prefill each rollout and run every check.
         validator = TorchBackend()
         validator.load(str(tiny_model))
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+        tokenizer = CheckpointTokenizer.load(tiny_model)
         for response in responses:
             commitment = response.commitment
             blob = await trainer.blobs.download(commitment.rollout_batch.blake3)

@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_testing import NETWORK, eventually, request_tasks, start_trainer
+from worker_testing import request_tasks, start_trainer
 
 from rollnet.reference.cli import main as cli_main
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -60,7 +61,11 @@ async def test_readme_worker_example_runs_as_written(
     )
     coordinator = await start_coordinator(coordinator_config)
     trainer = await start_trainer(coordinator.address, trainer_identity, tiny_model)
-    env = {**os.environ, "ROLLNET_COORDINATOR": coordinator.address, "ROLLNET_NETWORK_ID": NETWORK}
+    env = {
+        **os.environ,
+        "ROLLNET_COORDINATOR": coordinator.address,
+        "ROLLNET_NETWORK_ID": NETWORK_ID,
+    }
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
         "example.py",
@@ -77,7 +82,7 @@ async def test_readme_worker_example_runs_as_written(
             assert worker.returncode is None, "the example exited"
             return _receipts(outbox) == 1
 
-        await eventually(receipt, within=120, what="the example's first receipt")
+        await wait_until(receipt, within=120, what="the example's first receipt")
         worker.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(worker.wait(), 60) == 0
     finally:

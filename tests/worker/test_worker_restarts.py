@@ -10,13 +10,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from swarm_testing import Ledger
 from worker_testing import (
     CoordinatorProcess,
-    Ledger,
-    connect,
     coordinator_config_for,
-    eventually,
-    free_port,
     request_tasks,
     start_trainer,
     worker_config,
@@ -27,6 +24,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import connect, free_port, wait_until
 from rollnet.sdk.worker import PROTOCOL_VERSION, LeaseContext, Worker
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_pb2, task_pb2
 
@@ -54,6 +52,7 @@ class GatedGenerator(InferenceGenerator):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_coordinator_restart_and_worker_restart_lose_nothing(
     tmp_path: Path, sqlite_url: str, trainer_identity: Identity, tiny_model: Path
 ) -> None:
@@ -84,16 +83,16 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         await trainer.close()
         await coordinator.stop(grace=0)
         generator.gate.set()
-        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
+        await wait_until(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
         kept = worker.outbox.pending()[0]
         coordinator = await start_coordinator(config)
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
 
         # 2. It dies again mid-task; this time the worker is stopped with the work unsubmitted.
         await asyncio.wait_for(generator.generated.wait(), 60)
         await coordinator.stop(grace=0)
         generator.gate.set()
-        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox 2")
+        await wait_until(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox 2")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
 
@@ -101,7 +100,7 @@ async def test_coordinator_restart_and_worker_restart_lose_nothing(
         coordinator = await start_coordinator(config)
         restarted = Worker(settings, identity, GatedGenerator(data_dir))
         running = asyncio.create_task(restarted.run())
-        await eventually(lambda: restarted.receipts_kept == 1, within=60, what="resubmit")
+        await wait_until(lambda: restarted.receipts_kept == 1, within=60, what="resubmit")
         restarted.request_stop()
         await asyncio.wait_for(running, 30)
 
@@ -164,16 +163,16 @@ async def test_coordinator_process_sigkilled_mid_run(
         running = asyncio.create_task(worker.run())
         await asyncio.wait_for(generator.generated.wait(), 90)
         generator.gate.set()
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="receipt 1")
         # The second task is generated and held: kill the coordinator, then let it go.
         await asyncio.wait_for(generator.generated.wait(), 90)
         coordinator.kill()
         generator.holding = False
         generator.gate.set()
-        await eventually(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
+        await wait_until(lambda: len(worker.outbox.pending()) == 1, within=30, what="outbox")
         coordinator.start()
         await coordinator.wait_listening()
-        await eventually(lambda: worker.receipts_kept == 3, within=90, what="all receipts")
+        await wait_until(lambda: worker.receipts_kept == 3, within=90, what="all receipts")
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         assert ledger.commitments_per_task() == {t: [identity.node_id] for t in task_ids}

@@ -4,19 +4,15 @@ lease the coordinator declares invalid cancels its generation."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from google.protobuf import json_format
+from swarm_testing import Ledger
 from worker_testing import (
-    Ledger,
-    connect,
+    EchoGenerator,
     coordinator_config_for,
-    eventually,
-    free_port,
     request_tasks,
     start_trainer,
     worker_config,
@@ -25,60 +21,10 @@ from worker_testing import (
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.envs.registry import load_environment
-from rollnet.reference.inference.tokenization import CheckpointTokenizer
-from rollnet.reference.model.tokenizer import build_char_tokenizer
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.prompts import encode_problem
+from rollnet.sdk.testing import connect, free_port, wait_until
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
 from rollnet.v1 import rollout_pb2, task_pb2, task_service_pb2
-
-
-@functools.cache
-def _tiny_tokenizer() -> CheckpointTokenizer:
-    # The tiny model's tokenizer.json is the character tokenizer (model/tokenizer.py).
-    return CheckpointTokenizer(build_char_tokenizer())
-
-
-def prompt_ids_of(task: task_pb2.Task) -> list[list[int]]:
-    """The task's prompts as a worker encodes them with the tiny model's tokenizer: what the
-    coordinator recorded as their lengths when it made the task."""
-    environment = load_environment(
-        task.environment, json_format.MessageToDict(task.environment_config)
-    )
-    return [encode_problem(_tiny_tokenizer(), environment.prompt(int(p))) for p in task.prompt_ids]
-
-
-class EchoGenerator(RolloutGenerator):
-    """Rollouts without a model (the coordinator checks bindings and prompt lengths, not
-    proofs). With ``hold_first``, the first lease is held until the runtime cancels it."""
-
-    def __init__(self, *, hold_first: bool = False) -> None:
-        self.hold_first = hold_first
-        self.leases: list[LeaseContext] = []
-
-    async def generate(
-        self, task: task_pb2.Task, lease: LeaseContext
-    ) -> Sequence[rollout_pb2.Rollout]:
-        self.leases.append(lease)
-        if self.hold_first and len(self.leases) == 1:
-            while not lease.cancelled:  # noqa: ASYNC110 - the flag is set from another thread
-                await asyncio.sleep(0.02)
-            raise LeaseLost(lease.cancel_reason)
-        prompts = prompt_ids_of(task)
-        return [
-            rollout_pb2.Rollout(
-                prompt_index=index // task.samples_per_prompt,
-                prompt_id=task.prompt_ids[index // task.samples_per_prompt],
-                sample_index=index % task.samples_per_prompt,
-                prompt_token_ids=prompts[index // task.samples_per_prompt],
-                completion_token_ids=[8, 0],
-                behaviour_logprobs=[-0.5, -0.1],
-                sampling_seed=lease.sampling_seed(index),
-                finish_reason=rollout_pb2.FINISH_REASON_EOS,
-            )
-            for index in range(lease.rollout_count)
-        ]
 
 
 @pytest.mark.timeout(180)
@@ -99,7 +45,7 @@ async def test_waits_for_an_unreachable_coordinator_then_works(
     coordinator = None
     ledger = Ledger(sqlite_url)
     try:
-        await eventually(
+        await wait_until(
             lambda: sum("call_failed_retrying" in r.getMessage() for r in caplog.records) >= 3,
             within=40,
             what="the worker to retry registration",
@@ -108,13 +54,13 @@ async def test_waits_for_an_unreachable_coordinator_then_works(
         coordinator = await start_coordinator(config)
         # (gRPC shares one subchannel per address across channels: until the worker's
         # reconnect succeeds, a new client would fail fast too.)
-        await eventually(
+        await wait_until(
             lambda: ledger.node_state(worker.node_id) is not None, within=40, what="registration"
         )
         trainer = await start_trainer(address, trainer_identity, tiny_model)
         await request_tasks(trainer, 1)
         await trainer.close()
-        await eventually(lambda: worker.receipts_kept == 1, within=60, what="a receipt")
+        await wait_until(lambda: worker.receipts_kept == 1, within=60, what="a receipt")
         worker.request_stop()
         await asyncio.wait_for(running, 20)
     finally:
@@ -155,7 +101,7 @@ async def test_lease_reported_invalid_cancels_the_generation(
     running = asyncio.create_task(worker.run())
     try:
         (task_id,) = await request_tasks(trainer, 1)
-        await eventually(lambda: len(generator.leases) == 1, within=40, what="a lease")
+        await wait_until(lambda: len(generator.leases) == 1, within=40, what="a lease")
         held = generator.leases[0]
         # The lease ends behind the worker's back (as when an operator revokes it).
         rogue = connect(coordinator.address, identity)
@@ -167,10 +113,10 @@ async def test_lease_reported_invalid_cancels_the_generation(
             )
         )
         await rogue.close()
-        await eventually(lambda: held.cancelled, within=30, what="the heartbeat to cancel it")
+        await wait_until(lambda: held.cancelled, within=30, what="the heartbeat to cancel it")
         assert "no longer valid" in held.cancel_reason
         # The requeued task is leased again (attempt 2) and this time committed, once.
-        await eventually(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
+        await wait_until(lambda: worker.receipts_kept == 1, within=40, what="a receipt")
         assert ledger.commitments_per_task() == {task_id: [identity.node_id]}
         assert generator.leases[1].lease.fencing_token == 2
         worker.request_stop()
@@ -201,7 +147,7 @@ async def test_stop_gives_back_a_task_that_does_not_finish_within_the_drain(
     running = asyncio.create_task(worker.run())
     try:
         (task_id,) = await request_tasks(trainer, 1)
-        await eventually(lambda: len(generator.leases) == 1, within=40, what="a lease")
+        await wait_until(lambda: len(generator.leases) == 1, within=40, what="a lease")
         worker.request_stop()
         await asyncio.wait_for(running, 20)
         assert generator.leases[0].cancel_reason == "the worker is draining"
@@ -234,6 +180,7 @@ class SlowGenerator(RolloutGenerator):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -249,12 +196,12 @@ async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
     try:
         await request_tasks(trainer, 1)
         await trainer.close()
-        await eventually(lambda: len(generator.leases) == 1, within=40, what="a lease")
+        await wait_until(lambda: len(generator.leases) == 1, within=40, what="a lease")
         # Heartbeats stop getting through, so the lease will not be extended: at 1 rollout per
         # several seconds, 999 more cannot be done before the deadline.
         await coordinator.stop(grace=0)
         lease = generator.leases[0]
-        await eventually(lambda: lease.cancelled, within=40, what="the task to be abandoned")
+        await wait_until(lambda: lease.cancelled, within=40, what="the task to be abandoned")
         assert lease.cancel_reason == "cannot finish before the lease deadline"
         assert lease.give_back_reason == task_service_pb2.FAIL_REASON_DEADLINE
         worker.request_stop()
@@ -265,6 +212,7 @@ async def test_a_task_that_cannot_finish_before_its_deadline_is_abandoned(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
@@ -281,7 +229,7 @@ async def test_an_upload_over_the_quota_is_dropped_and_the_worker_carries_on(
     running = asyncio.create_task(worker.run())
     try:
         await request_tasks(trainer, 2)
-        await eventually(lambda: len(worker.outbox.dropped()) == 2, within=60, what="two drops")
+        await wait_until(lambda: len(worker.outbox.dropped()) == 2, within=60, what="two drops")
         reasons = [reason for _, reason in worker.outbox.dropped()]
         assert all("UPLOAD_QUOTA_EXCEEDED" in reason for reason in reasons), reasons
         assert not running.done(), "a refused upload is not fatal"
@@ -311,10 +259,10 @@ async def test_a_receipt_whose_signature_fails_is_not_stored(
     )
     running = asyncio.create_task(worker.run())
     try:
-        await eventually(lambda: bool(worker.coordinator_public_key), within=30, what="registered")
+        await wait_until(lambda: bool(worker.coordinator_public_key), within=30, what="registered")
         coordinator.ctx.identity = Identity.generate()  # receipts signed by a key nobody named
         await request_tasks(trainer, 1)
-        await eventually(lambda: len(worker.outbox.dropped()) == 1, within=60, what="a drop")
+        await wait_until(lambda: len(worker.outbox.dropped()) == 1, within=60, what="a drop")
         [(_, reason)] = worker.outbox.dropped()
         assert "receipt's signature does not verify" in reason
         assert worker.receipts_invalid == 1

@@ -10,14 +10,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from worker_testing import (
-    NETWORK,
-    Ledger,
-    eventually,
-    request_tasks,
-    start_trainer,
-    worker_config,
-)
+from swarm_testing import Ledger
+from worker_testing import request_tasks, start_trainer, worker_config
 
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.reference.coordinator.config import CoordinatorConfig
@@ -25,6 +19,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Worker
 
 
@@ -55,7 +50,7 @@ async def spawn_worker(address: str, directory: Path) -> tuple[asyncio.subproces
         "--data-dir",
         str(directory / "data"),
         "--network-id",
-        NETWORK,
+        NETWORK_ID,
         "--pull-wait",
         "1",
         "--drain-timeout",
@@ -91,7 +86,7 @@ async def test_sigkilled_worker_lease_is_requeued_and_finished_by_another(
         task_ids = await request_tasks(trainer, 3, prompts_per_task=4, samples=4, max_new_tokens=48)
         stolen: list[str] = []
         for _ in range(20):
-            await eventually(
+            await wait_until(
                 lambda: bool(ledger.leased_by(victim)) or process.returncode is not None,
                 within=90,
                 what=f"the victim to lease a task\n{log_of(victim_dir)}",
@@ -106,7 +101,7 @@ async def test_sigkilled_worker_lease_is_requeued_and_finished_by_another(
         process.kill()
         await process.wait()
 
-        store = CheckpointStore(tmp_path / "survivor" / "checkpoints", network_id=NETWORK)
+        store = CheckpointStore(tmp_path / "survivor" / "checkpoints", network_id=NETWORK_ID)
         survivor = Worker(
             worker_config(coordinator.address, tmp_path / "survivor"),
             Identity.generate(),
@@ -121,7 +116,7 @@ async def test_sigkilled_worker_lease_is_requeued_and_finished_by_another(
                 states[t][0] is TaskState.LEASED for t in task_ids
             )
 
-        await eventually(all_submitted, within=90, what="every task to be committed")
+        await wait_until(all_submitted, within=90, what="every task to be committed")
         committed = ledger.commitments_per_task()
         # The stolen task was finished by the survivor, once, after the victim's lease expired.
         assert committed[stolen[0]] == [node]
@@ -154,7 +149,7 @@ async def test_sigterm_drains_cleanly(
     process, node = await spawn_worker(coordinator.address, directory)
     try:
         task_ids = await request_tasks(trainer, 3)
-        await eventually(
+        await wait_until(
             lambda: bool(ledger.leased_by(node)) or process.returncode is not None,
             within=90,
             what=f"the worker to lease a task\n{log_of(directory)}",

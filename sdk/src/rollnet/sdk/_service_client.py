@@ -72,7 +72,7 @@ class ServiceClient:
         default_timeout: float | None = None,
     ) -> M:
         payload = serialize_request(_with_request_id(request))
-        call = self._channel.unary_unary(
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, M] = self._channel.unary_unary(
             method,
             request_serializer=None,
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
@@ -120,7 +120,7 @@ class ServiceClient:
         disconnects but a server that fails at once is not retried forever.
         """
         policy = retry or self._retry
-        call_factory = self._channel.unary_stream(
+        call_factory: grpc.aio.UnaryStreamMultiCallable[bytes, M] = self._channel.unary_stream(
             method,
             request_serializer=None,
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]

@@ -229,10 +229,12 @@ class BlobClient(ServiceClient):
                 kind=kind,
             )
         )
-        call = self._channel.stream_unary(
-            self._UPLOAD,
-            request_serializer=None,
-            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        call: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse] = (
+            self._channel.stream_unary(
+                self._UPLOAD,
+                request_serializer=None,
+                response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+            )
         )
 
         async def messages() -> AsyncIterator[bytes]:

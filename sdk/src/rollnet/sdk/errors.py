@@ -192,7 +192,7 @@ def status_trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, byte
 
 
 async def abort(
-    context: Any,
+    context: grpc.aio.ServicerContext[Any, Any],
     code: grpc.StatusCode,
     reason: ErrorReason | str,
     message: str,

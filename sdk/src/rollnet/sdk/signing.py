@@ -202,7 +202,7 @@ async def _chain(head: list[Any], rest: AsyncIterator[Any] | Iterable[Any]) -> A
             yield item
 
 
-class _UnaryUnarySigner(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _UnaryUnarySigner(grpc.aio.UnaryUnaryClientInterceptor):
     def __init__(self, signer: RequestSigner) -> None:
         self._signer = signer
 
@@ -213,7 +213,7 @@ class _UnaryUnarySigner(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[m
         return await continuation(_with_headers(client_call_details, headers), request)
 
 
-class _UnaryStreamSigner(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+class _UnaryStreamSigner(grpc.aio.UnaryStreamClientInterceptor):
     def __init__(self, signer: RequestSigner) -> None:
         self._signer = signer
 
@@ -224,7 +224,7 @@ class _UnaryStreamSigner(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore
         return await continuation(_with_headers(client_call_details, headers), request)
 
 
-class _StreamUnarySigner(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+class _StreamUnarySigner(grpc.aio.StreamUnaryClientInterceptor):
     def __init__(self, signer: RequestSigner) -> None:
         self._signer = signer
 
@@ -237,7 +237,7 @@ class _StreamUnarySigner(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore
         return await continuation(_with_headers(client_call_details, headers), _chain(head, rest))
 
 
-class _StreamStreamSigner(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+class _StreamStreamSigner(grpc.aio.StreamStreamClientInterceptor):
     def __init__(self, signer: RequestSigner) -> None:
         self._signer = signer
 

@@ -290,7 +290,7 @@ class WrapperCache:
         return wrapped
 
 
-class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RequestVerifier(grpc.aio.ServerInterceptor):
     """Verifies the signature of every call of a ``grpc.aio`` server (see module docs).
 
     Refusals are UNAUTHENTICATED or PERMISSION_DENIED (RESOURCE_EXHAUSTED ``RATE_LIMITED`` when
@@ -407,7 +407,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return self._wrap_stream_request(handler, method)
         return self._wrap_unary_request(handler, method)
 
-    async def _admit(self, method: str, metadata: Any, body: bytes, context: Any) -> VerifiedCaller:
+    async def _admit(
+        self, method: str, metadata: Any, body: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> VerifiedCaller:
         cap = self.config.max_message_bytes
         if cap is not None and len(body) > cap:
             await _refuse_size(context, len(body), cap)
@@ -429,7 +431,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _wrap_unary_request(self, handler: Any, method: str) -> Any:
         deserialize = handler.request_deserializer or _identity
 
-        async def parse(raw: bytes, context: Any) -> Any:
+        async def parse(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await self._admit(method, context.invocation_metadata(), raw, context)
             request = await _parse(deserialize, raw, context)
             request_id = getattr(request, "request_id", "")
@@ -440,7 +442,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if not handler.response_streaming:
             inner = handler.unary_unary
 
-            async def unary_unary(raw: bytes, context: Any) -> Any:
+            async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 return await _maybe_await(inner(await parse(raw, context), context))
 
             return grpc.unary_unary_rpc_method_handler(
@@ -450,14 +452,18 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         inner = handler.unary_stream
         if inspect.isasyncgenfunction(inner):
 
-            async def unary_stream_gen(raw: bytes, context: Any) -> AsyncIterator[Any]:
+            async def unary_stream_gen(
+                raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 async for response in inner(await parse(raw, context), context):
                     yield response
 
             behavior: Any = unary_stream_gen
         else:
 
-            async def unary_stream_writes(raw: bytes, context: Any) -> Any:
+            async def unary_stream_writes(
+                raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
                 return await _maybe_await(inner(await parse(raw, context), context))
 
             behavior = unary_stream_writes
@@ -468,7 +474,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _wrap_stream_request(self, handler: Any, method: str) -> Any:
         deserialize = handler.request_deserializer or _identity
 
-        async def requests(raw_requests: Any, context: Any) -> AsyncIterator[Any]:
+        async def requests(
+            raw_requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
             iterator = aiter(raw_requests)
             try:
                 first: bytes | None = await anext(iterator)
@@ -490,7 +498,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if not handler.response_streaming:
             inner = handler.stream_unary
 
-            async def stream_unary(raw_requests: Any, context: Any) -> Any:
+            async def stream_unary(
+                raw_requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
                 return await _maybe_await(inner(await requests(raw_requests, context), context))
 
             return grpc.stream_unary_rpc_method_handler(
@@ -500,14 +510,18 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         inner = handler.stream_stream
         if inspect.isasyncgenfunction(inner):
 
-            async def stream_stream_gen(raw_requests: Any, context: Any) -> AsyncIterator[Any]:
+            async def stream_stream_gen(
+                raw_requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 async for response in inner(await requests(raw_requests, context), context):
                     yield response
 
             behavior: Any = stream_stream_gen
         else:
 
-            async def stream_stream_writes(raw_requests: Any, context: Any) -> Any:
+            async def stream_stream_writes(
+                raw_requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
                 return await _maybe_await(inner(await requests(raw_requests, context), context))
 
             behavior = stream_stream_writes
@@ -516,7 +530,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
-async def _refuse_size(context: Any, size: int, cap: int) -> None:
+async def _refuse_size(context: grpc.aio.ServicerContext[Any, Any], size: int, cap: int) -> None:
     await abort(
         context,
         REASON_CODES[ErrorReason.MESSAGE_TOO_LARGE],
@@ -536,7 +550,9 @@ async def _maybe_await(result: Any) -> Any:
     return result
 
 
-async def _parse(deserialize: Callable[[bytes], Any], raw: bytes, context: Any) -> Any:
+async def _parse(
+    deserialize: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+) -> Any:
     try:
         return deserialize(raw)
     except Exception:  # protobuf raises DecodeError; any parser failure means bad input

@@ -247,7 +247,11 @@ class Harness:
         while True:
             try:
                 await self.proxy.wait_for(
-                    lambda c: c.method == REGISTER and c.key == worker.key and c.code.value[0] == 0,
+                    lambda c: (
+                        c.method == REGISTER
+                        and c.key == worker.key
+                        and c.code == grpc.StatusCode.OK
+                    ),
                     within=1.0,
                     what="RegisterNode",
                 )
@@ -388,7 +392,7 @@ def expect(condition: bool, message: str) -> None:
 @case("worker.registers", "registers as a worker, protocol 1.x, its own key; then heartbeats")
 async def registers(harness: Harness) -> None:
     worker = await harness.main_worker()
-    [first, *_] = [c for c in harness.calls(worker, REGISTER) if c.code.value[0] == 0]
+    [first, *_] = [c for c in harness.calls(worker, REGISTER) if c.code == grpc.StatusCode.OK]
     request = node_service_pb2.RegisterNodeRequest.FromString(first.body)
     expect(request.role == common_pb2.ROLE_WORKER, f"registered with role {request.role}")
     expect(

@@ -35,7 +35,7 @@ def is_connection_lost(error: BaseException) -> bool:
     return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
 
 
-class DatabaseErrors(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class DatabaseErrors(grpc.aio.ServerInterceptor):
     """Answer a call that lost its database connection UNAVAILABLE / NOT_SERVING, retryable."""
 
     def __init__(self, retry_after: float = 1.0) -> None:

@@ -59,14 +59,14 @@ def _rewrap(handler: Any, wrap: Callable[[Behavior, bool, bool], Behavior]) -> A
     return handler
 
 
-def _code_of(context: Any, error: BaseException | None) -> str:
+def _code_of(context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None) -> str:
     code = context.code()
     if isinstance(code, grpc.StatusCode):
         return str(code.name)
     return "OK" if error is None else "UNKNOWN"
 
 
-class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RpcObserver(grpc.aio.ServerInterceptor):
     """One log line (method, peer, node, request id, code, duration) and metrics per RPC."""
 
     def __init__(self, metrics: CoordinatorMetrics) -> None:
@@ -87,7 +87,9 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
             if resp_stream and inspect.isasyncgenfunction(inner):
 
-                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                async def streaming(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
                     fields: dict[str, str] = {}
                     token = _CALL_FIELDS.set(fields)
                     started = time.perf_counter()
@@ -104,7 +106,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
                 return streaming
 
-            async def unary(request: Any, context: Any) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 fields: dict[str, str] = {}
                 token = _CALL_FIELDS.set(fields)
                 started = time.perf_counter()
@@ -125,7 +127,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _emit(
         self,
         method: str,
-        context: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
         fields: dict[str, str],
         started: float,
         error: BaseException | None,
@@ -160,7 +162,7 @@ class ServingState:
     serving: bool = False
 
 
-class ResolvedInterceptors(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ResolvedInterceptors(grpc.aio.ServerInterceptor):
     """The coordinator's interceptors as one, each method's chain resolved once while serving.
 
     grpc.aio asks every interceptor for the method's handler on every call: a coroutine per
@@ -200,7 +202,7 @@ class ResolvedInterceptors(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return await self._interceptors[index].intercept_service(onward, details)
 
 
-class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ReadinessGate(grpc.aio.ServerInterceptor):
     """Outside the verifier: while the coordinator is starting (database not migrated or not
     reachable) or draining, refuse every call but health and reflection with UNAVAILABLE /
     NOT_SERVING and a RetryInfo, rather than failing later inside with an opaque error."""
@@ -225,13 +227,15 @@ class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
             if resp_stream and inspect.isasyncgenfunction(inner):
 
-                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                async def streaming(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
                     await _refuse_not_serving(context, retry_after)
                     yield  # pragma: no cover - abort raised
 
                 return streaming
 
-            async def unary(request: Any, context: Any) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 await _refuse_not_serving(context, retry_after)
 
             return unary
@@ -239,7 +243,9 @@ class ReadinessGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _rewrap(handler, wrap)
 
 
-async def _refuse_not_serving(context: Any, retry_after: float) -> None:
+async def _refuse_not_serving(
+    context: grpc.aio.ServicerContext[Any, Any], retry_after: float
+) -> None:
     await abort(
         context,
         REASON_CODES[ErrorReason.NOT_SERVING],
@@ -289,7 +295,7 @@ class TokenBuckets:
             del self._buckets[key]
 
 
-class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class CallerLimiter(grpc.aio.ServerInterceptor):
     """Inside the verifier: annotate the call's log line and enforce the per-key rate limit."""
 
     def __init__(self, buckets: TokenBuckets, exempt_prefixes: frozenset[str]) -> None:
@@ -305,7 +311,7 @@ class CallerLimiter(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _wrap(self, handler: Any, _method: str) -> Any:
 
-        def admit(_request: Any, _context: Any) -> float | None:
+        def admit(_request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
             caller = current_caller()
             fields = _CALL_FIELDS.get(None)
             if fields is not None:
@@ -330,7 +336,9 @@ def _guarded(
     def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
         if resp_stream and inspect.isasyncgenfunction(inner):
 
-            async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+            async def streaming(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 problem = check(request, context)
                 if problem is not None:
                     await refuse(context, problem)
@@ -339,7 +347,7 @@ def _guarded(
 
             return streaming
 
-        async def unary(request: Any, context: Any) -> Any:
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             problem = check(request, context)
             if problem is not None:
                 await refuse(context, problem)
@@ -350,7 +358,7 @@ def _guarded(
     return wrap
 
 
-async def _refuse_rate(context: Any, wait: float) -> None:
+async def _refuse_rate(context: grpc.aio.ServicerContext[Any, Any], wait: float) -> None:
     await abort(
         context,
         REASON_CODES[ErrorReason.RATE_LIMITED],
@@ -360,7 +368,7 @@ async def _refuse_rate(context: Any, wait: float) -> None:
     )
 
 
-class FieldBoundsCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class FieldBoundsCheck(grpc.aio.ServerInterceptor):
     """Innermost: refuse a request with a field out of bounds (:mod:`.bounds`) with
     INVALID_ARGUMENT / INVALID_FIELDS and a ``FieldViolation`` per field, before any handler
     (or SQL) sees it. Every message of a client stream is checked as it is read."""
@@ -379,7 +387,9 @@ class FieldBoundsCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         violations = self.bounds.checker(method)
         assert violations is not None
 
-        def check(request: Any, _context: Any) -> list[FieldViolation] | None:
+        def check(
+            request: Any, _context: grpc.aio.ServicerContext[Any, Any]
+        ) -> list[FieldViolation] | None:
             return violations(request) or None
 
         single = _guarded(check, _refuse_fields)
@@ -388,14 +398,18 @@ class FieldBoundsCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if not req_stream:
                 return single(inner, req_stream, resp_stream)
 
-            async def each(requests: Any, context: Any) -> AsyncIterator[Any]:
+            async def each(
+                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 async for request in requests:
                     found = violations(request)
                     if found:
                         await _refuse_fields(context, found)
                     yield request
 
-            async def stream_request(requests: Any, context: Any) -> Any:
+            async def stream_request(
+                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
                 return await inner(each(requests, context), context)
 
             return stream_request
@@ -403,7 +417,9 @@ class FieldBoundsCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _rewrap(handler, wrap)
 
 
-async def _refuse_fields(context: Any, violations: Sequence[FieldViolation]) -> None:
+async def _refuse_fields(
+    context: grpc.aio.ServicerContext[Any, Any], violations: Sequence[FieldViolation]
+) -> None:
     summary = "; ".join(f"{v.field}: {v.description}" for v in violations[:4])
     more = len(violations) - 4
     await abort(

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import blake3
 from google.protobuf.message import Message
+from grpc.aio import ServicerContext
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -69,7 +70,7 @@ def caller() -> Caller:
     )
 
 
-async def refuse(context: Any, refusal: Refusal) -> None:
+async def refuse(context: ServicerContext[Any, Any], refusal: Refusal) -> None:
     """Abort the call with ``refusal`` as a rich error."""
     await abort(
         context,
@@ -83,12 +84,12 @@ async def refuse(context: Any, refusal: Refusal) -> None:
 
 
 def handled(
-    method: Callable[[Any, Req, Any], Awaitable[Resp]],
-) -> Callable[[Any, Req, Any], Awaitable[Resp]]:
+    method: Callable[[Any, Req, ServicerContext[Req, Resp]], Awaitable[Resp]],
+) -> Callable[[Any, Req, ServicerContext[Req, Resp]], Awaitable[Resp]]:
     """Turn :class:`Refusal` raised by a unary handler into the matching gRPC error."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Req, context: Any) -> Resp:
+    async def wrapper(self: Any, request: Req, context: ServicerContext[Req, Resp]) -> Resp:
         try:
             return await method(self, request, context)
         except Refusal as refusal:
@@ -198,7 +199,11 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def RegisterNode(
-        self, request: node_service_pb2.RegisterNodeRequest, context: Any
+        self,
+        request: node_service_pb2.RegisterNodeRequest,
+        context: ServicerContext[
+            node_service_pb2.RegisterNodeRequest, node_service_pb2.RegisterNodeResponse
+        ],
     ) -> node_service_pb2.RegisterNodeResponse:
         peer = context.peer() or ""
         ip = peer.rsplit(":", 1)[0] if ":" in peer else peer
@@ -215,13 +220,21 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def Heartbeat(
-        self, request: node_service_pb2.HeartbeatRequest, context: Any
+        self,
+        request: node_service_pb2.HeartbeatRequest,
+        context: ServicerContext[
+            node_service_pb2.HeartbeatRequest, node_service_pb2.HeartbeatResponse
+        ],
     ) -> node_service_pb2.HeartbeatResponse:
         return await self.registry.heartbeat(caller(), request)
 
     @handled
     async def DeregisterNode(
-        self, request: node_service_pb2.DeregisterNodeRequest, context: Any
+        self,
+        request: node_service_pb2.DeregisterNodeRequest,
+        context: ServicerContext[
+            node_service_pb2.DeregisterNodeRequest, node_service_pb2.DeregisterNodeResponse
+        ],
     ) -> node_service_pb2.DeregisterNodeResponse:
         return await self.idem.run(
             "DeregisterNode",
@@ -232,7 +245,9 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def GetNode(
-        self, request: node_service_pb2.GetNodeRequest, context: Any
+        self,
+        request: node_service_pb2.GetNodeRequest,
+        context: ServicerContext[node_service_pb2.GetNodeRequest, node_service_pb2.GetNodeResponse],
     ) -> node_service_pb2.GetNodeResponse:
         return node_service_pb2.GetNodeResponse(
             node=await self.registry.get(caller(), request.node_id)
@@ -240,13 +255,21 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def ListNodes(
-        self, request: node_service_pb2.ListNodesRequest, context: Any
+        self,
+        request: node_service_pb2.ListNodesRequest,
+        context: ServicerContext[
+            node_service_pb2.ListNodesRequest, node_service_pb2.ListNodesResponse
+        ],
     ) -> node_service_pb2.ListNodesResponse:
         return await self.registry.list(request)
 
     @handled
     async def EjectNode(
-        self, request: node_service_pb2.EjectNodeRequest, context: Any
+        self,
+        request: node_service_pb2.EjectNodeRequest,
+        context: ServicerContext[
+            node_service_pb2.EjectNodeRequest, node_service_pb2.EjectNodeResponse
+        ],
     ) -> node_service_pb2.EjectNodeResponse:
         async def produce() -> node_service_pb2.EjectNodeResponse:
             node = await self.registry.remove(
@@ -260,7 +283,9 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def BanNode(
-        self, request: node_service_pb2.BanNodeRequest, context: Any
+        self,
+        request: node_service_pb2.BanNodeRequest,
+        context: ServicerContext[node_service_pb2.BanNodeRequest, node_service_pb2.BanNodeResponse],
     ) -> node_service_pb2.BanNodeResponse:
         async def produce() -> node_service_pb2.BanNodeResponse:
             node = await self.registry.remove(
@@ -272,7 +297,11 @@ class NodeServicer(_Base, node_service_pb2_grpc.NodeServiceServicer):
 
     @handled
     async def ReinstateNode(
-        self, request: node_service_pb2.ReinstateNodeRequest, context: Any
+        self,
+        request: node_service_pb2.ReinstateNodeRequest,
+        context: ServicerContext[
+            node_service_pb2.ReinstateNodeRequest, node_service_pb2.ReinstateNodeResponse
+        ],
     ) -> node_service_pb2.ReinstateNodeResponse:
         async def produce() -> node_service_pb2.ReinstateNodeResponse:
             node = await self.registry.reinstate(request.node_id, request.reason)
@@ -292,7 +321,11 @@ class TaskServicer(_Base, task_service_pb2_grpc.TaskServiceServicer):
 
     @handled
     async def PullTask(
-        self, request: task_service_pb2.PullTaskRequest, context: Any
+        self,
+        request: task_service_pb2.PullTaskRequest,
+        context: ServicerContext[
+            task_service_pb2.PullTaskRequest, task_service_pb2.PullTaskResponse
+        ],
     ) -> task_service_pb2.PullTaskResponse:
         async def produce() -> task_service_pb2.PullTaskResponse:
             return await self.dispatcher.pull(caller(), request)
@@ -307,13 +340,21 @@ class TaskServicer(_Base, task_service_pb2_grpc.TaskServiceServicer):
 
     @handled
     async def ReportProgress(
-        self, request: task_service_pb2.ReportProgressRequest, context: Any
+        self,
+        request: task_service_pb2.ReportProgressRequest,
+        context: ServicerContext[
+            task_service_pb2.ReportProgressRequest, task_service_pb2.ReportProgressResponse
+        ],
     ) -> task_service_pb2.ReportProgressResponse:
         return await self.dispatcher.report_progress(caller(), request)
 
     @handled
     async def FailTask(
-        self, request: task_service_pb2.FailTaskRequest, context: Any
+        self,
+        request: task_service_pb2.FailTaskRequest,
+        context: ServicerContext[
+            task_service_pb2.FailTaskRequest, task_service_pb2.FailTaskResponse
+        ],
     ) -> task_service_pb2.FailTaskResponse:
         return await self.idem.run(
             "FailTask",
@@ -331,7 +372,11 @@ class BlobServicer(_Base, blob_service_pb2_grpc.BlobServiceServicer):
         self.desk = desk
 
     async def UploadBlob(
-        self, request_iterator: AsyncIterator[blob_service_pb2.UploadBlobRequest], context: Any
+        self,
+        request_iterator: AsyncIterator[blob_service_pb2.UploadBlobRequest],
+        context: ServicerContext[
+            blob_service_pb2.UploadBlobRequest, blob_service_pb2.UploadBlobResponse
+        ],
     ) -> blob_service_pb2.UploadBlobResponse:
         try:
             first = await anext(aiter(request_iterator), None)
@@ -352,7 +397,9 @@ class BlobServicer(_Base, blob_service_pb2_grpc.BlobServiceServicer):
             raise
 
     async def GetBlob(
-        self, request: blob_service_pb2.GetBlobRequest, context: Any
+        self,
+        request: blob_service_pb2.GetBlobRequest,
+        context: ServicerContext[blob_service_pb2.GetBlobRequest, blob_service_pb2.GetBlobResponse],
     ) -> AsyncIterator[blob_service_pb2.GetBlobResponse]:
         try:
             async for chunk in self.desk.download(request):
@@ -370,7 +417,12 @@ class CommitmentServicer(_Base, commitment_service_pb2_grpc.CommitmentServiceSer
 
     @handled
     async def SubmitCommitment(
-        self, request: commitment_service_pb2.SubmitCommitmentRequest, context: Any
+        self,
+        request: commitment_service_pb2.SubmitCommitmentRequest,
+        context: ServicerContext[
+            commitment_service_pb2.SubmitCommitmentRequest,
+            commitment_service_pb2.SubmitCommitmentResponse,
+        ],
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         return await self.idem.run(
             "SubmitCommitment",
@@ -381,7 +433,12 @@ class CommitmentServicer(_Base, commitment_service_pb2_grpc.CommitmentServiceSer
 
     @handled
     async def GetCommitment(
-        self, request: commitment_service_pb2.GetCommitmentRequest, context: Any
+        self,
+        request: commitment_service_pb2.GetCommitmentRequest,
+        context: ServicerContext[
+            commitment_service_pb2.GetCommitmentRequest,
+            commitment_service_pb2.GetCommitmentResponse,
+        ],
     ) -> commitment_service_pb2.GetCommitmentResponse:
         return await self.desk.get_commitment(caller(), request.commitment_id)
 
@@ -395,7 +452,12 @@ class ValidationServicer(_Base, validation_service_pb2_grpc.ValidationServiceSer
 
     @handled
     async def PullValidationJob(
-        self, request: validation_service_pb2.PullValidationJobRequest, context: Any
+        self,
+        request: validation_service_pb2.PullValidationJobRequest,
+        context: ServicerContext[
+            validation_service_pb2.PullValidationJobRequest,
+            validation_service_pb2.PullValidationJobResponse,
+        ],
     ) -> validation_service_pb2.PullValidationJobResponse:
         return await self.idem.run(
             "PullValidationJob",
@@ -407,7 +469,12 @@ class ValidationServicer(_Base, validation_service_pb2_grpc.ValidationServiceSer
 
     @handled
     async def SubmitVerdict(
-        self, request: validation_service_pb2.SubmitVerdictRequest, context: Any
+        self,
+        request: validation_service_pb2.SubmitVerdictRequest,
+        context: ServicerContext[
+            validation_service_pb2.SubmitVerdictRequest,
+            validation_service_pb2.SubmitVerdictResponse,
+        ],
     ) -> validation_service_pb2.SubmitVerdictResponse:
         return await self.idem.run(
             "SubmitVerdict",
@@ -426,7 +493,12 @@ class CheckpointServicer(_Base, checkpoint_service_pb2_grpc.CheckpointServiceSer
 
     @handled
     async def PublishCheckpoint(
-        self, request: checkpoint_service_pb2.PublishCheckpointRequest, context: Any
+        self,
+        request: checkpoint_service_pb2.PublishCheckpointRequest,
+        context: ServicerContext[
+            checkpoint_service_pb2.PublishCheckpointRequest,
+            checkpoint_service_pb2.PublishCheckpointResponse,
+        ],
     ) -> checkpoint_service_pb2.PublishCheckpointResponse:
         return await self.idem.run(
             "PublishCheckpoint",
@@ -437,7 +509,12 @@ class CheckpointServicer(_Base, checkpoint_service_pb2_grpc.CheckpointServiceSer
 
     @handled
     async def GetLatestCheckpoint(
-        self, request: checkpoint_service_pb2.GetLatestCheckpointRequest, context: Any
+        self,
+        request: checkpoint_service_pb2.GetLatestCheckpointRequest,
+        context: ServicerContext[
+            checkpoint_service_pb2.GetLatestCheckpointRequest,
+            checkpoint_service_pb2.GetLatestCheckpointResponse,
+        ],
     ) -> checkpoint_service_pb2.GetLatestCheckpointResponse:
         latest = await self.desk.latest()
         response = checkpoint_service_pb2.GetLatestCheckpointResponse()
@@ -447,14 +524,24 @@ class CheckpointServicer(_Base, checkpoint_service_pb2_grpc.CheckpointServiceSer
 
     @handled
     async def GetCheckpoint(
-        self, request: checkpoint_service_pb2.GetCheckpointRequest, context: Any
+        self,
+        request: checkpoint_service_pb2.GetCheckpointRequest,
+        context: ServicerContext[
+            checkpoint_service_pb2.GetCheckpointRequest,
+            checkpoint_service_pb2.GetCheckpointResponse,
+        ],
     ) -> checkpoint_service_pb2.GetCheckpointResponse:
         return checkpoint_service_pb2.GetCheckpointResponse(
             checkpoint=await self.desk.get(request.step)
         )
 
     async def WatchCheckpoints(
-        self, request: checkpoint_service_pb2.WatchCheckpointsRequest, context: Any
+        self,
+        request: checkpoint_service_pb2.WatchCheckpointsRequest,
+        context: ServicerContext[
+            checkpoint_service_pb2.WatchCheckpointsRequest,
+            checkpoint_service_pb2.WatchCheckpointsResponse,
+        ],
     ) -> AsyncIterator[checkpoint_service_pb2.WatchCheckpointsResponse]:
         async for checkpoint in self.desk.watch(request.after_step):
             yield checkpoint_service_pb2.WatchCheckpointsResponse(checkpoint=checkpoint)
@@ -472,7 +559,11 @@ class RolloutServicer(_Base, rollout_service_pb2_grpc.RolloutServiceServicer):
 
     @handled
     async def RequestRollouts(
-        self, request: rollout_service_pb2.RequestRolloutsRequest, context: Any
+        self,
+        request: rollout_service_pb2.RequestRolloutsRequest,
+        context: ServicerContext[
+            rollout_service_pb2.RequestRolloutsRequest, rollout_service_pb2.RequestRolloutsResponse
+        ],
     ) -> rollout_service_pb2.RequestRolloutsResponse:
         return await self.idem.run(
             "RequestRollouts",
@@ -482,7 +573,11 @@ class RolloutServicer(_Base, rollout_service_pb2_grpc.RolloutServiceServicer):
         )
 
     async def StreamRollouts(
-        self, request: rollout_service_pb2.StreamRolloutsRequest, context: Any
+        self,
+        request: rollout_service_pb2.StreamRolloutsRequest,
+        context: ServicerContext[
+            rollout_service_pb2.StreamRolloutsRequest, rollout_service_pb2.StreamRolloutsResponse
+        ],
     ) -> AsyncIterator[rollout_service_pb2.StreamRolloutsResponse]:
         async for rollout in self.ledger.accepted_rollouts(
             request.after_sequence, request.min_checkpoint_step
@@ -499,18 +594,30 @@ class LedgerServicer(_Base, ledger_service_pb2_grpc.LedgerServiceServicer):
 
     @handled
     async def ListEntries(
-        self, request: ledger_service_pb2.ListEntriesRequest, context: Any
+        self,
+        request: ledger_service_pb2.ListEntriesRequest,
+        context: ServicerContext[
+            ledger_service_pb2.ListEntriesRequest, ledger_service_pb2.ListEntriesResponse
+        ],
     ) -> ledger_service_pb2.ListEntriesResponse:
         return await self.desk.list_entries(request)
 
     @handled
     async def GetBalance(
-        self, request: ledger_service_pb2.GetBalanceRequest, context: Any
+        self,
+        request: ledger_service_pb2.GetBalanceRequest,
+        context: ServicerContext[
+            ledger_service_pb2.GetBalanceRequest, ledger_service_pb2.GetBalanceResponse
+        ],
     ) -> ledger_service_pb2.GetBalanceResponse:
         return await self.desk.balance(request.node_id or caller().node_id)
 
     @handled
     async def GetChainHead(
-        self, request: ledger_service_pb2.GetChainHeadRequest, context: Any
+        self,
+        request: ledger_service_pb2.GetChainHeadRequest,
+        context: ServicerContext[
+            ledger_service_pb2.GetChainHeadRequest, ledger_service_pb2.GetChainHeadResponse
+        ],
     ) -> ledger_service_pb2.GetChainHeadResponse:
         return await self.desk.chain_head(fresh=request.fresh)

@@ -233,7 +233,7 @@ async def reflection(target: Target) -> None:
     problems = []
     for version in ("v1", "v1alpha"):
         method = f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo"
-        call = target.wire.channel.stream_stream(
+        call: grpc.aio.StreamStreamMultiCallable[bytes, bytes] = target.wire.channel.stream_stream(
             method, request_serializer=None, response_deserializer=None
         )
         stream = call(iter([b"\x3a\x00"]), timeout=target.config.call_timeout)  # list_services ""

@@ -143,7 +143,7 @@ class Proxy:
         return None
 
 
-def _metadata(context: Any) -> list[tuple[str, Any]]:
+def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, Any]]:
     # Pseudo-headers and gRPC's own are set again by the outgoing call.
     return [
         (key, value)
@@ -163,12 +163,12 @@ def _reason(error: grpc.aio.AioRpcError) -> str:
     return str(from_rpc_error(error).reason)
 
 
-def _timeout(context: Any) -> float | None:
+def _timeout(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
     remaining = context.time_remaining()
     return None if remaining is None else max(remaining, 0.001)
 
 
-class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
+class _Handler(grpc.GenericRpcHandler):
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
@@ -186,7 +186,7 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.unary_unary_rpc_method_handler(self._unary_unary(method))
         return None
 
-    async def _refuse(self, context: Any, fault: Fault) -> None:
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], fault: Fault) -> None:
         status = build_status(
             fault.code,
             fault.reason or "",
@@ -199,7 +199,9 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
             trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),),
         )
 
-    async def _pass_error(self, context: Any, error: grpc.aio.AioRpcError) -> None:
+    async def _pass_error(
+        self, context: grpc.aio.ServicerContext[Any, Any], error: grpc.aio.AioRpcError
+    ) -> None:
         trailing = tuple(
             (key, value)
             for key, value in error.trailing_metadata() or ()
@@ -210,7 +212,7 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def _unary_unary(self, method: str) -> Any:
         proxy = self.proxy
 
-        async def behavior(request: bytes, context: Any) -> bytes:
+        async def behavior(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             metadata = _metadata(context)
             key, started = _key(metadata), time.monotonic()
             fault = proxy.fault_for(method, key, request)
@@ -239,7 +241,9 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def _unary_stream(self, method: str) -> Any:
         proxy = self.proxy
 
-        async def behavior(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        async def behavior(
+            request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[bytes]:
             metadata = _metadata(context)
             key, started = _key(metadata), time.monotonic()
             fault = proxy.fault_for(method, key, request)
@@ -264,7 +268,7 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def _stream_unary(self, method: str) -> Any:
         proxy = self.proxy
 
-        async def behavior(requests: Any, context: Any) -> bytes:
+        async def behavior(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             metadata = _metadata(context)
             key, started = _key(metadata), time.monotonic()
             first: list[bytes] = []

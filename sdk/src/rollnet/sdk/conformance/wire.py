@@ -136,7 +136,7 @@ class Wire:
         self, method: str, body: bytes, headers: Headers, response: type[M], *, timeout: float
     ) -> M:
         """One unary call; a refusal raises :class:`~rollnet.sdk.errors.RollnetError`."""
-        call = self.channel.unary_unary(
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, M] = self.channel.unary_unary(
             method, request_serializer=None, response_deserializer=response.FromString
         )
         try:
@@ -149,7 +149,9 @@ class Wire:
         self, method: str, body: bytes, headers: Headers, *, timeout: float
     ) -> bytes:
         """One unary call whose response is left as bytes."""
-        call = self.channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
         try:
             result: bytes = await call(body, metadata=tuple(headers), timeout=timeout)
         except grpc.aio.AioRpcError as error:
@@ -166,7 +168,7 @@ class Wire:
         timeout: float,
     ) -> M:
         """A client-streaming call sending exactly ``messages``."""
-        call = self.channel.stream_unary(
+        call: grpc.aio.StreamUnaryMultiCallable[bytes, M] = self.channel.stream_unary(
             method, request_serializer=None, response_deserializer=response.FromString
         )
 
@@ -184,7 +186,7 @@ class Wire:
         self, method: str, body: bytes, headers: Headers, response: type[M], *, timeout: float
     ) -> Any:
         """A server-streaming call (iterate it; a refusal raises ``grpc.aio.AioRpcError``)."""
-        call = self.channel.unary_stream(
+        call: grpc.aio.UnaryStreamMultiCallable[bytes, M] = self.channel.unary_stream(
             method, request_serializer=None, response_deserializer=response.FromString
         )
         return call(body, metadata=tuple(headers), timeout=timeout)

@@ -106,7 +106,8 @@ def _is_repeated(descriptor: FieldDescriptor) -> bool:
     repeated = getattr(descriptor, "is_repeated", None)
     if repeated is not None:
         return bool(repeated)
-    return bool(descriptor.label == FieldDescriptor.LABEL_REPEATED)
+    # protobuf before is_repeated; its stubs no longer declare label
+    return bool(descriptor.label == FieldDescriptor.LABEL_REPEATED)  # type: ignore[attr-defined]
 
 
 def _integers(pools: Pools) -> st.SearchStrategy[int]:
@@ -176,6 +177,7 @@ def _scalar(descriptor: FieldDescriptor, pools: Pools) -> st.SearchStrategy[byte
     if kind == FieldDescriptor.TYPE_BOOL:
         return st.sampled_from([0, 1, 2, 2**64 - 1]).map(varint)
     if kind == FieldDescriptor.TYPE_ENUM:
+        assert descriptor.enum_type is not None
         declared = [value.number for value in descriptor.enum_type.values]
         return st.one_of(
             st.sampled_from(declared), st.sampled_from([-1, 99, 2**31 - 1, 2**40])
@@ -197,6 +199,7 @@ def _field(descriptor: FieldDescriptor, pools: Pools, depth: int) -> st.SearchSt
     """Zero or more encoded records of one field."""
     number, wire_type = descriptor.number, _wire_type(descriptor)
     if descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+        assert descriptor.message_type is not None
         payload = message(descriptor.message_type, pools, depth + 1)
     elif descriptor.type == FieldDescriptor.TYPE_GROUP:
         return st.just(b"")

@@ -1,16 +1,13 @@
-"""Helpers for coordinator tests: signed clients, a trainer's checkpoint and demand, a worker's
-pull-upload-commit, and waiting on conditions with a deadline (never fixed sleeps)."""
+"""Helpers for coordinator tests: registration, a trainer's checkpoint and demand, a worker's
+pull-upload-commit (clients and waiting are :mod:`rollnet.sdk.testing`'s)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -21,12 +18,9 @@ from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
 from rollnet.sdk import (
-    ConnectionConfig,
     Identity,
-    RetryPolicy,
     RollnetClient,
     RollnetError,
-    TlsConfig,
     batches,
     from_rpc_error,
 )
@@ -34,6 +28,7 @@ from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.methods import method_path
 from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -51,32 +46,8 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-NETWORK = "rollnet-test"
 #: Run a test on SQLite alone (what it checks does not exist, or is the same, on PostgreSQL).
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-
-T = TypeVar("T")
-
-
-def connect(
-    address: str,
-    identity: Identity,
-    *,
-    tls: TlsConfig | None = None,
-    retry: RetryPolicy | None = None,
-    timeout: float = 15.0,
-) -> RollnetClient:
-    """A signed client; by default it does not retry, so every refusal reaches the test."""
-    return RollnetClient.connect(
-        ConnectionConfig(
-            target=address,
-            network_id=NETWORK,
-            tls=tls,
-            timeout=timeout,
-            retry=retry or RetryPolicy.no_retry(),
-        ),
-        identity,
-    )
 
 
 def register_request(
@@ -150,7 +121,7 @@ async def publish_checkpoint(
         ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
         files.append(checkpoint_pb2.CheckpointFile(path=path, content=ref, shards=[ref]))
     manifest = checkpoint_pb2.CheckpointManifest(
-        step=step, network_id=NETWORK, files=files, flops_per_token=flops_per_token
+        step=step, network_id=NETWORK_ID, files=files, flops_per_token=flops_per_token
     ).SerializeToString()
     await client.checkpoints.publish_checkpoint(
         checkpoint_service_pb2.PublishCheckpointRequest(
@@ -216,7 +187,7 @@ def make_work(
             completion_token_ids=[4, 5, 0],
             behaviour_logprobs=[-0.1, -0.2, -0.3],
             sampling_seed=derive_sampling_seed(
-                NETWORK, task.task_id, prompt_index * task.samples_per_prompt + sample
+                NETWORK_ID, task.task_id, prompt_index * task.samples_per_prompt + sample
             ),
             finish_reason=rollout_pb2.FINISH_REASON_EOS,
             toploc_proof=b"\x00" * 258,
@@ -231,7 +202,7 @@ def make_work(
 def lease_binding(worker: Identity, task: task_pb2.Task, lease: task_pb2.Lease) -> LeaseBinding:
     """What ``worker`` holds ``task`` under, with ``lease``."""
     return LeaseBinding(
-        network_id=NETWORK,
+        network_id=NETWORK_ID,
         node_id=worker.node_id,
         task_id=task.task_id,
         lease_id=lease.lease_id,
@@ -328,22 +299,10 @@ async def try_judge_next_job(
     return await validator.validation.submit_verdict(request)
 
 
-async def wait_until(
-    check: Callable[[], Awaitable[T | None]], *, within: float = 10.0, what: str = "condition"
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def upload_header(
-    digest: bytes, size: int, kind: int = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH
+    digest: bytes,
+    size: int,
+    kind: blob_service_pb2.BlobKind.ValueType = blob_service_pb2.BLOB_KIND_ROLLOUT_BATCH,
 ) -> blob_service_pb2.UploadBlobRequest:
     """An UploadBlob header message declaring ``digest`` and ``size``."""
     return blob_service_pb2.UploadBlobRequest(
@@ -362,10 +321,12 @@ async def raw_upload(
     client: RollnetClient, messages: Sequence[blob_service_pb2.UploadBlobRequest]
 ) -> RollnetError:
     """Send exactly ``messages`` (signed) and return the refusal the server must answer with."""
-    call = client.channel.stream_unary(
-        method_path("BlobService", "UploadBlob"),
-        request_serializer=None,
-        response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+    call: grpc.aio.StreamUnaryMultiCallable[bytes, blob_service_pb2.UploadBlobResponse] = (
+        client.channel.stream_unary(
+            method_path("BlobService", "UploadBlob"),
+            request_serializer=None,
+            response_deserializer=blob_service_pb2.UploadBlobResponse.FromString,
+        )
     )
 
     async def stream() -> AsyncIterator[bytes]:

@@ -4,13 +4,12 @@ a blob half-sent until the test lets it go, and waiting on conditions."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
 from aiohttp import web
+from coordinator_testing import register
 
 from rollnet.reference.checkpoints import (
     DeltaBase,
@@ -18,10 +17,10 @@ from rollnet.reference.checkpoints import (
     signed_checkpoint,
     write_origin_blob,
 )
+from rollnet.sdk import RollnetClient
 from rollnet.sdk.identity import Identity
-from rollnet.v1 import checkpoint_pb2
-
-NETWORK = "rollnet-test"
+from rollnet.sdk.testing import NETWORK_ID, connect
+from rollnet.v1 import checkpoint_pb2, common_pb2
 
 
 async def publish_to_origin(
@@ -40,7 +39,7 @@ async def publish_to_origin(
         return False
 
     manifest, _ = await build_manifest(
-        model_dir, step, NETWORK, sink, shard_size=shard_size, delta_base=delta_base
+        model_dir, step, NETWORK_ID, sink, shard_size=shard_size, delta_base=delta_base
     )
     return signed_checkpoint(trainer, manifest)
 
@@ -90,8 +89,8 @@ class GatedUpstream:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
-        assert server is not None
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        assert isinstance(server, asyncio.Server)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return self
 
     async def close(self) -> None:
@@ -123,10 +122,11 @@ class GatedUpstream:
         return response
 
 
-async def wait_until(condition: Callable[[], bool], deadline_s: float = 20.0) -> None:
-    """Wait for ``condition`` to hold (checked as the event loop runs), or fail."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+async def registered_client(
+    address: str, identity: Identity, role: int = common_pb2.ROLE_WORKER
+) -> RollnetClient:
+    """A non-retrying client for the coordinator at ``address``, ``identity`` registered in
+    ``role``."""
+    client = connect(address, identity)
+    await register(client, identity, role)
+    return client

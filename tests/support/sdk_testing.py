@@ -24,6 +24,7 @@ from rollnet.sdk import (
     default_method_policy,
     open_channel,
 )
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
     blob_service_pb2_grpc,
@@ -35,8 +36,6 @@ from rollnet.v1 import (
     node_service_pb2,
     node_service_pb2_grpc,
 )
-
-NETWORK_ID = "rollnet-test-net"
 
 
 @dataclass

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from coordinator_testing import (
-    connect,
     judge_next_job,
     publish_checkpoint,
     pull_and_commit,
@@ -19,6 +18,7 @@ from coordinator_testing import (
 )
 
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.testing import connect
 from rollnet.v1 import common_pb2, node_service_pb2
 
 CHROMIUM = Path(os.environ.get("ROLLNET_CHROMIUM", "/usr/bin/chromium"))

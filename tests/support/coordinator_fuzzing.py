@@ -122,18 +122,22 @@ class Swarm:
         metadata = tuple(headers)
         try:
             if method.client_streaming:
-                upload = self.channel.stream_unary(path)
+                upload: grpc.StreamUnaryMultiCallable[bytes, bytes] = self.channel.stream_unary(
+                    path
+                )
                 upload(iter(bodies), metadata=metadata, timeout=timeout)
             elif method.server_streaming:
-                stream = self.channel.unary_stream(path)(
-                    bodies[0], metadata=metadata, timeout=timeout
+                streams: grpc.UnaryStreamMultiCallable[bytes, bytes] = self.channel.unary_stream(
+                    path
                 )
+                stream = streams(bodies[0], metadata=metadata, timeout=timeout)
                 for count, _ in enumerate(stream):
                     if count >= 2:
                         stream.cancel()
                         break
             else:
-                self.channel.unary_unary(path)(bodies[0], metadata=metadata, timeout=timeout)
+                unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(path)
+                unary(bodies[0], metadata=metadata, timeout=timeout)
         except grpc.RpcError as error:
             return from_rpc_error(error)
         return None
@@ -249,7 +253,7 @@ async def start_swarm(loop: LoopThread, database_url: str, data_dir: Path) -> Sw
     submit = target.commitment(worker, live_work, live_blob)
     verdict = target.verdict(job, accept=True)
 
-    peers = {
+    peers: dict[int, Peer] = {
         common_pb2.ROLE_WORKER: worker,
         common_pb2.ROLE_VALIDATOR: validator,
         common_pb2.ROLE_TRAINER: trainer,

@@ -1,28 +1,31 @@
-"""Helpers for worker tests: a coordinator that ticks fast, a trainer that publishes the tiny
-model and asks for rollouts, database probes, and waiting on conditions with a deadline."""
+"""Helpers for worker tests: a coordinator that ticks fast, worker configs, a generator without a
+model, and the coordinator as a process (the trainer, its demand and database probes are
+:mod:`swarm_testing`'s)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import swarm_testing
-from sqlalchemy import create_engine, func, select
-from swarm_testing import NETWORK as NETWORK
-from swarm_testing import connect as connect
-from swarm_testing import eventually as eventually
-from swarm_testing import free_port as free_port
+from google.protobuf import json_format
 
-from rollnet.ledger.enums import NodeState, TaskState
-from rollnet.ledger.models import Commitment, Node, Task
-from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.envs.registry import load_environment
+from rollnet.reference.inference.tokenization import CheckpointTokenizer
+from rollnet.reference.model.tokenizer import build_char_tokenizer
+from rollnet.reference.testing import swarm_coordinator_config
 from rollnet.sdk import Identity
-from rollnet.sdk.worker import Backoff, WorkerConfig
+from rollnet.sdk.prompts import encode_problem
+from rollnet.sdk.testing import NETWORK_ID, wait_until
+from rollnet.sdk.worker import Backoff, LeaseContext, LeaseLost, RolloutGenerator, WorkerConfig
+from rollnet.v1 import rollout_pb2, task_pb2
 
 # Shared swarm helpers, with this directory's defaults.
 start_trainer = functools.partial(swarm_testing.start_trainer, shard_size=128 * 1024)
@@ -32,23 +35,11 @@ request_tasks = functools.partial(swarm_testing.request_tasks, prompts_per_task=
 def coordinator_config_for(
     tmp_path: Path, database_url: str, trainer: Identity, **changes: Any
 ) -> CoordinatorConfig:
-    """Seconds-scale timings so leases expire and nodes go offline within a test."""
-    base = load_config(tmp_path / "coordinator")
-    settings: dict[str, Any] = {
-        "database_url": database_url,
-        "listen": "127.0.0.1:0",
-        "network_id": NETWORK,
-        "trainers": frozenset({trainer.node_id}),
-        "heartbeat_interval": timedelta(seconds=1),
-        "lease_duration": timedelta(seconds=4),
-        "sweep_interval": timedelta(seconds=0.2),
-        "retry_after": timedelta(seconds=0.2),
-        "pull_wait_max": timedelta(seconds=2),
-        "suspect_after_missed": 3.0,
-        "offline_after_missed": 6.0,
-    }
-    settings.update(changes)
-    return with_overrides(base, **settings)
+    """Seconds-scale timings; nodes go suspect and offline after fewer missed heartbeats."""
+    settings: dict[str, Any] = {"suspect_after_missed": 3.0, "offline_after_missed": 6.0, **changes}
+    return swarm_coordinator_config(
+        tmp_path / "coordinator", database_url, trainers=[trainer], **settings
+    )
 
 
 def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
@@ -56,7 +47,7 @@ def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
     settings: dict[str, Any] = {
         "target": address,
         "data_dir": data_dir,
-        "network_id": NETWORK,
+        "network_id": NETWORK_ID,
         "backends": ("torch",),
         "pull_wait": 1.0,
         "call_timeout": 5.0,
@@ -66,44 +57,6 @@ def worker_config(address: str, data_dir: Path, **changes: Any) -> WorkerConfig:
     }
     settings.update(changes)
     return WorkerConfig(**settings)
-
-
-class Ledger:
-    """Read-only probes of the coordinator's database."""
-
-    def __init__(self, url: str) -> None:
-        self.engine = create_engine(url)
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def task_states(self) -> dict[str, tuple[TaskState, str | None]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Task.id, Task.state, Task.lease_holder)).all()
-        return {r[0]: (r[1], r[2]) for r in rows}
-
-    def commitments_per_task(self) -> dict[str, list[str]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(Commitment.task_id, Commitment.node_id)).all()
-        out: dict[str, list[str]] = {}
-        for task_id, node_id in rows:
-            out.setdefault(task_id, []).append(node_id)
-        return out
-
-    def commitment_count(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(Commitment)).scalar_one())
-
-    def node_state(self, node_id: str) -> NodeState | None:
-        with self.engine.connect() as conn:
-            return conn.execute(select(Node.state).where(Node.id == node_id)).scalar_one_or_none()
-
-    def leased_by(self, node_id: str) -> list[str]:
-        return [
-            task_id
-            for task_id, (state, holder) in self.task_states().items()
-            if state is TaskState.LEASED and holder == node_id
-        ]
 
 
 class CoordinatorProcess:
@@ -119,7 +72,7 @@ class CoordinatorProcess:
         self.config.write_text(
             "\n".join(
                 [
-                    f'network_id = "{NETWORK}"',
+                    f'network_id = "{NETWORK_ID}"',
                     f'trainers = ["{trainer.node_id}"]',
                     "heartbeat_interval = 1",
                     "lease_duration = 30",
@@ -167,10 +120,57 @@ class CoordinatorProcess:
                 output.seek(self._start_offset)
                 return b"listening on" in output.read()
 
-        await eventually(listening, within=90, what="the coordinator to listen")
+        await wait_until(listening, within=90, what="the coordinator to listen")
 
     def kill(self) -> None:
         """SIGKILL: no drain, no cleanup."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=30)
+
+
+@functools.cache
+def _tiny_tokenizer() -> CheckpointTokenizer:
+    # The tiny model's tokenizer.json is the character tokenizer (model/tokenizer.py).
+    return CheckpointTokenizer(build_char_tokenizer())
+
+
+def prompt_ids_of(task: task_pb2.Task) -> list[list[int]]:
+    """The task's prompts as a worker encodes them with the tiny model's tokenizer: what the
+    coordinator recorded as their lengths when it made the task."""
+    environment = load_environment(
+        task.environment, json_format.MessageToDict(task.environment_config)
+    )
+    return [encode_problem(_tiny_tokenizer(), environment.prompt(int(p))) for p in task.prompt_ids]
+
+
+class EchoGenerator(RolloutGenerator):
+    """Rollouts without a model (the coordinator checks bindings and prompt lengths, not
+    proofs). With ``hold_first``, the first lease is held until the runtime cancels it."""
+
+    def __init__(self, *, hold_first: bool = False) -> None:
+        self.hold_first = hold_first
+        self.leases: list[LeaseContext] = []
+
+    async def generate(
+        self, task: task_pb2.Task, lease: LeaseContext
+    ) -> Sequence[rollout_pb2.Rollout]:
+        self.leases.append(lease)
+        if self.hold_first and len(self.leases) == 1:
+            while not lease.cancelled:  # noqa: ASYNC110 - the flag is set from another thread
+                await asyncio.sleep(0.02)
+            raise LeaseLost(lease.cancel_reason)
+        prompts = prompt_ids_of(task)
+        return [
+            rollout_pb2.Rollout(
+                prompt_index=index // task.samples_per_prompt,
+                prompt_id=task.prompt_ids[index // task.samples_per_prompt],
+                sample_index=index % task.samples_per_prompt,
+                prompt_token_ids=prompts[index // task.samples_per_prompt],
+                completion_token_ids=[8, 0],
+                behaviour_logprobs=[-0.5, -0.1],
+                sampling_seed=lease.sampling_seed(index),
+                finish_reason=rollout_pb2.FINISH_REASON_EOS,
+            )
+            for index in range(lease.rollout_count)
+        ]

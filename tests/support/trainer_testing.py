@@ -1,5 +1,5 @@
-"""Helpers for trainer tests: a fast-ticking coordinator with the trainer allow-listed, an
-in-process worker and validator, the ``rollnet trainer`` command as a process."""
+"""Helpers for trainer tests: a fast-ticking coordinator with the trainer allow-listed and
+the ``rollnet trainer`` command as a process."""
 
 from __future__ import annotations
 
@@ -12,67 +12,24 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from swarm_testing import NETWORK, free_port
-
-from rollnet.reference.coordinator.config import CoordinatorConfig, load_config, with_overrides
-from rollnet.reference.validator import Validator, ValidatorConfig
-from rollnet.reference.worker import InferenceGenerator, make_backend
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.testing import swarm_coordinator_config
 from rollnet.sdk import Identity
-from rollnet.sdk.checkpoints import CheckpointStore
-from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
+from rollnet.sdk.testing import NETWORK_ID, free_port
 
 
 def coordinator_config(
     tmp_path: Path, database_url: str, trainer: Identity, validator: Identity, **changes: Any
 ) -> CoordinatorConfig:
-    """Seconds-scale timings; the trainer and the validator allow-listed."""
-    settings: dict[str, Any] = {
-        "database_url": database_url,
-        "listen": "127.0.0.1:0",
-        "network_id": NETWORK,
-        "trainers": frozenset({trainer.node_id}),
-        "validators": frozenset({validator.node_id}),
-        "heartbeat_interval": timedelta(seconds=1),
-        "lease_duration": timedelta(seconds=20),
-        "sweep_interval": timedelta(seconds=0.2),
-        "retry_after": timedelta(seconds=0.2),
-        "pull_wait_max": timedelta(seconds=2),
-        "suspect_after_missed": 5.0,
-        "offline_after_missed": 10.0,
-    }
-    settings.update(changes)
-    return with_overrides(load_config(tmp_path / "coordinator"), **settings)
-
-
-def worker(address: str, data_dir: Path) -> tuple[Worker, InferenceGenerator]:
-    """An in-process reference worker (torch backend) and its generator (close it after)."""
-    store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK)
-    generator = InferenceGenerator(lambda: make_backend("torch"), store)
-    node = Worker(
-        WorkerConfig(
-            target=address,
-            data_dir=data_dir,
-            network_id=NETWORK,
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        Identity.generate(),
-        generator,
-    )
-    return node, generator
-
-
-def validator(address: str, data_dir: Path, identity: Identity) -> Validator:
-    """An in-process reference validator with seconds-scale waits."""
-    return Validator(
-        ValidatorConfig(
-            target=address,
-            data_dir=data_dir,
-            network_id=NETWORK,
-            pull_wait=1.0,
-            backoff=Backoff(initial=0.1, maximum=1.0),
-        ),
-        identity,
+    """Seconds-scale timings, leases long enough for a training step; the trainer and the
+    validator allow-listed."""
+    settings: dict[str, Any] = {"lease_duration": timedelta(seconds=20), **changes}
+    return swarm_coordinator_config(
+        tmp_path / "coordinator",
+        database_url,
+        trainers=[trainer],
+        validators=[validator],
+        **settings,
     )
 
 
@@ -115,7 +72,7 @@ def spawn_trainer(
         "--coordinator",
         address,
         "--network-id",
-        NETWORK,
+        NETWORK_ID,
         "--key",
         str(key),
         "--model",
