@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from ledger_testing import record_checkpoints
 from sqlalchemy import Select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,6 +21,7 @@ from rollnet.ledger import (
     lease_next_task,
     submit_task,
 )
+from rollnet.ledger.artifacts import latest_checkpoint_step
 from rollnet.ledger.attempts import attempts_of_node, attempts_of_task
 from rollnet.ledger.enums import AttemptOutcome
 from rollnet.ledger.tasks import (
@@ -27,10 +29,12 @@ from rollnet.ledger.tasks import (
     LeaseRequest,
     count_tasks_by_state,
     enqueue_tasks,
+    expire_stale_tasks,
     extend_lease,
     get_task,
     give_back_task,
     lease_tasks,
+    oldest_leasable_step,
     requeue_expired_leases,
     requeue_leases_of_node,
     transition_task,
@@ -437,3 +441,98 @@ def test_every_lease_that_ends_without_credit_is_recorded(
             AttemptOutcome.TAKEN_BACK: 1,
         }
         assert attempts_of_node(session, worker, since=late) == {AttemptOutcome.TAKEN_BACK: 1}
+
+
+def test_the_staleness_floor_follows_the_newest_checkpoint() -> None:
+    assert oldest_leasable_step(None, 2) is None
+    assert oldest_leasable_step(1, 2) == 0
+    assert oldest_leasable_step(5, 2) == 3
+    assert oldest_leasable_step(5, 0) == 5
+
+
+def test_stale_queued_tasks_expire_in_batches_and_fresh_or_leased_ones_stay(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(4, step=0), now=T0)
+        enqueue_tasks(session, _tasks(1, step=1), now=T0 + timedelta(seconds=1))
+        enqueue_tasks(session, _tasks(1, step=3), now=T0 + timedelta(seconds=2))
+        record_checkpoints(session, range(4), now=T0)
+    with sessions.begin() as session:
+        held = lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+        assert held is not None
+        assert held.task_id == "arithmetic-0-00000"
+    now = T0 + timedelta(seconds=5)
+    with sessions.begin() as session:
+        floor = oldest_leasable_step(latest_checkpoint_step(session), 2)
+        assert floor == 1
+        # Oldest first, at most ``limit`` per call.
+        first = expire_stale_tasks(session, min_checkpoint_step=floor, now=now, limit=2)
+        assert first == ["arithmetic-0-00001", "arithmetic-0-00002"]
+    with sessions.begin() as session:
+        rest = expire_stale_tasks(session, min_checkpoint_step=floor, now=now)
+        assert rest == ["arithmetic-0-00003"]
+        # Nothing left: a second sweep (or replica) ends nothing twice.
+        assert expire_stale_tasks(session, min_checkpoint_step=floor, now=now) == []
+    with sessions.begin() as session:
+        assert count_tasks_by_state(session) == {
+            TaskState.EXPIRED: 3,
+            TaskState.LEASED: 1,
+            TaskState.QUEUED: 2,
+        }
+        expired = get_task(session, "arithmetic-0-00001")
+        assert expired is not None
+        assert (expired.state, expired.attempt, expired.updated_at) == (TaskState.EXPIRED, 0, now)
+        leased = get_task(session, held.task_id)
+        assert leased is not None
+        assert leased.state is TaskState.LEASED
+        # The fresh ones are still leased, oldest first.
+        fresh = lease_next_task(
+            session, node_id=worker, now=now, lease_duration=LEASE, min_checkpoint_step=floor
+        )
+        assert fresh is not None
+        assert fresh.task_id == "arithmetic-1-00000"
+    with sessions.begin() as session, pytest.raises(ValueError, match="limit"):
+        expire_stale_tasks(session, min_checkpoint_step=floor, now=now, limit=0)
+
+
+def test_a_requeued_stale_task_expires_and_its_history_stays(
+    sessions: sessionmaker[Session], add_nodes: AddNodes
+) -> None:
+    (worker,) = add_nodes(1)
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(1, step=0), now=T0)
+        assert lease_next_task(session, node_id=worker, now=T0, lease_duration=LEASE)
+    later = T0 + 2 * LEASE
+    with sessions.begin() as session:
+        # Left alone while leased, even past its deadline: only the lease sweep takes it back.
+        assert expire_stale_tasks(session, min_checkpoint_step=3, now=later) == []
+        assert requeue_expired_leases(session, now=later, max_attempts=3).requeued
+        assert expire_stale_tasks(session, min_checkpoint_step=3, now=later) == [
+            "arithmetic-0-00000"
+        ]
+    with sessions.begin() as session:
+        task = get_task(session, "arithmetic-0-00000")
+        assert task is not None
+        assert (task.state, task.attempt) == (TaskState.EXPIRED, 1)
+        assert [a.outcome for a in attempts_of_task(session, task.id)] == [AttemptOutcome.EXPIRED]
+
+
+def test_two_replicas_expire_disjoint_tasks_without_waiting(
+    migrated_engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """On PostgreSQL a replica skips the stale tasks another one is ending, never waits."""
+    if migrated_engine.dialect.name != "postgresql":
+        pytest.skip("SKIP LOCKED is PostgreSQL's; SQLite has a single writer instead")
+    with sessions.begin() as session:
+        enqueue_tasks(session, _tasks(3, step=0), now=T0)
+    ended: list[str] = []
+    with sessions.begin() as replica_a:
+        ended += expire_stale_tasks(replica_a, min_checkpoint_step=1, now=T0, limit=2)
+        with sessions.begin() as replica_b:
+            replica_b.connection().exec_driver_sql("SET LOCAL lock_timeout = '2s'")
+            ended += expire_stale_tasks(replica_b, min_checkpoint_step=1, now=T0)
+    assert sorted(ended) == [f"arithmetic-0-{i:05d}" for i in range(3)]
+    with sessions.begin() as session:
+        assert count_tasks_by_state(session) == {TaskState.EXPIRED: 3}

@@ -49,6 +49,9 @@ class TaskState(StrEnum):
     ACCEPTED = "accepted"
     REJECTED = "rejected"
     FAILED = "failed"
+    #: Ended unleased: while it was queued its checkpoint fell more than ``async_level`` steps
+    #: behind the newest, so no worker may take it any more (the coordinator's sweep ends it).
+    EXPIRED = "expired"
 
 
 class AttemptOutcome(StrEnum):

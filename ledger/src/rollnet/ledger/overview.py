@@ -126,6 +126,8 @@ class OpenWork:
     jobs: dict[ValidationJobState, int]
     failed_tasks: int
     failed_jobs: int
+    #: Tasks ended unleased, behind the staleness bound.
+    expired_tasks: int
 
 
 def open_work(session: Session, *, with_nodes: bool = True) -> OpenWork:
@@ -137,7 +139,7 @@ def open_work(session: Session, *, with_nodes: bool = True) -> OpenWork:
         TaskState(state): count
         for state, count in session.execute(
             select(Task.state, func.count())
-            .where(Task.state.in_([*OPEN_TASK_STATES, TaskState.FAILED]))
+            .where(Task.state.in_([*OPEN_TASK_STATES, TaskState.FAILED, TaskState.EXPIRED]))
             .group_by(Task.state)
         )
     }
@@ -155,6 +157,7 @@ def open_work(session: Session, *, with_nodes: bool = True) -> OpenWork:
         jobs={s: jobs.get(s, 0) for s in OPEN_JOB_STATES},
         failed_tasks=tasks.get(TaskState.FAILED, 0),
         failed_jobs=jobs.get(ValidationJobState.FAILED, 0),
+        expired_tasks=tasks.get(TaskState.EXPIRED, 0),
     )
 
 

@@ -467,6 +467,44 @@ def transition_task(
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
+def oldest_leasable_step(latest_checkpoint_step: int | None, async_level: int) -> int | None:
+    """The oldest checkpoint step a task may have to be leased, given the newest checkpoint and
+    the coordinator's bounded staleness (``async_level``); ``None``: no bound (no checkpoint)."""
+    if latest_checkpoint_step is None:
+        return None
+    return max(0, latest_checkpoint_step - async_level)
+
+
+#: Tasks ended per statement by :func:`expire_stale_tasks`.
+EXPIRE_BATCH = 500
+
+
+def expire_stale_tasks(
+    session: Session, *, min_checkpoint_step: int, now: datetime, limit: int = EXPIRE_BATCH
+) -> list[str]:
+    """End at most ``limit`` queued tasks whose checkpoint is older than ``min_checkpoint_step``
+    (no lease may take them: see :func:`oldest_leasable_step`) as EXPIRED, oldest first; returns
+    their ids.
+
+    Only QUEUED tasks move, leased ones never. On PostgreSQL the rows are taken with ``SKIP
+    LOCKED``, so two replicas sweeping at once end disjoint tasks and neither waits on a task
+    the other is leasing or ending; the UPDATE is conditioned on the state again, so a task is
+    ended once.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    ids = [
+        task_id
+        for (task_id,) in _STALE_CANDIDATES.rows(
+            session, {"min_step": min_checkpoint_step, "limit": limit}
+        )
+    ]
+    if not ids:
+        return []
+    rows = session.execute(_EXPIRE, {"ids": ids, "now": now}).all()
+    return sorted(str(task_id) for (task_id,) in rows)
+
+
 def count_tasks_by_state(session: Session) -> dict[TaskState, int]:
     """How many tasks are in each state (states with none are omitted)."""
     rows = session.execute(select(Task.state, func.count()).group_by(Task.state))
@@ -526,6 +564,19 @@ _LEASE = Prepared(
         _T.sampling,
         _T.fencing_token,
     )
+)
+_STALE_CANDIDATES = Prepared(
+    select(_T.id)
+    .where(_T.state == TaskState.QUEUED, _T.checkpoint_step < bindparam("min_step"))
+    .order_by(_T.created_at, _T.id)
+    .limit(bindparam("limit", type_=Integer))
+    .with_for_update(skip_locked=True)
+)
+_EXPIRE = (
+    update(_TASKS)
+    .where(_T.id.in_(bindparam("ids", expanding=True)), _T.state == TaskState.QUEUED)
+    .values(state=TaskState.EXPIRED, updated_at=bindparam("now"))
+    .returning(_T.id)
 )
 _SUBMIT_STATEMENT = (
     update(_TASKS)

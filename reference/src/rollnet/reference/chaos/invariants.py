@@ -85,9 +85,10 @@ def every_task_terminal_or_leased(
     """Every task is terminal, queued, or held by a lease that is live (or about to be swept);
     every submitted task's validation job is queued, done, or under such a lease.
 
-    Queued tasks whose checkpoint lags the newest by more than ``async_level`` (the
-    coordinator's bounded staleness) are counted apart in the detail: no worker is given them
-    again, and nothing ends them (docs/reliability.md, *Findings*)."""
+    A queued task is stuck too when its checkpoint is more than ``async_level`` steps (the
+    coordinator's bounded staleness) behind one published more than :data:`SWEEP_GRACE` ago: no
+    worker may lease it, and the coordinator's sweep should have ended it as expired
+    (docs/reliability.md, *Findings*)."""
     now = now or datetime.now(UTC)
     expired = now - SWEEP_GRACE
     with engine.connect() as connection:
@@ -102,12 +103,18 @@ def every_task_terminal_or_leased(
                 Commitment.task_id,
             ).join(Commitment, Commitment.id == ValidationJob.commitment_id)
         ).all()
-        latest = connection.execute(select(func.max(Checkpoint.step))).scalar() or 0
-        stale = connection.execute(
-            select(func.count()).where(
-                Task.state == TaskState.QUEUED, Task.checkpoint_step < latest - async_level
-            )
+        # The newest checkpoint the sweep has had time to act on.
+        swept = connection.execute(
+            select(func.max(Checkpoint.step)).where(Checkpoint.published_at < expired)
         ).scalar()
+        stale = connection.execute(
+            select(Task.id, Task.checkpoint_step)
+            .where(
+                Task.state == TaskState.QUEUED,
+                Task.checkpoint_step < (swept or 0) - async_level,
+            )
+            .order_by(Task.id)
+        ).all()
     stuck: list[str] = []
     by_state: Counter[str] = Counter()
     for task_id, state, deadline, holder in tasks:
@@ -121,10 +128,12 @@ def every_task_terminal_or_leased(
             continue
         if job_state == ValidationJobState.LEASED and _aware(deadline) < expired:
             stuck.append(f"validation of {commitment_id} leased past {deadline}")
+    stuck += [
+        f"task {task_id} queued at checkpoint {step}, behind {swept} by more than {async_level}"
+        for task_id, step in stale
+    ]
     summary = ", ".join(f"{count} {state}" for state, count in sorted(by_state.items()))
     detail = f"{len(stuck)} stuck: {stuck[:_SHOWN]}" if stuck else f"tasks: {summary}"
-    if stale:
-        detail += f" ({stale} queued behind the staleness bound)"
     return Invariant("every task terminal or under a live lease", not stuck, detail)
 
 

@@ -176,6 +176,7 @@ class SwarmView:
                 "accepted": totals.kind_counts.get(EntryKind.CREDIT.value, 0),
                 "rejected": totals.kind_counts.get(EntryKind.SLASH.value, 0),
                 "failed": work.failed_tasks,
+                "expired": work.expired_tasks,
             },
             "validation": {
                 **{state.value: count for state, count in work.jobs.items()},

@@ -39,6 +39,12 @@ class CoordinatorMetrics:
             "Expired or revoked leases whose task went back to the queue",
             registry=self.registry,
         )
+        self.tasks_expired = Counter(
+            "rollnet_tasks_expired_total",
+            "Queued tasks ended by the sweep: their checkpoint fell behind the staleness bound"
+            " (async_level), so no worker may lease them",
+            registry=self.registry,
+        )
         self.attempts_ended = Counter(
             "rollnet_task_attempts_ended_total",
             "Task leases that ended without credit, by node and outcome (given_back, expired,"

@@ -223,7 +223,7 @@ class PullBatcher:
         asking = [index for index, outcome in enumerate(outcomes) if outcome is None]
         standings = nodes.get_standings(session, {batch[i].caller.node_id for i in asking})
         latest = artifacts.latest_checkpoint_step(session)
-        min_step = None if latest is None else max(0, latest - config.async_level)
+        min_step = tasks.oldest_leasable_step(latest, config.async_level)
         requests: list[tasks.LeaseRequest] = []
         leasing: list[int] = []
         for index in asking:

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -294,7 +294,8 @@ class Coordinator:
 
 
 async def sweep_once(ctx: CoordinatorContext) -> None:
-    """Requeue expired leases, move silent nodes to SUSPECT/OFFLINE, revoke OFFLINE leases."""
+    """Requeue expired leases, move silent nodes to SUSPECT/OFFLINE, revoke OFFLINE leases,
+    then end queued tasks behind the staleness bound (:func:`expire_stale_tasks`)."""
     config = ctx.config
     now = ctx.clock()
     interval = config.heartbeat_interval
@@ -338,6 +339,7 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
         return requeued, jobs, failed_jobs
 
     requeued, jobs, failed_jobs = await ctx.run_in_transaction(work)
+    await expire_stale_tasks(ctx)
     if requeued:
         ctx.metrics.leases_requeued.inc(requeued)
     for node_id, outcome in ended:
@@ -352,6 +354,45 @@ async def sweep_once(ctx: CoordinatorContext) -> None:
             "validation given up after max_validation_attempts leases; tasks queued again",
             extra={"jobs": failed_jobs},
         )
+
+
+#: Batches of stale tasks one sweep ends at most (each its own transaction); the rest wait for
+#: the next sweep.
+_EXPIRE_BATCHES_PER_SWEEP = 20
+
+
+async def expire_stale_tasks(ctx: CoordinatorContext) -> int:
+    """End queued tasks that no worker may lease any more (their checkpoint is behind the
+    staleness bound, ``async_level``) as EXPIRED, in batches; returns how many.
+
+    The trainer does not wait for them: it writes off its demand of checkpoints too old to
+    train on, and asks again. Leased tasks are left alone: a lease that ends without a
+    commitment requeues its task, and a later sweep expires it then.
+    """
+    config = ctx.config
+    total = 0
+    for _ in range(_EXPIRE_BATCHES_PER_SWEEP):
+        now = ctx.clock()
+
+        def work(session: Session, now: datetime = now) -> list[str]:
+            floor = task_repo.oldest_leasable_step(
+                artifacts.latest_checkpoint_step(session), config.async_level
+            )
+            if not floor:  # no checkpoint yet, or none old enough to be behind the bound
+                return []
+            return task_repo.expire_stale_tasks(session, min_checkpoint_step=floor, now=now)
+
+        ended = await ctx.run_in_transaction(work)
+        if ended:
+            total += len(ended)
+            ctx.metrics.tasks_expired.inc(len(ended))
+            log.info(
+                "queued tasks expired behind the staleness bound",
+                extra={"tasks": len(ended), "first": ended[0], "async_level": config.async_level},
+            )
+        if len(ended) < task_repo.EXPIRE_BATCH:
+            break
+    return total
 
 
 async def sweep_orphan_blobs(ctx: CoordinatorContext) -> tuple[int, int]:

@@ -65,7 +65,7 @@ function render(data) {
   fillList("nodes-by-state", STATES.filter(s => data.nodes.by_state[s])
     .map(s => [s, data.nodes.by_state[s]]));
   fillList("tasks-by-state", ["queued", "leased", "submitted", "validating", "accepted",
-                              "rejected", "failed"].map(s => [s, data.tasks[s]]));
+                              "rejected", "failed", "expired"].map(s => [s, data.tasks[s]]));
   const v = data.validation;
   fillList("validation", [["jobs queued", v.queued], ["jobs leased", v.leased],
     ["accepted", v.accepted], ["rejected", v.rejected],
