@@ -1,5 +1,6 @@
 """The chaos invariants catch what they exist for: a rollout trained twice, a step repeated,
-a task held under a lease nobody will take back — on both databases."""
+a task held under a lease nobody will take back, a task queued behind the staleness bound —
+on both databases."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ledger_testing import record_checkpoints
 from sqlalchemy.engine import Engine
 
 from rollnet.ledger import NewTask, NodeRole, lease_next_task, session_factory
 from rollnet.ledger.nodes import register_node
-from rollnet.ledger.tasks import enqueue_tasks
+from rollnet.ledger.tasks import enqueue_tasks, expire_stale_tasks
 from rollnet.reference.chaos.invariants import (
     each_commitment_credited_once,
     each_rollout_trained_once,
@@ -85,3 +87,42 @@ def test_no_credit_is_no_double_credit(migrated_engine: Engine) -> None:
     outcome = each_commitment_credited_once(migrated_engine)
     assert outcome.holds, outcome.detail
     assert outcome.detail == "0 credits, one per commitment"
+
+
+def _queued_at(engine: Engine, checkpoints: int, published_at: datetime) -> None:
+    """Tasks queued at checkpoints 0 and 1; checkpoints 0..``checkpoints``-1 published."""
+    with session_factory(engine).begin() as session:
+        enqueue_tasks(
+            session,
+            [NewTask(f"task-{s}", "arithmetic", s, ["p"], seed=1) for s in (0, 1)],
+            now=NOW,
+        )
+        record_checkpoints(session, range(checkpoints), now=published_at)
+
+
+def test_a_task_queued_behind_the_staleness_bound_is_stuck(migrated_engine: Engine) -> None:
+    _queued_at(migrated_engine, 4, NOW)  # newest 3: a task at 0 is more than 2 behind
+    outcome = every_task_terminal_or_leased(migrated_engine, now=NOW + timedelta(minutes=5))
+    assert not outcome.holds
+    assert "1 stuck" in outcome.detail
+    assert "task-0 queued at checkpoint 0, behind 3" in outcome.detail
+
+
+def test_a_checkpoint_too_new_for_the_sweep_to_have_acted_leaves_the_task_queued(
+    migrated_engine: Engine,
+) -> None:
+    _queued_at(migrated_engine, 3, NOW)
+    with session_factory(migrated_engine).begin() as session:
+        record_checkpoints(session, [3], now=NOW + timedelta(minutes=5))
+    outcome = every_task_terminal_or_leased(migrated_engine, now=NOW + timedelta(minutes=5))
+    assert outcome.holds, outcome.detail
+    assert "2 queued" in outcome.detail
+
+
+def test_an_expired_stale_task_holds(migrated_engine: Engine) -> None:
+    _queued_at(migrated_engine, 4, NOW)
+    with session_factory(migrated_engine).begin() as session:
+        assert expire_stale_tasks(session, min_checkpoint_step=1, now=NOW) == ["task-0"]
+    outcome = every_task_terminal_or_leased(migrated_engine, now=NOW + timedelta(minutes=5))
+    assert outcome.holds, outcome.detail
+    assert outcome.detail == "tasks: 1 expired, 1 queued"

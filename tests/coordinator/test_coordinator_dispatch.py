@@ -25,13 +25,13 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from rollnet.ledger import idempotency
+from rollnet.ledger import idempotency, overview
 from rollnet.ledger import tasks as task_repo
 from rollnet.ledger.enums import NodeState, TaskState
 from rollnet.ledger.group_commit import GroupCommitWriter
 from rollnet.ledger.models import Node, Task
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
-from rollnet.reference.coordinator.server import Coordinator, start_coordinator
+from rollnet.reference.coordinator.server import Coordinator, start_coordinator, sweep_once
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.sdk.testing import connect, wait_until
@@ -166,6 +166,41 @@ async def test_expiry_requeues_then_fails_and_stale_submits_are_refused(
         assert refused.value.reason == ErrorReason.LEASE_EXPIRED
     finally:
         for c in (trainer, slow, other):
+            await c.close()
+
+
+async def test_the_sweep_expires_tasks_queued_behind_the_staleness_bound(
+    coordinator: Coordinator, trainer_identity: Identity
+) -> None:
+    """Tasks no worker may lease any more (checkpoint more than async_level = 2 behind) end as
+    EXPIRED; the leased one and the fresh one are left alone; sweeping again changes nothing."""
+    trainer = await _trainer(coordinator, trainer_identity)
+    worker = Identity.generate()
+    client = connect(coordinator.address, worker)
+    try:
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        old = await request_tasks(trainer, 3)
+        held = (await pull(client, wait=0)).task.task_id
+        stale = sorted(set(old) - {held})
+        for step in (2, 3, 4):
+            await publish_checkpoint(trainer, trainer_identity, step=step)
+        [fresh] = await request_tasks(trainer, 1, step=4)
+        for _ in range(2):
+            await sweep_once(coordinator.ctx)
+            states = {t: await _task_state(coordinator, t) for t in [*old, fresh]}
+            assert states == {
+                held: TaskState.LEASED,
+                stale[0]: TaskState.EXPIRED,
+                stale[1]: TaskState.EXPIRED,
+                fresh: TaskState.QUEUED,
+            }
+        assert coordinator.ctx.metrics.tasks_expired._value.get() == 2
+        work = await coordinator.ctx.run_in_transaction(overview.open_work)
+        assert (work.expired_tasks, work.tasks[TaskState.QUEUED]) == (2, 1)
+        pulled = await pull(client, wait=0)
+        assert pulled.task.task_id == fresh
+    finally:
+        for c in (trainer, client):
             await c.close()
 
 
