@@ -5,12 +5,15 @@ an origin and a caching relay, workers, validators — with every node behind an
 proxy, and injects faults one at a time for ``--budget`` seconds: SIGKILL and restart of a
 worker, a validator, a relay, the trainer, a coordinator; every PostgreSQL connection of the
 swarm's database dropped (``pg_terminate_backend``, on a database this run creates and drops);
-the PostgreSQL server restarted (``pg_ctl stop -m fast``, a pause, ``pg_ctl start``: a private
-server this run makes under its directory with ``initdb`` and removes at the end — the default
-when ``initdb`` is found; ``--no-private-postgres`` uses the shared server on 127.0.0.1:5432,
-which is never restarted, and leaves that kind out); and, at a proxy, added delay, connection resets and a partition. Printed: faults injected and
-survived per kind with the time the swarm took to make progress again and to have every process
-serving again, then the invariants. Exit 1 when a fault was not survived or an invariant broke.
+the PostgreSQL server restarted (``pg_ctl stop -m fast``, a pause, ``pg_ctl start``); and, at a
+proxy, added delay, connection resets and a partition. Printed: faults injected and survived per
+kind with the time the swarm took to make progress again and to have every process serving
+again, then the invariants. Exit 1 when a fault was not survived or an invariant broke.
+
+With ``--db postgres`` the run makes a PostgreSQL server of its own under its directory
+(``initdb``; removed at the end), the default when ``initdb`` is found: the server
+``restart_database`` restarts. ``--no-private-postgres`` uses the shared server on
+127.0.0.1:5432 instead, which is never restarted (that kind is then left out).
 
     .venv/bin/python bench/chaos.py [--db sqlite|postgres|both] [--budget 240] [--seed 0]
         [--kinds restart_database,kill_coordinator] [--no-private-postgres]
