@@ -39,6 +39,8 @@ from rollnet.reference.chaos import FAULT_KINDS, ChaosConfig, ChaosReport, Swarm
 from rollnet.reference.chaos.postgres import PrivatePostgres, private_postgres_available
 
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432"
+#: Where in the run's directory its private PostgreSQL server lives.
+PRIVATE_SERVER_DIR = "postgres-server"
 
 
 def _admin(statement: sql.Composed) -> None:
@@ -51,7 +53,7 @@ async def _one(db: str, args: argparse.Namespace, root: Path) -> ChaosReport:
     url = None
     server = None
     if db == "postgres" and args.private_postgres:
-        server = PrivatePostgres(root / "postgres-server")
+        server = PrivatePostgres(root / PRIVATE_SERVER_DIR)
     elif db == "postgres":
         _admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
@@ -129,6 +131,8 @@ def main() -> int:
             print(report.table(), flush=True)
             ok = ok and report.ok
     finally:
+        # A second Ctrl-C can cut the run's own clean-up short: never leave the server running.
+        PrivatePostgres(root / PRIVATE_SERVER_DIR).remove()
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     return 0 if ok else 1
