@@ -41,6 +41,9 @@ SETTINGS = (
     "full_page_writes = off",
     "max_connections = 200",
 )
+#: Tries at starting a new cluster on a free port, and what the log says when one was taken.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "could not bind IPv4 address"
 
 
 def private_postgres_available() -> str | None:
@@ -92,9 +95,20 @@ class PrivatePostgres:
         why = private_postgres_available()
         if why is not None:
             raise RuntimeError(f"cannot make a private PostgreSQL server: {why}")
+        chosen = self.port == 0
         if not self.data.exists():
             self._make()
-        self._pg_ctl("start", "-l", str(self.log))
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._pg_ctl("start", "-l", str(self.log))
+                return
+            except RuntimeError as error:
+                # A port free when picked can be taken before the server binds it (another
+                # process's outgoing connection): pick another one.
+                if not chosen or attempt == PORT_ATTEMPTS - 1 or PORT_TAKEN not in str(error):
+                    raise
+                self.port = _free_port()
+                self._configure(f"port = {self.port}")
 
     def stop(self) -> None:
         """Stop the server (fast: open sessions are rolled back and disconnected)."""
@@ -150,10 +164,17 @@ class PrivatePostgres:
             ["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync"],
             "initdb",
         )
+        self._configure(
+            "# rollnet chaos harness",
+            *SETTINGS,
+            f"port = {self.port}",
+            f"unix_socket_directories = '{socket_dir}'",
+        )
+
+    def _configure(self, *lines: str) -> None:
+        # Appended: of two lines setting one parameter, the server takes the last.
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write("\n# rollnet chaos harness\n")
-            conf.write("\n".join((*SETTINGS, f"port = {self.port}")) + "\n")
-            conf.write(f"unix_socket_directories = '{socket_dir}'\n")
+            conf.write("\n" + "\n".join(lines) + "\n")
 
     def _pg_ctl(self, action: str, *options: str) -> None:
         command = ["pg_ctl", action, "-D", str(self.data), "-w", "-t", f"{self.timeout:.0f}"]
@@ -173,8 +194,15 @@ class PrivatePostgres:
         if result.returncode != 0:
             raise RuntimeError(
                 f"{what} failed ({result.returncode}): {result.stderr.strip() or result.stdout}; "
-                f"server log: {self.log}"
+                f"the end of the server log ({self.log}):\n{self._log_tail()}"
             )
+
+    def _log_tail(self, lines: int = 20) -> str:
+        # Read now: remove() deletes the log with the cluster.
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"(unreadable: {error})"
 
     @staticmethod
     def _as_server_user(command: list[str]) -> list[str]:
