@@ -5,11 +5,18 @@ an origin and a caching relay, workers, validators — with every node behind an
 proxy, and injects faults one at a time for ``--budget`` seconds: SIGKILL and restart of a
 worker, a validator, a relay, the trainer, a coordinator; every PostgreSQL connection of the
 swarm's database dropped (``pg_terminate_backend``, on a database this run creates and drops);
-and, at a proxy, added delay, connection resets and a partition. Printed: faults injected and
-survived per kind with the time the swarm took to make progress again and to have every process
-serving again, then the invariants. Exit 1 when a fault was not survived or an invariant broke.
+the PostgreSQL server restarted (``pg_ctl stop -m fast``, a pause, ``pg_ctl start``); and, at a
+proxy, added delay, connection resets and a partition. Printed: faults injected and survived per
+kind with the time the swarm took to make progress again and to have every process serving
+again, then the invariants. Exit 1 when a fault was not survived or an invariant broke.
+
+With ``--db postgres`` the run makes a PostgreSQL server of its own under its directory
+(``initdb``; removed at the end), the default when ``initdb`` is found: the server
+``restart_database`` restarts. ``--no-private-postgres`` uses the shared server on
+127.0.0.1:5432 instead, which is never restarted (that kind is then left out).
 
     .venv/bin/python bench/chaos.py [--db sqlite|postgres|both] [--budget 240] [--seed 0]
+        [--kinds restart_database,kill_coordinator] [--no-private-postgres]
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ import psycopg
 from psycopg import sql
 
 from rollnet.reference.chaos import FAULT_KINDS, ChaosConfig, ChaosReport, SwarmConfig, run_chaos
+from rollnet.reference.chaos.postgres import PrivatePostgres, private_postgres_available
 
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432"
+#: Where in the run's directory its private PostgreSQL server lives.
+PRIVATE_SERVER_DIR = "postgres-server"
 
 
 def _admin(statement: sql.Composed) -> None:
@@ -41,10 +51,17 @@ def _admin(statement: sql.Composed) -> None:
 async def _one(db: str, args: argparse.Namespace, root: Path) -> ChaosReport:
     name = f"rollnet_chaos_{uuid.uuid4().hex[:12]}"
     url = None
-    if db == "postgres":
+    server = None
+    if db == "postgres" and args.private_postgres:
+        server = PrivatePostgres(root / PRIVATE_SERVER_DIR)
+    elif db == "postgres":
         _admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     try:
+        if server is not None:
+            await asyncio.to_thread(server.start)
+            url = server.create_database(name)
+            print(f"private PostgreSQL server on port {server.port} in {server.directory}")
         config = ChaosConfig(
             swarm=SwarmConfig(
                 data_dir=root / db,
@@ -58,10 +75,13 @@ async def _one(db: str, args: argparse.Namespace, root: Path) -> ChaosReport:
             budget=args.budget,
             seed=args.seed,
             kinds=tuple(filter(None, args.kinds.split(","))) or FAULT_KINDS,
+            database_server=server,
         )
         return await run_chaos(config)
     finally:
-        if url is not None:
+        if server is not None:
+            await asyncio.to_thread(server.remove)
+        elif url is not None:
             _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
@@ -75,7 +95,17 @@ def main() -> int:
     parser.add_argument("--warm-start-steps", type=int, default=50)
     parser.add_argument("--kinds", default="", help=f"comma-separated, of {','.join(FAULT_KINDS)}")
     parser.add_argument("--keep", type=Path, default=None, help="run in this directory, kept")
+    why_not_private = private_postgres_available()
+    parser.add_argument(
+        "--private-postgres",
+        action=argparse.BooleanOptionalAction,
+        default=why_not_private is None,
+        help="--db postgres on a server of the run's own, which restart_database restarts "
+        "(default: on when initdb is found); off: the shared server, never restarted",
+    )
     args = parser.parse_args()
+    if args.private_postgres and why_not_private is not None:
+        parser.error(f"--private-postgres: {why_not_private}")
     unknown = sorted(set(filter(None, args.kinds.split(","))) - set(FAULT_KINDS))
     if unknown:
         parser.error(f"--kinds: unknown {', '.join(unknown)}; known: {', '.join(FAULT_KINDS)}")
@@ -101,6 +131,8 @@ def main() -> int:
             print(report.table(), flush=True)
             ok = ok and report.ok
     finally:
+        # A second Ctrl-C can cut the run's own clean-up short: never leave the server running.
+        PrivatePostgres(root / PRIVATE_SERVER_DIR).remove()
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     return 0 if ok else 1

@@ -31,6 +31,7 @@ from rollnet.reference.chaos.invariants import (
     every_task_terminal_or_leased,
     ledger_verifies,
 )
+from rollnet.reference.chaos.postgres import PrivatePostgres
 from rollnet.reference.chaos.swarm import ChaosSwarm, SwarmConfig
 
 __all__ = ["FAULT_KINDS", "ChaosConfig", "ChaosReport", "FaultRecord", "run_chaos"]
@@ -43,6 +44,7 @@ FAULT_KINDS = (
     "kill_trainer",
     "kill_coordinator",
     "drop_db_connections",
+    "restart_database",
     "proxy_delay",
     "proxy_reset",
     "proxy_partition",
@@ -59,8 +61,8 @@ class ChaosConfig:
     (every kind as often as every other)."""
     seed: int = 0
     kinds: tuple[str, ...] = FAULT_KINDS
-    """Kinds that do not apply are left out: drop_db_connections without PostgreSQL, kill_relay
-    without relays."""
+    """Kinds that do not apply are left out: drop_db_connections without PostgreSQL,
+    restart_database without a ``database_server``, kill_relay without relays."""
     recovery_timeout: float = 120.0
     settle_timeout: float = 300.0
     """For the first trainer step before the faults, and one more after them."""
@@ -68,6 +70,11 @@ class ChaosConfig:
     """Seconds a proxy holds each chunk during a delay fault."""
     fault_seconds: float = 6.0
     """How long a delay or a partition lasts."""
+    database_server: PrivatePostgres | None = None
+    """The swarm's own PostgreSQL server, which restart_database restarts (None: the database
+    is on a shared server, which is never restarted)."""
+    database_down: float = 2.0
+    """Seconds the database server stays stopped during a restart_database fault."""
     log: Callable[[str], None] = print
 
 
@@ -199,6 +206,8 @@ def _applicable(config: ChaosConfig) -> list[str]:
     kinds = list(config.kinds)
     if config.swarm.database_url is None or not config.swarm.database_url.startswith("postgres"):
         kinds = [k for k in kinds if k != "drop_db_connections"]
+    if config.database_server is None:
+        kinds = [k for k in kinds if k != "restart_database"]
     if not config.swarm.relays:
         kinds = [k for k in kinds if k != "kill_relay"]
     if not kinds:
@@ -217,6 +226,11 @@ async def _inject(
     elif kind == "drop_db_connections":
         dropped = await asyncio.to_thread(_terminate_backends, swarm)
         target = f"{dropped} backends"
+    elif kind == "restart_database":
+        server = config.database_server
+        assert server is not None  # _applicable leaves the kind out without one
+        await asyncio.to_thread(server.restart, config.database_down)
+        target = f"postgres:{server.port}"
     else:
         index = rng.randrange(len(swarm.proxies))
         proxy = swarm.proxies[index]
