@@ -39,7 +39,7 @@ from rollnet.reference.coordinator.checkpoints import CheckpointDesk
 from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
-from rollnet.reference.coordinator.database_errors import DatabaseErrors
+from rollnet.reference.coordinator.database_errors import DatabaseErrors, is_connection_lost
 from rollnet.reference.coordinator.database_lock import lock_database
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.interceptors import (
@@ -484,8 +484,11 @@ async def _every(seconds: float, action: Any) -> None:
     while True:
         try:
             await action()
-        except Exception:  # a sweep failing (database blip) must not kill the loop
-            log.exception("periodic task failed")
+        except Exception as error:  # a sweep failing (database blip) must not kill the loop
+            if is_connection_lost(error):  # expected while the database restarts: no traceback
+                log.warning("periodic task: database connection lost", extra={"error": str(error)})
+            else:
+                log.exception("periodic task failed")
         await asyncio.sleep(seconds)
 
 
