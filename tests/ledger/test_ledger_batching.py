@@ -25,9 +25,13 @@ class Doubler(Batcher[Item]):
     """Commits a batch by doubling each value; a batch holding ``bad`` fails as a whole."""
 
     def __init__(
-        self, on_failure: OnFailure = OnFailure.SPLIT_IN_HALVES, *, skip: bool = False
+        self,
+        on_failure: OnFailure = OnFailure.SPLIT_IN_HALVES,
+        *,
+        skip: bool = False,
+        max_batch: int = 16,
     ) -> None:
-        super().__init__(max_batch=16, on_failure=on_failure, skip_abandoned=skip)
+        super().__init__(max_batch=max_batch, on_failure=on_failure, skip_abandoned=skip)
         #: Commit number -> the event it waits for before answering.
         self.gates: dict[int, asyncio.Event] = {}
         self.commits: list[list[str]] = []
@@ -74,7 +78,7 @@ def test_parts_of_a_failed_batch() -> None:
 
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch"):
-        Batcher[Item](max_batch=0)
+        Doubler(max_batch=0)
 
 
 async def test_halves_isolate_the_failing_item() -> None:

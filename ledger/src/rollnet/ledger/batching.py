@@ -14,6 +14,7 @@ own, callable from any thread, and splits with the same :class:`OnFailure`.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import contextvars
@@ -66,7 +67,7 @@ def abandoned(item: Queued) -> bool:
     return item.future is not None and item.future.done()
 
 
-class Batcher(Generic[Q]):
+class Batcher(abc.ABC, Generic[Q]):
     """Commits queued items in batches on the running event loop.
 
     Subclasses implement :meth:`_commit` (one outcome per item: a value, an exception, or
@@ -101,9 +102,9 @@ class Batcher(Generic[Q]):
         self.items = 0
         self.retried = 0
 
+    @abc.abstractmethod
     async def _commit(self, batch: list[Q]) -> Sequence[Any]:
         """Commit one batch in one transaction: each item's outcome, in order."""
-        raise NotImplementedError
 
     def _requeued(self, item: Q) -> None:
         """Called before an item whose outcome was :data:`AGAIN` goes back in the queue."""
