@@ -224,7 +224,7 @@ class RollnetTree:
     async def publish(
         self, model: Path, step: int, base: tuple[int, Path] | None
     ) -> tuple[Path, int]:
-        from rollnet.reference.checkpoints import (
+        from rollnet.reference.checkpoint_publishing import (
             DeltaBase,
             build_manifest,
             signed_checkpoint,
@@ -249,7 +249,7 @@ class RollnetTree:
         return path, counts.delta_bytes
 
     def run(self, model: Path, step: int, base: tuple[int, Path] | None = None) -> dict[str, Any]:
-        import rollnet.reference.checkpoints  # noqa: F401 - imported before the clock starts
+        import rollnet.reference.checkpoint_publishing  # noqa: F401 - imported before the clock starts
 
         everyone = self.processes + self.clients.processes
         cpu = cpu_seconds(everyone) + own_cpu_seconds()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollnet.reference.coordinator.dispatch import HeldPolls
-from rollnet.reference.coordinator.nodes import RegistrationLimiter
+from rollnet.reference.coordinator.registry import RegistrationLimiter
 from rollnet.reference.coordinator.uploads import PendingUploads, QuotaExceeded
 from rollnet.sdk import Identity
 

@@ -14,9 +14,9 @@ import blake3
 import pytest
 from broadcast_testing import model_dir, publish_to_origin
 
-import rollnet.reference.checkpoints as publishing
+import rollnet.reference.checkpoint_publishing as publishing
 import rollnet.sdk.checkpoints as store_module
-from rollnet.reference.checkpoints import build_manifest, plan_shards
+from rollnet.reference.checkpoint_publishing import build_manifest, plan_shards
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
 from rollnet.sdk.broadcast import RelayShards
 from rollnet.sdk.checkpoints import (

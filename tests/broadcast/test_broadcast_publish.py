@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from broadcast_testing import model_dir, registered_client
 
-from rollnet.reference.checkpoints import DeltaBase, publish_model_dir, sign_manifest
+from rollnet.reference.checkpoint_publishing import DeltaBase, publish_model_dir, sign_manifest
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.reference.testing import coordinator_config
 from rollnet.sdk import ConnectionConfig, ErrorReason, RollnetClient, RollnetError
@@ -146,7 +146,7 @@ async def test_a_delta_that_does_not_rebuild_the_file_falls_back_to_the_shards(
     never a wrong file: the full shards are fetched."""
     from broadcast_testing import publish_to_origin
 
-    from rollnet.reference.checkpoints import signed_checkpoint, write_origin_blob
+    from rollnet.reference.checkpoint_publishing import signed_checkpoint, write_origin_blob
     from rollnet.reference.relay import RelayConfig, start_relay
 
     weights = bytearray(os.urandom(100_000))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from broadcast_testing import GatedUpstream, model_dir, publish_to_origin
 
-from rollnet.reference.checkpoints import DeltaBase
+from rollnet.reference.checkpoint_publishing import DeltaBase
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
 from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
 from rollnet.sdk.broadcast import BadShardReport, RelayShards

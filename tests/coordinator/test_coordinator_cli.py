@@ -25,7 +25,7 @@ from coordinator_testing import (
 )
 from safetensors.numpy import save_file
 
-from rollnet.reference.checkpoints import (
+from rollnet.reference.checkpoint_publishing import (
     CheckpointDirError,
     flops_per_token,
     model_files,

@@ -21,7 +21,7 @@ from http_fuzzing import METHODS, PRINTABLE, Answer, header_lines, plain_headers
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollnet.reference.checkpoints import write_origin_blob
+from rollnet.reference.checkpoint_publishing import write_origin_blob
 from rollnet.reference.relay.server import RelayConfig, RelayServer, start_relay
 from rollnet.sdk.broadcast.client import BLOB_PATH
 

@@ -9,7 +9,7 @@ import pytest
 from fuzz_testing import LoopThread
 from http_fuzzing import request
 
-from rollnet.reference.checkpoints import write_origin_blob
+from rollnet.reference.checkpoint_publishing import write_origin_blob
 from rollnet.reference.relay.server import RelayConfig, _byte_range, start_relay
 from rollnet.sdk.broadcast.client import BLOB_PATH
 

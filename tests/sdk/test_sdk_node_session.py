@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, select
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.models import Node
 from rollnet.reference import testing as reference_testing
-from rollnet.reference.checkpoints import publish_model_dir
+from rollnet.reference.checkpoint_publishing import publish_model_dir
 from rollnet.reference.coordinator.config import CoordinatorConfig
-from rollnet.reference.coordinator.nodes import NodeRegistry
+from rollnet.reference.coordinator.registry import NodeRegistry
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import (
     Backoff,

@@ -11,7 +11,7 @@ import blake3
 from aiohttp import web
 from coordinator_testing import register
 
-from rollnet.reference.checkpoints import (
+from rollnet.reference.checkpoint_publishing import (
     DeltaBase,
     build_manifest,
     signed_checkpoint,

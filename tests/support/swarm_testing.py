@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select
 
 from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobState
 from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
-from rollnet.reference.checkpoints import publish_model_dir
+from rollnet.reference.checkpoint_publishing import publish_model_dir
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2

@@ -6,11 +6,13 @@ future: :meth:`~GroupCommitWriter.submit` from an event loop (an :class:`asyncio
 The writer thread takes everything queued at that moment (up to ``max_batch``) and runs it in
 one transaction, each unit in its own SAVEPOINT, so a unit's failure rolls back its own writes
 only; nobody hears success before the batch's COMMIT has returned. Should the shared transaction
-itself fail (a deferred constraint one unit broke, say), each half of the batch runs again in a
-transaction of its own, down to the unit that fails alone. While a batch commits the next one
-accumulates, so batches grow with load while a lone call is never delayed. The coordinator runs
-all its SQLite writes through one; a program that only appends ledger entries hands it
-``lambda session: append_entries(session, [entry])``.
+itself fail (a deferred constraint one unit broke, say), the batch runs again in parts as its
+:class:`~rollnet.ledger.batching.OnFailure` says (by default each half in a transaction of its
+own, down to the unit that fails alone). While a batch commits the next one accumulates, so
+batches grow with load while a lone call is never delayed. These are the steps of the event-loop
+:class:`~rollnet.ledger.batching.Batcher`, run on a thread that callers on any thread or loop
+reach. The coordinator runs all its SQLite writes through one; a program that only appends
+ledger entries hands it ``lambda session: append_entries(session, [entry])``.
 
 Work may run again after a failed transaction, so it must depend on nothing but its session.
 """
@@ -29,6 +31,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
+
+from rollnet.ledger.batching import OnFailure
 
 log = logging.getLogger("rollnet.ledger")
 
@@ -55,13 +59,21 @@ def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
 
 class GroupCommitWriter:
     """Runs write transactions on one thread, committing concurrent callers' work together
-    (thread-safe; see the module docs)."""
+    (thread-safe; see the module docs). ``on_failure`` says how a batch whose transaction failed
+    runs again."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        max_batch: int = 256,
+        on_failure: OnFailure = OnFailure.SPLIT_IN_HALVES,
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._sessions = sessions
         self._max_batch = max_batch
+        self._on_failure = on_failure
         self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -180,13 +192,13 @@ class GroupCommitWriter:
             if len(batch) == 1:
                 return [(False, error)]
             log.warning(
-                "a group commit of %d calls failed (%s: %s); committing each half alone",
+                "a group commit of %d calls failed (%s: %s); %s",
                 len(batch),
                 type(error).__name__,
                 error,
+                self._on_failure.value,
             )
-            middle = len(batch) // 2
-            return self._commit(batch[:middle]) + self._commit(batch[middle:])
+            return [o for part in self._on_failure.parts(batch) for o in self._commit(part)]
         self.batches += 1
         self.jobs += len(batch)
         return outcomes

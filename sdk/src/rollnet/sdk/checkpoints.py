@@ -15,7 +15,7 @@ verbatim in ``Checkpoint.manifest``. Nothing is trusted before it is checked:
   that step's file and the (much smaller) delta (:mod:`rollnet.sdk.broadcast.delta`); the result
   must match the signed digest, else the full shards are fetched.
 
-The publishing side is ``rollnet.reference.checkpoints.publish_model_dir``.
+The publishing side is ``rollnet.reference.checkpoint_publishing.publish_model_dir``.
 Shards come from the coordinator's ``BlobService`` (:class:`BlobServiceShards`) or from a tree
 of relays (:class:`rollnet.sdk.broadcast.RelayShards`), both of them a :class:`ShardSource`.
 """

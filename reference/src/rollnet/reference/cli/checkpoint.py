@@ -2,9 +2,9 @@
 
 ``rollnet trainer`` publishes its checkpoints by itself; this command publishes a model directory
 by hand (a network's first checkpoint without a trainer, tests, scripts): the files of a Hugging
-Face model directory are cut into shards, uploaded to the coordinator as blobs
-and described by a signed manifest (see :mod:`rollnet.reference.checkpoints`). Exit codes: 0
-published, 1 the coordinator refused (the reason is printed), 2 bad local input.
+Face model directory are cut into shards, uploaded to the coordinator as blobs and described by a
+signed manifest (see :mod:`rollnet.reference.checkpoint_publishing`). Exit codes: 0 published, 1
+the coordinator refused (the reason is printed), 2 bad local input.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _MIB = 1024 * 1024
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from rollnet.reference.checkpoints import (
+    from rollnet.reference.checkpoint_publishing import (
         CheckpointDirError,
         DeltaBase,
         model_files,

@@ -106,7 +106,7 @@ def _band(text: str) -> tuple[float, float]:
 
 
 def _model_dir(text: str) -> Path:
-    from rollnet.reference.checkpoints import CheckpointDirError, model_files
+    from rollnet.reference.checkpoint_publishing import CheckpointDirError, model_files
 
     path = Path(text)
     try:

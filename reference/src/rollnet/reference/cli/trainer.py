@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the trainer from the flags and train until done or signalled."""
-    from rollnet.reference.checkpoints import CheckpointDirError, model_files
+    from rollnet.reference.checkpoint_publishing import CheckpointDirError, model_files
     from rollnet.reference.envs import (
         EnvironmentConfigError,
         EnvironmentRegistryError,

@@ -130,7 +130,7 @@ class Harness:
     # ------------------------------------------------------------------ setup and teardown
 
     async def open(self) -> None:
-        from rollnet.reference.checkpoints import publish_model_dir
+        from rollnet.reference.checkpoint_publishing import publish_model_dir
         from rollnet.reference.coordinator.config import load_config, with_overrides
         from rollnet.reference.coordinator.server import start_coordinator
         from rollnet.reference.model.tiny import init_tiny_model
@@ -347,7 +347,7 @@ class Harness:
     async def publish_next(self, *, delta_seed: int | None = None) -> int:
         """Publish the next step: the current weights again, or (``delta_seed``) the tiny model
         drawn from that seed, shipped with deltas against the current step's files."""
-        from rollnet.reference.checkpoints import DeltaBase, publish_model_dir
+        from rollnet.reference.checkpoint_publishing import DeltaBase, publish_model_dir
         from rollnet.reference.model.tiny import init_tiny_model
 
         assert self.trainer is not None

@@ -6,7 +6,9 @@ milliseconds (or when the batch is full): one conditional UPDATE revives the bat
 SELECT reads their states, one UPDATE per lease kind extends every listed lease. Each caller still
 gets its own answer, and a heartbeat is acknowledged only after its batch committed. A batch whose
 transaction fails is split in halves, each committed alone, down to the heartbeat that fails by
-itself: one node's bad heartbeat never fails the others' (nor turns them SUSPECT).
+itself: one node's bad heartbeat never fails the others' (nor turns them SUSPECT). The queue,
+gathering and splitting are :class:`rollnet.ledger.batching.Batcher`'s; this module holds what a
+batch of heartbeats writes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts, leases, nodes
+from rollnet.ledger.batching import Batcher, OnFailure
 from rollnet.ledger.enums import NodeRole, NodeState
 from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.reference.coordinator.context import CoordinatorContext
@@ -119,17 +122,20 @@ class LoopLag:
             self.record(max(0.0, loop.time() - started - _LAG_PERIOD))
 
 
-class HeartbeatBatcher:
-    """Collects heartbeats and commits them in groups."""
+class HeartbeatBatcher(Batcher[_Pending]):
+    """Collects heartbeats and commits them in groups (a :class:`~rollnet.ledger.batching.Batcher`
+    that gathers for ``max_delay`` and splits a failed batch in halves)."""
+
+    noun = "heartbeats"
+    log = log
 
     def __init__(
         self, ctx: CoordinatorContext, *, max_batch: int = 1024, max_delay: float = 0.010
     ) -> None:
+        super().__init__(
+            max_batch=max_batch, max_delay=max_delay, on_failure=OnFailure.SPLIT_IN_HALVES
+        )
         self.ctx = ctx
-        self.max_batch = max_batch
-        self.max_delay = max_delay
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._runner: asyncio.Task[None] | None = None
         self.lag = LoopLag()
 
     async def submit(
@@ -148,18 +154,9 @@ class HeartbeatBatcher:
         recorded in the batch's transaction: a heartbeat whose nonce was recorded before is a
         replay, changes nothing and comes back ``replayed``.
         """
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run())
         future: asyncio.Future[HeartbeatResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(
-            _Pending(node_id, lease_ids, interval, future, checkpoint_step, nonce)
-        )
+        self._enqueue(_Pending(node_id, lease_ids, interval, future, checkpoint_step, nonce))
         return await future
-
-    @property
-    def backlog(self) -> int:
-        """Heartbeats waiting for a batch."""
-        return self._queue.qsize()
 
     @property
     def behind(self) -> bool:
@@ -174,45 +171,7 @@ class HeartbeatBatcher:
     async def close(self) -> None:
         """Stop the flushing task (pending heartbeats fail with CancelledError)."""
         await self.lag.stop()
-        if self._runner is not None:
-            self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
-
-    async def _run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            # Let the batch gather for max_delay, then take what came (one timer per batch, not
-            # a timed wait per heartbeat).
-            await asyncio.sleep(self.max_delay)
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            for item, result in zip(batch, await self._commit_apart(batch), strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(result, HeartbeatResult):
-                    item.future.set_result(result)
-                else:
-                    item.future.set_exception(result)
-
-    async def _commit_apart(self, batch: list[_Pending]) -> list[HeartbeatResult | Exception]:
-        """Each heartbeat's result, or the error its transaction failed with: when the batch's
-        transaction fails, each half is committed on its own (recursively), so a heartbeat the
-        database refuses fails alone, at the cost of a few more transactions."""
-        try:
-            return list(await self._commit(batch))
-        except Exception as error:
-            if len(batch) == 1:
-                return [error]
-            log.warning(
-                "a batch of %d heartbeats failed (%s: %s); committing each half alone",
-                len(batch),
-                type(error).__name__,
-                error,
-            )
-        middle = len(batch) // 2
-        first = await self._commit_apart(batch[:middle])
-        return first + await self._commit_apart(batch[middle:])
+        await super().close()
 
     async def _commit(self, batch: list[_Pending]) -> list[HeartbeatResult]:
         config = self.ctx.config

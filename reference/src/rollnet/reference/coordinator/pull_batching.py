@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
 import logging
 from dataclasses import dataclass
@@ -14,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts, idempotency, nodes, tasks
+from rollnet.ledger.batching import AGAIN, Batcher, OnFailure
 from rollnet.ledger.nonces import NonceKey, claim_nonces
 from rollnet.ledger.tasks import LeasedTask
 from rollnet.reference.coordinator.context import (
@@ -57,14 +56,7 @@ class _PendingPull:
     nonce: NonceKey | None = None
 
 
-#: Outcome of a pull whose request id another pull of the same batch carries: it is retried in
-#: the next batch, where the first one's record answers it.
-_AGAIN = object()
-#: Outcome of a pull whose caller went away before it could be tried again (nobody to answer).
-_GONE = object()
-
-
-class PullBatcher:
+class PullBatcher(Batcher[_PendingPull]):
     """Leases for concurrent pulls, many in one transaction.
 
     On SQLite every write goes through the one writer thread, where each pull used to be a call
@@ -74,22 +66,27 @@ class PullBatcher:
     one look-up of their request ids, one read of their nodes, one of their held leases, one
     candidate query per environment filter, and then one UPDATE and one record per lease.
     Each pull still gets its own answer: a refusal, a replayed answer, a lease or nothing.
+    The queue is a :class:`~rollnet.ledger.batching.Batcher` without a gather delay that skips
+    pulls whose callers left (a lease taken for one would count against its node's cap until it
+    expired) and, should a batch's transaction fail, tries each pull again alone, so that one
+    pull's failure (a constraint it breaks, say) reaches its own caller only.
 
     On PostgreSQL writes run in parallel on a few threads and each pull stays a transaction of
     its own (a batch would lock many node rows at once, against heartbeat batches that lock
     them in another order).
     """
 
+    noun = "pulls"
+    log = log
+
     def __init__(self, ctx: CoordinatorContext, *, max_batch: int = 256) -> None:
+        super().__init__(max_batch=max_batch, on_failure=OnFailure.EACH_ALONE, skip_abandoned=True)
         self.ctx = ctx
-        self.max_batch = max_batch
-        self._queue: asyncio.Queue[_PendingPull] = asyncio.Queue()
-        self._runner: asyncio.Task[None] | None = None
-        #: Transactions sent to lease for pulls, and the pulls they carried (tests and metrics).
-        self.batches = 0
-        self.pulls = 0
-        #: Pulls tried again alone after their batch's transaction failed.
-        self.retried = 0
+
+    @property
+    def pulls(self) -> int:
+        """Pulls carried by the transactions sent to lease (tests and metrics)."""
+        return self.items
 
     async def lease(
         self,
@@ -106,101 +103,32 @@ class PullBatcher:
         """
         pending = _PendingPull(caller, environments, scope, nonce=nonce)
         if self.ctx.group_commit is None:
-            self._count([pending])
-            (outcome,) = await self._write([pending])
+            (outcome,) = await self._outcomes([pending])
             return _settled(outcome)
-        loop = asyncio.get_running_loop()
-        if self._runner is None or self._runner.done():
-            # A context of its own: the runner must not carry the first caller's request id.
-            self._runner = loop.create_task(self._run(), context=contextvars.Context())
-        pending.future = loop.create_future()
-        self._queue.put_nowait(pending)
+        pending.future = asyncio.get_running_loop().create_future()
+        self._enqueue(pending)
         return await pending.future
 
-    def _count(self, batch: list[_PendingPull]) -> None:
-        # Counted on the event loop, when the batch goes to the writer (threads may not race).
-        self.batches += 1
-        self.pulls += len(batch)
+    def _requeued(self, item: _PendingPull) -> None:
+        item.nonce = None  # recorded with the batch that committed
 
-    def _count_each(self, batch: list[_PendingPull]) -> None:
-        self.batches += len(batch)
-        self.pulls += len(batch)
-        self.retried += len(batch)
-
-    async def close(self) -> None:
-        """Stop batching; pulls still queued are cancelled."""
-        if self._runner is not None:
-            self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
-        while not self._queue.empty():
-            future = self._queue.get_nowait().future
-            if future is not None:
-                future.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            # A pull whose caller went away while it waited leases nothing: a lease taken for it
-            # would count against its node's cap until it expired.
-            batch = [pending for pending in batch if not _gone(pending)]
-            if not batch:
-                continue
-            try:
-                outcomes = await self._lease_batch(batch)
-            except asyncio.CancelledError:  # closing: no pull of this batch is left waiting
-                for pending in batch:
-                    if pending.future is not None:
-                        pending.future.cancel()
-                raise
-            for pending, outcome in zip(batch, outcomes, strict=True):
-                future = pending.future
-                assert future is not None
-                if future.done() or outcome is _GONE:
-                    continue  # the caller went away (a lease it took expires unused)
-                if outcome is _AGAIN:
-                    pending.nonce = None  # recorded with the batch that committed
-                    self._queue.put_nowait(pending)
-                elif isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+    async def _batch_outcomes(self, batch: list[_PendingPull]) -> list[Any]:
+        return await self._lease_batch(batch)
 
     async def _lease_batch(self, batch: list[_PendingPull]) -> list[Any]:
-        """The batch's outcomes. If its transaction fails, each pull is tried again alone, so
-        that one pull's failure (a constraint it breaks, say) reaches its own caller only."""
-        self._count(batch)
-        try:
-            return await self._write(batch)
-        except Exception as error:
-            if len(batch) == 1:
-                return [error]
-            log.warning(
-                "a batch of %d pulls failed (%s: %s); trying each alone",
-                len(batch),
-                type(error).__name__,
-                error,
-            )
-        outcomes: list[Any] = [_GONE] * len(batch)
-        again = [i for i, pending in enumerate(batch) if not _gone(pending)]
-        self._count_each([batch[i] for i in again])
-        singles = await asyncio.gather(
-            *(self._write([batch[index]]) for index in again), return_exceptions=True
-        )
-        for index, single in zip(again, singles, strict=True):
-            outcomes[index] = single if isinstance(single, BaseException) else single[0]
-        return outcomes
+        """The outcomes of a batch taken from the queue."""
+        return await self._outcomes(batch)
 
-    async def _write(self, batch: list[_PendingPull]) -> list[Any]:
+    async def _commit(self, batch: list[_PendingPull]) -> list[Any]:
         # The batch handles its pulls' request ids itself (scoped=False).
         return await self.ctx.run_in_transaction(
             functools.partial(self._work, batch=batch), scoped=False
         )
 
     def _work(self, session: Session, batch: list[_PendingPull]) -> list[Any]:
-        """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``_AGAIN``."""
+        """Every pull's outcome: a response, :class:`NoTask`, an exception, or ``AGAIN`` (a pull
+        whose request id another pull of the batch carries: tried again in the next batch, where
+        the first one's record answers it)."""
         for pending in batch:
             if pending.scope is not None:
                 # Nothing of this transaction is recorded yet; a batch (or a group commit) that
@@ -291,7 +219,7 @@ def _answer_repeats(
             continue
         key = (scope.method, scope.caller_id, scope.request_id)
         if key in first:
-            outcomes[index] = _AGAIN
+            outcomes[index] = AGAIN
             repeats[index] = first[key]
         else:
             first[key] = index
@@ -302,10 +230,6 @@ def _answer_repeats(
         for pair, payload in idempotency.lookup_many(session, method, ours).items():
             outcomes[ours[pair]] = StoredResponse(payload)
     return repeats
-
-
-def _gone(pending: _PendingPull) -> bool:
-    return pending.future is not None and pending.future.done()
 
 
 def has_work(filters: NoTask, session: Session) -> bool:
@@ -320,5 +244,5 @@ def has_work(filters: NoTask, session: Session) -> bool:
 def _settled(outcome: Any) -> task_service_pb2.PullTaskResponse | NoTask:
     if isinstance(outcome, BaseException):
         raise outcome
-    assert outcome is not _AGAIN, "a pull alone in its batch is never sent again"
+    assert outcome is not AGAIN, "a pull alone in its batch is never sent again"
     return outcome  # type: ignore[no-any-return]

@@ -35,7 +35,7 @@ from rollnet.reference.coordinator import uploads
 from rollnet.reference.coordinator.blob_intake import BlobDesk
 from rollnet.reference.coordinator.blobstore import BlobStore
 from rollnet.reference.coordinator.bounds import RequestBounds
-from rollnet.reference.coordinator.checkpoints import CheckpointDesk
+from rollnet.reference.coordinator.checkpoint_desk import CheckpointDesk
 from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig
 from rollnet.reference.coordinator.context import CoordinatorContext
@@ -54,8 +54,8 @@ from rollnet.reference.coordinator.interceptors import (
 from rollnet.reference.coordinator.keys import KeyDirectory
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
 from rollnet.reference.coordinator.metrics import CoordinatorMetrics
-from rollnet.reference.coordinator.nodes import NodeRegistry
 from rollnet.reference.coordinator.nonces import NonceLedger
+from rollnet.reference.coordinator.registry import NodeRegistry
 from rollnet.reference.coordinator.servicers import (
     BlobServicer,
     CheckpointServicer,

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import idempotency
 from rollnet.ledger.enums import NodeState
 from rollnet.reference.coordinator.blob_intake import BlobDesk
-from rollnet.reference.coordinator.checkpoints import CheckpointDesk
+from rollnet.reference.coordinator.checkpoint_desk import CheckpointDesk
 from rollnet.reference.coordinator.commitments import CommitmentDesk
 from rollnet.reference.coordinator.context import (
     IDEMPOTENCY_SCOPE,
@@ -30,8 +30,8 @@ from rollnet.reference.coordinator.context import (
 )
 from rollnet.reference.coordinator.dispatch import Dispatcher
 from rollnet.reference.coordinator.ledger_reads import LedgerDesk
-from rollnet.reference.coordinator.nodes import NodeRegistry
 from rollnet.reference.coordinator.refusal import Refusal
+from rollnet.reference.coordinator.registry import NodeRegistry
 from rollnet.reference.coordinator.serde import ROLE_TO_DB, timestamp
 from rollnet.reference.coordinator.standing import Caller
 from rollnet.reference.coordinator.verdicts import VerdictDesk

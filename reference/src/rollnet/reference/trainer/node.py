@@ -182,7 +182,7 @@ class Trainer:
     async def _ensure_published(self, step: int) -> None:
         """Publish checkpoint ``step`` unless the coordinator has it; refuse to go on when the
         coordinator is ahead (another trainer, or this one's state was lost)."""
-        from rollnet.reference.checkpoints import publish_model_dir
+        from rollnet.reference.checkpoint_publishing import publish_model_dir
 
         client = self.session.client
         latest = await self.session.call(
