@@ -34,13 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def coordinator_config_for(
     tmp_path: Path, database_url: str, trainer: Identity, validator: Identity, **changes: Any
 ) -> CoordinatorConfig:
-    """Seconds-scale timings, the trainer and validator allow-listed."""
+    """Seconds-scale timings, the trainer and validator allow-listed (``changes`` may name
+    other ``trainers`` / ``validators``)."""
+    allowed: dict[str, Any] = {"trainers": [trainer], "validators": [validator]}
     return swarm_coordinator_config(
-        tmp_path / "coordinator",
-        database_url,
-        trainers=[trainer],
-        validators=[validator],
-        **changes,
+        tmp_path / "coordinator", database_url, **{**allowed, **changes}
     )
 
 
