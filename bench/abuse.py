@@ -54,7 +54,7 @@ from coordinator_load import (
     Node,
     percentile,
     register_all,
-    start_process,
+    start_coordinator,
     unary,
 )
 
@@ -164,24 +164,8 @@ def coordinator(
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp, _database(postgres) as url:
         config = Path(tmp, "coordinator.toml")
         config.write_text(limits.config(trainer.identity.node_id))
-        process, port = start_process(
-            [
-                sys.executable,
-                "-m",
-                "rollnet.reference.cli",
-                "coordinator",
-                "--data-dir",
-                str(Path(tmp, "data")),
-                *(["--db", url] if url else []),
-                "--config",
-                str(config),
-                "--listen",
-                "127.0.0.1:0",
-                "--log-level",
-                "WARNING",
-            ],
-            r"listening on [^:]+:(\d+)",
-            dict(os.environ) | {"PYTHONUNBUFFERED": "1"},
+        process, port = start_coordinator(
+            Path(tmp, "data"), url, config, dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
         )
         try:
             yield RunningCoordinator(process, f"127.0.0.1:{port}")

@@ -745,6 +745,32 @@ async def main_async(args: argparse.Namespace, coordinator: str, echo: str, db: 
         await bench_swarm(coordinator, swarm, args.interval, args.swarm_seconds, db)
 
 
+def start_coordinator(
+    data_dir: Path, db: str | None, config: Path, env: dict[str, str]
+) -> tuple[Any, int]:
+    """``rollnet coordinator`` as a process on a free port of 127.0.0.1 (``db``: a database URL,
+    or ``None`` for SQLite under ``data_dir``); the process and its port."""
+    return start_process(
+        [
+            sys.executable,
+            "-m",
+            "rollnet.reference.cli",
+            "coordinator",
+            "--data-dir",
+            str(data_dir),
+            *(["--db", db] if db else []),
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+            "--log-level",
+            "WARNING",
+        ],
+        r"listening on [^:]+:(\d+)",
+        env,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500)
@@ -794,24 +820,8 @@ def main() -> int:
         echo_process, echo_port = start_process(
             [sys.executable, __file__, "--serve-echo"], r"PORT (\d+)", env
         )
-        coordinator_process, port = start_process(
-            [
-                sys.executable,
-                "-m",
-                "rollnet.reference.cli",
-                "coordinator",
-                "--data-dir",
-                str(Path(tmp, "data")),
-                *(["--db", args.db] if args.db else []),
-                "--config",
-                str(config),
-                "--listen",
-                "127.0.0.1:0",
-                "--log-level",
-                "WARNING",
-            ],
-            r"listening on [^:]+:(\d+)",
-            env | {"PYTHONUNBUFFERED": "1"},
+        coordinator_process, port = start_coordinator(
+            Path(tmp, "data"), args.db, config, env | {"PYTHONUNBUFFERED": "1"}
         )
         global COORDINATOR_PID, ECHO_PID
         COORDINATOR_PID, ECHO_PID = coordinator_process.pid, echo_process.pid
