@@ -150,7 +150,7 @@ def main() -> None:
     validated_rate = generated_tokens / validate_seconds
     ratio = validated_rate / generated_rate
     rollouts_total = args.jobs * args.prompts * args.samples
-    parameters = sum(p.numel() for p in model.backend.model.parameters())
+    parameters = sum(p.numel() for p in worker.model.parameters())  # the same checkpoint
     print(
         f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
         f"{spec.num_hidden_layers} layers, vocabulary {model.backend.vocab_size}, "
