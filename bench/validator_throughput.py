@@ -32,7 +32,7 @@ sizes swarms run (random weights; the cost of a prefill and of the checks depend
 only). The prefill grows with the parameters, the checks' work outside it with the completion
 tokens times the vocabulary, so the end-to-end ratio falls as the model grows
 (docs/validator.md, "Against the bare prefill", has the figures per size). A Qwen2.5-0.5B-like
-shape on one core takes about 5 minutes with one small job:
+shape on one core takes 2–4 minutes with one small job:
 
     .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4] \
         [--threads 1] [--repeats 3] [--parallel-rounds 5] [--challenged 8]
