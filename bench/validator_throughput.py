@@ -27,8 +27,18 @@ with the same torch thread count, judging disjoint halves of the jobs, and print
 validated tokens/s of each. Network time (GetBlob, SubmitVerdict: a few ms per job on loopback)
 is not included; it is per job, so it shrinks relative to the work as tasks grow.
 
+Model size: ``--hidden-size``, ``--layers`` and ``--vocab`` grow the tiny model towards the
+sizes swarms run (random weights; the cost of a prefill and of the checks depends on the shapes
+only). The prefill grows with the parameters, the checks' work outside it with the completion
+tokens times the vocabulary, so the end-to-end ratio falls as the model grows
+(docs/validator.md, "Against the bare prefill", has the figures per size). A Qwen2.5-0.5B-like
+shape on one core takes 2–4 minutes with one small job:
+
     .venv/bin/python bench/validator_throughput.py [--jobs 8 --prompts 8 --samples 4] \
         [--threads 1] [--repeats 3] [--parallel-rounds 5] [--challenged 8]
+    .venv/bin/python bench/validator_throughput.py --jobs 1 --prompts 4 --samples 4 \
+        --max-new-tokens 32 --repeats 2 --parallel-rounds 0 \
+        --hidden-size 896 --layers 24 --vocab 151936
 """
 
 from __future__ import annotations
@@ -140,10 +150,12 @@ def main() -> None:
     validated_rate = generated_tokens / validate_seconds
     ratio = validated_rate / generated_rate
     rollouts_total = args.jobs * args.prompts * args.samples
+    parameters = sum(p.numel() for p in worker.model.parameters())  # the same checkpoint
     print(
         f"torch threads: {torch.get_num_threads()}, tiny model (hidden {spec.hidden_size}, "
-        f"{spec.num_hidden_layers} layers, vocabulary {model.backend.vocab_size}), float32, "
-        f"CPU; best of {args.repeats} rounds; load average {load_average()}"
+        f"{spec.num_hidden_layers} layers, vocabulary {model.backend.vocab_size}, "
+        f"{parameters / 1e6:.1f}M parameters), float32, CPU; best of {args.repeats} rounds; "
+        f"load average {load_average()}"
     )
     print(
         f"workload: {args.jobs} jobs x {args.prompts} prompts x {args.samples} samples = "
