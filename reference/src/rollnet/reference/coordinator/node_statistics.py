@@ -115,13 +115,11 @@ def record(
     entries: Sequence[validation_pb2.RolloutStatistics],
     policy: StatisticsPolicy,
     *,
-    temperature: float,
     now: datetime,
 ) -> NodeFlag | None:
-    """Add one verdict's statistics to the node's evidence, at any task ``temperature`` (the
-    statistics are in units of each token's own tolerance); the flag when this update flags
-    the node for the first time, else None."""
-    del temperature  # every admitted temperature counts (kept for the caller's signature)
+    """Add one verdict's statistics to the node's evidence, whatever the task's temperature
+    (the statistics are in units of each token's own tolerance); the flag when this update
+    flags the node for the first time, else None."""
     if not entries:
         return None
     row = stored.get_node_statistics(session, node_id, for_update=True) or stored.StatisticsRow()

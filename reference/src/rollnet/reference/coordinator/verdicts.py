@@ -305,7 +305,6 @@ class VerdictDesk:
                 commitment.node_id,
                 request.rollout_statistics,
                 statistics_policy_for(config.compute_dtype),
-                temperature=float(task.sampling["temperature"]),
                 now=now,
             )
         else:
