@@ -20,6 +20,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,10 @@ class PrivatePostgres:
     # -- internals ---------------------------------------------------------------------------
 
     def _make(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
         socket_dir = self.directory / "socket"
+        if len(str(socket_dir)) > 80:  # a socket path is at most 107 bytes (".s.PGSQL.PORT" too)
+            socket_dir = Path(tempfile.mkdtemp(prefix="rollnet-pg-"))
         socket_dir.mkdir(parents=True, exist_ok=True)
         if self.port == 0:
             self.port = _free_port()
