@@ -49,11 +49,8 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_contracts_hold_and_break_on_a_forbidden_import(tmp_path: Path) -> None:
-    if not LINT_IMPORTS.exists():
-        # In CI `make dev` installed it (requirements/dev.txt): a failure there, a skip elsewhere.
-        if os.environ.get("CI"):
-            pytest.fail(f"{LINT_IMPORTS} is missing: 'make dev' installs import-linter")
-        pytest.skip("import-linter is not installed (make dev)")
+    if not LINT_IMPORTS.exists():  # requirements/dev.txt has it, as it has pytest
+        pytest.fail(f"{LINT_IMPORTS} is missing: 'make dev' installs import-linter")
     tree = tmp_path / "tree"
     for part in ("sdk/src", "ledger/src", "reference/src"):
         shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))

@@ -45,6 +45,12 @@ LEASE = timedelta(seconds=60)
 AddNodes = Callable[..., list[str]]
 
 
+#: SKIP LOCKED is PostgreSQL's (SQLite has a single writer instead): these run there alone.
+postgres_only = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+
+
 def _tasks(count: int, environment: str = "arithmetic", step: int = 0) -> list[NewTask]:
     return [
         NewTask(
@@ -353,12 +359,11 @@ def test_concurrent_workers_lease_every_task_exactly_once(
         assert count_tasks_by_state(session) == {TaskState.LEASED: total}
 
 
+@postgres_only
 def test_skip_locked_lets_a_second_replica_lease_past_an_open_transaction(
     migrated_engine: Engine, sessions: sessionmaker[Session], add_nodes: AddNodes
 ) -> None:
     """On PostgreSQL a replica never waits on (or re-leases) a task another one is leasing."""
-    if migrated_engine.dialect.name != "postgresql":
-        pytest.skip("SKIP LOCKED is PostgreSQL's; SQLite has a single writer instead")
     first_worker, second_worker = add_nodes(2)
     with sessions.begin() as session:
         enqueue_tasks(session, _tasks(2), now=T0)
@@ -519,12 +524,11 @@ def test_a_requeued_stale_task_expires_and_its_history_stays(
         assert [a.outcome for a in attempts_of_task(session, task.id)] == [AttemptOutcome.EXPIRED]
 
 
+@postgres_only
 def test_two_replicas_expire_disjoint_tasks_without_waiting(
     migrated_engine: Engine, sessions: sessionmaker[Session]
 ) -> None:
     """On PostgreSQL a replica skips the stale tasks another one is ending, never waits."""
-    if migrated_engine.dialect.name != "postgresql":
-        pytest.skip("SKIP LOCKED is PostgreSQL's; SQLite has a single writer instead")
     with sessions.begin() as session:
         enqueue_tasks(session, _tasks(3, step=0), now=T0)
     ended: list[str] = []
