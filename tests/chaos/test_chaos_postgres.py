@@ -39,11 +39,12 @@ def test_a_private_server_starts_restarts_with_its_data_and_is_removed(tmp_path:
                 before.execute("SELECT 1")
         with psycopg.connect(database) as after:
             assert after.execute("SELECT n FROM marks").fetchall() == [(7,)]
-        assert (server.directory / "socket" / f".s.PGSQL.{server.port}").exists()
+        assert (server.socket_directory / f".s.PGSQL.{server.port}").exists()
     finally:
         server.remove()
     assert not server.running()
     assert not server.directory.exists()
+    assert not server.socket_directory.exists()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(f"{server.server_url}/postgres", connect_timeout=2)
 
@@ -126,3 +127,12 @@ async def test_two_replicas_survive_a_restart_of_their_database_server(
     assert all(f.survived for f in report.faults), report.table()
     broken = [i for i in report.invariants if not i.holds]
     assert not broken, report.table()
+
+
+def test_the_socket_moves_out_of_a_directory_whose_path_is_too_long(tmp_path: Path) -> None:
+    short = PrivatePostgres(Path("/tmp/pg"))
+    assert short.socket_directory == Path("/tmp/pg/socket")
+    deep = PrivatePostgres(tmp_path / ("d" * 100))
+    assert len(str(deep.socket_directory / ".s.PGSQL.65535")) <= 107
+    assert deep.socket_directory == PrivatePostgres(tmp_path / ("d" * 100)).socket_directory
+    assert deep.socket_directory != PrivatePostgres(tmp_path / ("e" * 100)).socket_directory

@@ -3,7 +3,8 @@
 The machine's shared server must never be restarted (other work uses it), so a run that injects
 ``restart_database`` gets a server of its own: ``initdb`` makes a cluster under the run's
 directory, ``pg_ctl`` starts it on a free port of 127.0.0.1 with its unix socket in the same
-directory (``fsync`` off: the cluster is thrown away, and a fast restart still replays its
+directory, or under the system's temporary directory when that path would pass the 107 bytes a
+socket path may have (``fsync`` off: the cluster is thrown away, and a fast restart still replays its
 write-ahead log), and :meth:`PrivatePostgres.remove` stops it and deletes the cluster.
 
 PostgreSQL refuses to run as root. When the harness is root it runs ``initdb``, ``pg_ctl`` and
@@ -15,6 +16,7 @@ so that the user can reach it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pwd
 import shutil
@@ -87,6 +89,17 @@ class PrivatePostgres:
         """A psycopg URL of the server, without a database."""
         return f"postgresql://postgres@127.0.0.1:{self.port}"
 
+    @property
+    def socket_directory(self) -> Path:
+        """Where the server's unix socket lies: ``socket/`` in the cluster's directory, unless that
+        path is too long for a socket (107 bytes with ``.s.PGSQL.PORT``); then a directory under
+        the system's temporary directory named after the cluster's, removed with it."""
+        inside = self.directory / "socket"
+        if len(str(inside)) <= 80:
+            return inside
+        digest = hashlib.blake2b(str(self.directory.resolve()).encode(), digest_size=8).hexdigest()
+        return Path(tempfile.gettempdir()) / f"rollnet-pg-{digest}"
+
     def url(self, database: str) -> str:
         """The SQLAlchemy URL of ``database`` on this server."""
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -139,6 +152,7 @@ class PrivatePostgres:
         with contextlib.suppress(RuntimeError):
             if self.running():
                 self._pg_ctl("stop", "-m", "immediate")
+        shutil.rmtree(self.socket_directory, ignore_errors=True)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def create_database(self, name: str) -> str:
@@ -153,9 +167,7 @@ class PrivatePostgres:
 
     def _make(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        socket_dir = self.directory / "socket"
-        if len(str(socket_dir)) > 80:  # a socket path is at most 107 bytes (".s.PGSQL.PORT" too)
-            socket_dir = Path(tempfile.mkdtemp(prefix="rollnet-pg-"))
+        socket_dir = self.socket_directory
         socket_dir.mkdir(parents=True, exist_ok=True)
         if self.port == 0:
             self.port = _free_port()
