@@ -33,8 +33,8 @@ from rollnet.sdk import (
     signing_interceptors,
 )
 from rollnet.sdk.identity import b64url_encode
+from rollnet.sdk.nonce_cache import NonceCacheFull
 from rollnet.sdk.testing import NETWORK_ID
-from rollnet.sdk.verifier import NonceCacheFull
 from rollnet.v1 import common_pb2, node_service_pb2
 
 GET_NODE = method_path("NodeService", "GetNode")
@@ -77,6 +77,12 @@ def replace(metadata: list[tuple[str, str]], name: str, value: str | None) -> li
 
 def get_node_body(node_id: str = "n1") -> bytes:
     return node_service_pb2.GetNodeRequest(node_id=node_id).SerializeToString(deterministic=True)
+
+
+def register_body(identity: Identity) -> bytes:
+    return node_service_pb2.RegisterNodeRequest(
+        public_key=identity.public_key, role=common_pb2.ROLE_WORKER
+    ).SerializeToString(deterministic=True)
 
 
 async def expect_refusal(
@@ -394,6 +400,33 @@ async def test_full_nonce_cache_refuses_with_retry_info(swarm: Swarm) -> None:
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.reason == ErrorReason.RATE_LIMITED
     assert error.retry_after is not None
+
+
+async def test_fresh_keys_filling_their_pool_leave_registered_keys_served(swarm: Swarm) -> None:
+    """Fresh keys (RegisterNode) have a pool of their own: once it is full, a new fresh key is
+    refused naming that bound, while a registered key's calls, and the refusal of their
+    replays, go on as before."""
+    swarm.verifier.nonces = NonceCache(
+        ttl=120.0, capacity=10, max_unregistered_keys=2, unregistered_per_key=1
+    )
+    body = get_node_body()
+    honest = signed(swarm.worker, GET_NODE, body)
+    await raw_call(swarm, GET_NODE, body, honest)
+    for _ in range(2):
+        fresh = Identity.generate()
+        register = register_body(fresh)
+        await raw_call(swarm, REGISTER, register, signed(fresh, REGISTER, register))
+    flood = Identity.generate()
+    register = register_body(flood)
+    error = await expect_refusal(swarm, REGISTER, register, signed(flood, REGISTER, register))
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.reason == ErrorReason.RATE_LIMITED
+    assert error.metadata["nonce_limit"] == "unregistered_keys"
+    assert "unregistered keys are registering" in error.message
+    assert error.retry_after is not None
+    replay = await expect_refusal(swarm, GET_NODE, body, honest)
+    assert replay.reason == ErrorReason.NONCE_REPLAYED
+    await raw_call(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
 
 
 async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:

@@ -83,6 +83,7 @@ from rollnet.sdk.node import (
     default_hardware,
     run_until_signalled,
 )
+from rollnet.sdk.nonce_cache import NonceCache
 from rollnet.sdk.retry import Backoff, RetryPolicy, backoff_delay, is_retryable
 from rollnet.sdk.signing import (
     AUDIENCE_HEADER,
@@ -101,7 +102,6 @@ from rollnet.sdk.signing import (
 from rollnet.sdk.verifier import (
     KeyResolver,
     KnownKey,
-    NonceCache,
     RequestVerifier,
     VerificationError,
     VerifiedCaller,

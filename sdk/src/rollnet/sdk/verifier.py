@@ -20,7 +20,6 @@ beyond gRPC's limit then go without the rich error.
 from __future__ import annotations
 
 import binascii
-import collections
 import contextvars
 import inspect
 import logging
@@ -41,6 +40,7 @@ from rollnet.sdk.identity import (
     verify_signature,
 )
 from rollnet.sdk.methods import EXEMPT_PREFIXES, REGISTER_NODE
+from rollnet.sdk.nonce_cache import NonceCache, NonceCacheFull
 from rollnet.sdk.signing import (
     AUDIENCE_HEADER,
     BODY_HASH_HEADER,
@@ -146,80 +146,15 @@ def current_request_id() -> str:
 class VerificationError(Exception):
     """A call failed verification; ``reason`` and ``code`` are what the client receives."""
 
-    def __init__(self, reason: ErrorReason, message: str) -> None:
+    def __init__(
+        self, reason: ErrorReason, message: str, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.code = REASON_CODES[reason]
         self.message = message
-
-
-class NonceCacheFull(Exception):
-    """The nonce cache holds its capacity of live nonces; the call must come back later."""
-
-
-class NonceCache:
-    """Nonces seen per key within the replay window; bounded, entries expire after ``ttl``.
-
-    Expiry is measured on a monotonic clock from the moment a nonce is recorded. A verifier uses
-    ``ttl = 2 * skew`` because an accepted timestamp can lie up to ``skew`` in the future, so
-    the request stays acceptable for up to ``2 * skew`` after it arrives.
-    When the cache (or one key's share of it, ``per_key_capacity``) is full of live nonces it
-    refuses new ones rather than evicting: evicting would let a flood of fresh nonces re-open a
-    replay window, and the per-key share keeps one busy key from starving the others.
-    """
-
-    def __init__(
-        self,
-        *,
-        ttl: float,
-        capacity: int,
-        per_key_capacity: int | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if capacity < 1 or ttl <= 0 or (per_key_capacity is not None and per_key_capacity < 1):
-            raise ValueError("NonceCache needs capacities >= 1 and ttl > 0")
-        self._ttl = ttl
-        self._capacity = capacity
-        self._per_key_capacity = per_key_capacity or capacity
-        self._clock = clock
-        self._expiry: dict[tuple[bytes, str], float] = {}
-        self._per_key: collections.Counter[bytes] = collections.Counter()
-        # Insertion order equals expiry order (constant ttl, monotonic clock).
-        self._order: collections.deque[tuple[float, tuple[bytes, str]]] = collections.deque()
-
-    def __len__(self) -> int:
-        self._purge(self._clock())
-        return len(self._expiry)
-
-    def record(self, public_key: bytes, nonce: str) -> bool:
-        """Record ``nonce`` for ``public_key``; ``False`` when it is already recorded and live.
-
-        Raises :class:`NonceCacheFull` when the cache, or this key's share, is full.
-        """
-        now = self._clock()
-        self._purge(now)
-        entry = (public_key, nonce)
-        if entry in self._expiry:
-            return False
-        if (
-            len(self._expiry) >= self._capacity
-            or self._per_key[public_key] >= self._per_key_capacity
-        ):
-            raise NonceCacheFull
-        expiry = now + self._ttl
-        self._expiry[entry] = expiry
-        self._per_key[public_key] += 1
-        self._order.append((expiry, entry))
-        return True
-
-    def _purge(self, now: float) -> None:
-        while self._order and self._order[0][0] <= now:
-            _, entry = self._order.popleft()
-            del self._expiry[entry]
-            key = entry[0]
-            self._per_key[key] -= 1
-            if not self._per_key[key]:
-                del self._per_key[key]
+        #: ``ErrorInfo`` metadata of the refusal (which bound refused it, say).
+        self.metadata = dict(metadata or {})
 
 
 def _default_exempt() -> frozenset[str]:
@@ -244,10 +179,21 @@ class VerifierConfig:
     """Largest accepted distance, in seconds, between the signed timestamp and the server clock
     (in either direction)."""
     nonce_capacity: int = 500_000
-    """Most live nonces remembered at once, all keys together (a few hundred bytes each; at the
-    default window this allows about 4,000 calls per second)."""
+    """Live nonces of registered keys beyond their reserve, all keys together (a few hundred
+    bytes each; at the default window this allows about 4,000 calls per second)."""
     nonce_capacity_per_key: int = 12_000
-    """Most live nonces of one key (at the default window, about 100 calls per second)."""
+    """Most live nonces of one registered key (at the default window, about 100 calls per
+    second)."""
+    nonce_reserved_per_key: int = 32
+    """Live nonces every registered key may hold whatever other keys hold: the calls of an
+    ordinary node (a heartbeat every 10 s, its pulls and submissions) within the window."""
+    nonce_max_keys: int = 50_000
+    """Most registered keys holding live nonces at once (keys that called within the window)."""
+    nonce_max_unregistered_keys: int = 10_000
+    """Most unregistered keys holding live nonces at once: keys registering within the window.
+    Beyond it new fresh keys are refused ``RATE_LIMITED``; registered keys are not affected."""
+    nonce_unregistered_per_key: int = 8
+    """Most live nonces of one unregistered key (its RegisterNode attempts within the window)."""
     registration_methods: frozenset[str] = field(default_factory=_default_registration)
     """Methods an unknown key may call (its caller then has role ``ROLE_UNSPECIFIED``)."""
     exempt_prefixes: frozenset[str] = field(default_factory=_default_exempt)
@@ -307,6 +253,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             ttl=2 * config.skew,
             capacity=config.nonce_capacity,
             per_key_capacity=config.nonce_capacity_per_key,
+            reserved_per_key=config.nonce_reserved_per_key,
+            max_keys=config.nonce_max_keys,
+            max_unregistered_keys=config.nonce_max_unregistered_keys,
+            unregistered_per_key=config.nonce_unregistered_per_key,
         )
         self._wrappers = WrapperCache(self._wrap)
 
@@ -350,10 +300,12 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
                 ErrorReason.UNKNOWN_KEY, "key is not registered; call RegisterNode first"
             )
         try:
-            fresh = self.nonces.record(key, nonce)
-        except NonceCacheFull:
+            # Partitioned per key: fresh keys (registering) have a pool of their own, so a
+            # flood of them can neither evict nor crowd out registered keys' nonces.
+            fresh = self.nonces.record(key, nonce, registered=known is not None)
+        except NonceCacheFull as full:
             raise VerificationError(
-                ErrorReason.RATE_LIMITED, "too many calls in the replay window"
+                ErrorReason.RATE_LIMITED, full.message, metadata={"nonce_limit": full.limit}
             ) from None
         if not fresh:
             raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
@@ -423,7 +375,14 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             retry_after = (
                 1.0 if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING) else None
             )
-            await abort(context, exc.code, exc.reason, exc.message, retry_after=retry_after)
+            await abort(
+                context,
+                exc.code,
+                exc.reason,
+                exc.message,
+                retry_after=retry_after,
+                metadata=exc.metadata or None,
+            )
         _CALLER.set(caller)
         _REQUEST_ID.set(_header(metadata, NONCE_HEADER))
         return caller

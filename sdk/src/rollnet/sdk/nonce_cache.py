@@ -1,0 +1,218 @@
+"""The verifier's replay cache: the nonces each key used within the replay window, in memory.
+
+Partitioned by key, so that what one key does cannot make the cache forget, or refuse, another's:
+
+- A **registered** key (one the server's key resolver knows) may hold ``per_key_capacity`` live
+  nonces. Its first ``reserved_per_key`` are its own; beyond them it draws on a pool shared by
+  all registered keys (``capacity``). At most ``max_keys`` registered keys hold live nonces at
+  once.
+- An **unregistered** key (a fresh key: all it may call is RegisterNode) has a pool of its own:
+  at most ``max_unregistered_keys`` such keys at once, ``unregistered_per_key`` nonces each. A
+  flood of fresh keys fills that pool and then has its new keys refused; it never touches what
+  registered keys hold or may still use.
+
+Nothing live is ever evicted: a nonce stays until its window closes (``ttl`` after it was
+recorded), and a key's partition goes with its last nonce. When a bound is reached the new call
+is refused (:class:`NonceCacheFull`, naming the bound) rather than an older nonce forgotten,
+which would let that call be replayed. Memory is therefore bounded by
+``max_keys * reserved_per_key + capacity + max_unregistered_keys * unregistered_per_key``
+nonces and ``max_keys + max_unregistered_keys`` partitions, whatever callers do, and each call
+costs O(1) (amortized: one expiry per recorded nonce).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+
+class NonceCacheFull(Exception):
+    """A bound of the nonce cache refuses this call; it must come back later.
+
+    ``limit`` names the bound: ``per_key`` (this key's share), ``shared`` (the pool registered
+    keys draw on beyond their reserve), ``keys`` (registered keys at once) or
+    ``unregistered_keys`` (fresh keys registering at once).
+    """
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.message = message
+
+
+class _Partition:
+    """One key's live nonces."""
+
+    __slots__ = ("nonces", "registered")
+
+    def __init__(self, registered: bool) -> None:
+        self.nonces: set[str] = set()
+        self.registered = registered
+
+
+class NonceCache:
+    """Nonces seen per key within the replay window; bounded, entries expire after ``ttl``.
+
+    Expiry is measured on a monotonic clock from the moment a nonce is recorded. A verifier uses
+    ``ttl = 2 * skew`` because an accepted timestamp can lie up to ``skew`` in the future, so
+    the request stays acceptable for up to ``2 * skew`` after it arrives. See the module docs
+    for the bounds; ``None`` for ``per_key_capacity`` means ``capacity``, for ``max_keys`` and
+    the unregistered bounds it means no bound beyond the others.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float,
+        capacity: int,
+        per_key_capacity: int | None = None,
+        reserved_per_key: int = 0,
+        max_keys: int | None = None,
+        max_unregistered_keys: int | None = None,
+        unregistered_per_key: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        per_key = capacity if per_key_capacity is None else per_key_capacity
+        if (
+            ttl <= 0
+            or capacity < 1
+            or per_key < 1
+            or not 0 <= reserved_per_key <= per_key
+            or (max_keys is not None and max_keys < 1)
+            or (max_unregistered_keys is not None and max_unregistered_keys < 1)
+            or (unregistered_per_key is not None and unregistered_per_key < 1)
+        ):
+            raise ValueError(
+                "NonceCache needs ttl > 0, capacities and key bounds >= 1 and "
+                "0 <= reserved_per_key <= per_key_capacity"
+            )
+        self._ttl = ttl
+        self._capacity = capacity
+        self._per_key = per_key
+        self._reserved = reserved_per_key
+        self._max_keys = max_keys
+        self._max_unregistered = max_unregistered_keys
+        self._unregistered_per_key = (
+            per_key if unregistered_per_key is None else unregistered_per_key
+        )
+        self._clock = clock
+        self._partitions: dict[bytes, _Partition] = {}
+        self._registered_keys = 0
+        self._unregistered_keys = 0
+        self._live = 0
+        #: Registered keys' live nonces beyond their reserve: sum of max(0, len - reserved).
+        self._shared_in_use = 0
+        # Insertion order equals expiry order (constant ttl, monotonic clock).
+        self._order: collections.deque[tuple[float, bytes, str]] = collections.deque()
+
+    def __len__(self) -> int:
+        """Live nonces, all keys together."""
+        self._purge(self._clock())
+        return self._live
+
+    @property
+    def registered_keys(self) -> int:
+        """Registered keys holding live nonces."""
+        self._purge(self._clock())
+        return self._registered_keys
+
+    @property
+    def unregistered_keys(self) -> int:
+        """Unregistered keys holding live nonces."""
+        self._purge(self._clock())
+        return self._unregistered_keys
+
+    @property
+    def shared_in_use(self) -> int:
+        """Live nonces drawn on the shared pool (registered keys' beyond their reserve)."""
+        self._purge(self._clock())
+        return self._shared_in_use
+
+    def record(self, public_key: bytes, nonce: str, *, registered: bool = True) -> bool:
+        """Record ``nonce`` for ``public_key``; ``False`` when it is already recorded and live.
+
+        ``registered``: whether the server knows the key. A key once recorded as registered
+        keeps its partition's bounds until that partition expires; an unregistered key's
+        partition moves to the registered bounds on its first call as a registered key.
+        Raises :class:`NonceCacheFull` when a bound would be exceeded; nothing is recorded then.
+        """
+        now = self._clock()
+        self._purge(now)
+        partition = self._partitions.get(public_key)
+        if partition is not None and nonce in partition.nonces:
+            return False
+        held = 0 if partition is None else len(partition.nonces)
+        promote = registered and partition is not None and not partition.registered
+        as_registered = registered or (partition is not None and partition.registered)
+        if as_registered:
+            new_key = partition is None or promote
+            if new_key and self._max_keys is not None and self._registered_keys >= self._max_keys:
+                raise NonceCacheFull(
+                    "keys",
+                    f"{self._max_keys:,} keys are calling within the replay window "
+                    f"({self._ttl:g} s), the most this server remembers at once",
+                )
+            if held >= self._per_key:
+                raise NonceCacheFull(
+                    "per_key",
+                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                    "its most",
+                )
+            beyond = max(0, held - self._reserved)  # what this key holds beyond its reserve
+            # A promoted partition brings what it holds beyond its reserve onto the pool.
+            shared = self._shared_in_use + (beyond if promote else 0)
+            if held >= self._reserved and shared >= self._capacity:
+                raise NonceCacheFull(
+                    "shared",
+                    f"calls within the replay window ({self._ttl:g} s) fill this server's "
+                    f"shared replay cache; this key's reserved {self._reserved:,} are in use",
+                )
+        else:
+            limit = self._max_unregistered
+            if partition is None and limit is not None and self._unregistered_keys >= limit:
+                raise NonceCacheFull(
+                    "unregistered_keys",
+                    f"{limit:,} unregistered keys are registering within the replay window "
+                    f"({self._ttl:g} s), the most this server remembers at once",
+                )
+            if held >= self._unregistered_per_key:
+                raise NonceCacheFull(
+                    "per_key",
+                    f"this unregistered key made {held:,} calls within the replay window "
+                    f"({self._ttl:g} s), its most",
+                )
+        if partition is None:
+            partition = _Partition(as_registered)
+            self._partitions[public_key] = partition
+            if as_registered:
+                self._registered_keys += 1
+            else:
+                self._unregistered_keys += 1
+        elif promote:
+            partition.registered = True
+            self._unregistered_keys -= 1
+            self._registered_keys += 1
+            self._shared_in_use += beyond
+        if as_registered and held >= self._reserved:
+            self._shared_in_use += 1
+        partition.nonces.add(nonce)
+        self._live += 1
+        self._order.append((now + self._ttl, public_key, nonce))
+        return True
+
+    def _purge(self, now: float) -> None:
+        order, partitions = self._order, self._partitions
+        while order and order[0][0] <= now:
+            _, key, nonce = order.popleft()
+            partition = partitions[key]
+            if partition.registered and len(partition.nonces) > self._reserved:
+                self._shared_in_use -= 1
+            partition.nonces.remove(nonce)
+            self._live -= 1
+            if not partition.nonces:
+                del partitions[key]
+                if partition.registered:
+                    self._registered_keys -= 1
+                else:
+                    self._unregistered_keys -= 1
