@@ -5,6 +5,10 @@ PostgreSQL database with ``--postgres``) with its default limits, registers hone
 few attacker keys, and runs one attack at a time for ``--seconds`` each, after a quiet baseline:
 
 - ``register-flood``: RegisterNode from fresh keys, all from this one address;
+- ``fresh-key-flood``: the same flood, with an honest node's captured heartbeat replayed all
+  along (it must be refused ``NONCE_REPLAYED`` every time, however full the replay cache's
+  pool of registering keys is: ``--max-registering-keys``); at the end, the cost of the replay
+  cache's ``record`` with that pool and the shared pool full against an empty cache;
 - ``heartbeat-storm`` and ``pull-storm``: registered attacker keys calling as fast as they can;
 - ``long-polls``: attacker keys piling up PullTask long polls (``wait`` at the maximum);
 - ``slowloris``: UploadBlob streams that send a header, then a byte now and then, never ending;
@@ -63,7 +67,9 @@ from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.uploads import UPLOAD_STREAMS_PER_LEASE
 from rollnet.sdk import Identity, from_rpc_error
 from rollnet.sdk.identity import b64url_encode
+from rollnet.sdk.nonce_cache import NonceCache, NonceCacheFull
 from rollnet.sdk.signing import SIGNATURE_HEADER
+from rollnet.sdk.verifier import RequestVerifier, VerifierConfig
 from rollnet.v1 import (
     blob_service_pb2,
     common_pb2,
@@ -73,11 +79,13 @@ from rollnet.v1 import (
 )
 
 PULL = "/rollnet.v1.TaskService/PullTask"
+REPLAY_REFUSED = "UNAUTHENTICATED/NONCE_REPLAYED"
 UPLOAD = "/rollnet.v1.BlobService/UploadBlob"
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432"
 DEFAULTS = CoordinatorConfig(data_dir=Path())
 ATTACKS = (
     "register-flood",
+    "fresh-key-flood",
     "heartbeat-storm",
     "pull-storm",
     "long-polls",
@@ -96,6 +104,7 @@ class Limits:
     rate_per_key: float = DEFAULTS.rate_limit_per_key
     burst_per_key: int = DEFAULTS.rate_burst_per_key
     registrations_per_minute: int = DEFAULTS.registrations_per_ip_per_minute
+    max_registering_keys: int = DEFAULTS.max_registering_keys
     max_leases_per_node: int = DEFAULTS.max_leases_per_node
     max_message_bytes: int = DEFAULTS.max_message_bytes
     max_blob_bytes: int = DEFAULTS.max_blob_bytes
@@ -110,6 +119,7 @@ class Limits:
             f"rate_limit_per_key = {self.rate_per_key}\n"
             f"rate_burst_per_key = {self.burst_per_key}\n"
             f"registrations_per_ip_per_minute = {self.registrations_per_minute}\n"
+            f"max_registering_keys = {self.max_registering_keys}\n"
             f"max_leases_per_node = {self.max_leases_per_node}\n"
             f"max_message_bytes = {self.max_message_bytes}\n"
             f"max_blob_bytes = {self.max_blob_bytes}\n"
@@ -201,9 +211,13 @@ def _database(postgres: bool) -> Iterator[str]:
 
 # ---------------------------------------------------------------------------- calls
 def answer_of(error: grpc.aio.AioRpcError) -> str:
-    """``CODE/REASON`` of a refused call (the rollnet ErrorInfo reason when it carries one)."""
-    reason = from_rpc_error(error).reason
-    return f"{error.code().name}/{reason}" if reason else error.code().name
+    """``CODE/REASON`` of a refused call (the rollnet ErrorInfo reason when it carries one),
+    and the replay cache's bound when that is what refused it."""
+    refusal = from_rpc_error(error)
+    if not refusal.reason:
+        return error.code().name
+    bound = refusal.metadata.get("nonce_limit")
+    return f"{error.code().name}/{refusal.reason}" + (f" ({bound})" if bound else "")
 
 
 def heartbeat_body(lease_ids: int = 0) -> bytes:
@@ -320,6 +334,8 @@ class Attack:
     total_allowance: float = 0.0
     #: The most calls (streams, long polls) the attackers may hold open at once (0: no check).
     held_allowance: int = 0
+    #: Answers to an honest call replayed during the attack (each must be NONCE_REPLAYED).
+    replays: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
 
     def accepted(self) -> int:
@@ -335,6 +351,8 @@ class Attack:
             return False
         if self.held_allowance and self.answers["held open"] > self.held_allowance:
             return False
+        if set(self.replays) - {REPLAY_REFUSED}:
+            return False
         return not (self.total_allowance and self.accepted() > self.total_allowance)
 
 
@@ -349,6 +367,8 @@ class Context:
     limits: Limits
     calls: Calls
     attackers: list[Node]
+    #: The honest node whose captured call ``fresh-key-flood`` replays.
+    victim: Node
     #: How many of the attackers the storms (heartbeats, pulls, bogus leases) spread over.
     storm_keys: int
     concurrency: int
@@ -401,6 +421,79 @@ async def register_flood(ctx: Context, stop: asyncio.Event, attack: Attack) -> N
 
     await _as_fast_as_possible(ctx, stop, attack, send, per_key=False)
     attack.accepted_per_key.clear()
+
+
+async def fresh_key_flood(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
+    """``register-flood``, with an honest heartbeat (sent and served once) replayed byte for
+    byte every 50 ms until the flood stops."""
+    body = heartbeat_body()
+    captured = ctx.victim.metadata(HEARTBEAT, body)
+    await ctx.calls.heartbeat(body, metadata=captured, timeout=30)
+
+    async def replay() -> None:
+        while not stop.is_set():
+            try:
+                await ctx.calls.heartbeat(body, metadata=captured, timeout=30)
+                attack.replays["OK"] += 1
+            except grpc.aio.AioRpcError as error:
+                attack.replays[answer_of(error)] += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+    replaying = asyncio.ensure_future(replay())
+    await register_flood(ctx, stop, attack)
+    await replaying
+    attack.notes.append(
+        f"the captured honest heartbeat replayed {attack.replays.total():,} times: "
+        + ", ".join(f"{k} {v:,}" for k, v in attack.replays.most_common())
+    )
+
+
+async def _no_key(_public_key: bytes) -> None:
+    return None
+
+
+DEFAULT_VERIFIER = VerifierConfig(NETWORK, _no_key, {})
+
+
+def nonce_cache_cost(
+    registering_keys: int, capacity: int = DEFAULT_VERIFIER.nonce_capacity, calls: int = 20_000
+) -> str:
+    """The cost of one ``record`` of the coordinator's replay cache, measured in this process:
+    an empty cache against one whose registering pool and shared pool are full (the state a
+    flood leaves), side by side."""
+    config = VerifierConfig(
+        NETWORK,
+        _no_key,
+        {},
+        nonce_capacity=capacity,
+        nonce_max_unregistered_keys=registering_keys,
+    )
+    full = RequestVerifier(config).nonces
+    for i in range(registering_keys):
+        full.record(i.to_bytes(32, "big"), "0" * 32, registered=False)
+    busy = [(2**200 + i).to_bytes(32, "big") for i in range(64)]
+    with contextlib.suppress(NonceCacheFull):
+        for n in range(config.nonce_capacity + len(busy) * config.nonce_reserved_per_key):
+            full.record(busy[n % len(busy)], f"{n:032x}")
+    empty = RequestVerifier(config).nonces
+    # Each honest key within its reserve: served however full the shared pool is.
+    honest = [
+        (2**250 + i).to_bytes(32, "big") for i in range(calls // config.nonce_reserved_per_key)
+    ]
+
+    def per_call(cache: NonceCache) -> float:
+        started = time.perf_counter()
+        for n in range(calls):
+            cache.record(honest[n % len(honest)], f"{n + 10**9:032x}")
+        return (time.perf_counter() - started) / calls
+
+    before, after = per_call(empty), per_call(full)
+    return (
+        f"replay cache record(): {before * 1e6:.2f} us empty, {after * 1e6:.2f} us with "
+        f"{full.unregistered_keys:,} registering keys and {full.shared_in_use:,} shared nonces "
+        f"live ({len(full):,} in all): {after / before:.2f}x"
+    )
 
 
 async def heartbeat_storm(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
@@ -619,6 +712,7 @@ async def bogus_leases(ctx: Context, stop: asyncio.Event, attack: Attack) -> Non
 
 ATTACK_FNS: dict[str, AttackFn] = {
     "register-flood": register_flood,
+    "fresh-key-flood": fresh_key_flood,
     "heartbeat-storm": heartbeat_storm,
     "pull-storm": pull_storm,
     "long-polls": long_polls,
@@ -740,6 +834,9 @@ def print_phases(phases: list[Phase]) -> None:
             )
         if attack.total_allowance:
             print(f"    accepted {attack.accepted():,} (limit {attack.total_allowance:g})")
+        if attack.replays:
+            refused = attack.replays[REPLAY_REFUSED]
+            print(f"    honest replays refused: {refused:,} of {attack.replays.total():,}")
         print(f"    -> limit {verdict}")
         for note in attack.notes:
             print(f"    {note}")
@@ -778,6 +875,7 @@ async def run_attacks(
             limits,
             Calls(channel),
             attackers,
+            honest[0],
             min(storm_keys, attacker_keys),
             concurrency,
             long_polls,
@@ -817,6 +915,12 @@ def main() -> int:
         "--registrations-per-minute", type=int, default=DEFAULTS.registrations_per_ip_per_minute
     )
     parser.add_argument(
+        "--max-registering-keys",
+        type=int,
+        default=DEFAULTS.max_registering_keys,
+        help="the coordinator's pool of fresh keys in the replay cache",
+    )
+    parser.add_argument(
         "--work-dir",
         type=Path,
         default=Path(__file__).resolve().parent.parent / ".data" / "bench",
@@ -827,6 +931,7 @@ def main() -> int:
         rate_per_key=args.rate_per_key,
         burst_per_key=args.burst_per_key,
         registrations_per_minute=args.registrations_per_minute,
+        max_registering_keys=args.max_registering_keys,
     )
     trainer = Node(Identity.generate())
     with coordinator(args.work_dir, limits, trainer, args.postgres) as running:
@@ -834,7 +939,8 @@ def main() -> int:
             f"coordinator {running.address} ({'PostgreSQL' if args.postgres else 'SQLite'}, "
             f"pid {running.pid}); {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
             f"limits: {limits.rate_per_key:g} calls/s per key (burst {limits.burst_per_key}), "
-            f"{limits.registrations_per_minute} registrations/min per address; "
+            f"{limits.registrations_per_minute} registrations/min per address, "
+            f"{limits.max_registering_keys:,} registering keys in the replay cache; "
             f"{args.honest_nodes} honest nodes at {args.honest_rate:g} calls/s; "
             f"{args.attacker_keys} attacker keys (storms from {args.storm_keys}), "
             f"{args.concurrency} loops; {args.seconds:g} s "
@@ -860,6 +966,8 @@ def main() -> int:
         )
         print_phases(phases)
         alive = running.alive()
+    if "fresh-key-flood" in args.attacks:
+        print(f"\n{nonce_cache_cost(limits.max_registering_keys)}")
     broken = [p.name for p in phases if p.attack is not None and not p.attack.limit_held()]
     first, last = phases[0], phases[-1]
     print(

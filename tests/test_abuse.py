@@ -9,6 +9,7 @@ registers 9 keys: the flood finds 3 registrations left in the window).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -117,6 +118,52 @@ async def test_attacks_hold_their_limits(tmp_path: Path) -> None:
     assert peak < max(3 * first.rss_before, first.rss_before + 512), (first.rss_before, peak)
     assert last.files_after <= first.files_before + 16
     assert max(phase.files_during for phase in phases) <= first.files_before + 64
+
+
+@pytest.mark.slow
+async def test_fresh_key_flood_cannot_unprotect_or_refuse_honest_nodes(tmp_path: Path) -> None:
+    """A flood of fresh keys fills the replay cache's pool of registering keys (kept small
+    here) and has its new keys refused by name; honest nodes are served meanwhile and their
+    captured call, replayed all along, is refused NONCE_REPLAYED every time."""
+    limits = dataclasses.replace(LIMITS, max_registering_keys=24)
+    trainer = Node(Identity.generate())
+    with abuse.coordinator(tmp_path, limits, trainer) as running:
+        phases = await abuse.run_attacks(
+            running,
+            limits,
+            trainer,
+            attacks=["fresh-key-flood"],
+            seconds=2.0,
+            honest_nodes=HONEST_NODES,
+            attacker_keys=ATTACKER_KEYS,
+            honest_rate=1.0 * HONEST_NODES,
+            concurrency=16,
+        )
+        abuse.print_phases(phases)
+        assert running.alive()
+    baseline, flood, after = phases
+    for phase in phases:
+        assert not phase.honest.failures, (phase.name, phase.honest.failures)
+        assert phase.honest.calls() > 0, phase.name
+    attack = flood.attack
+    assert attack is not None
+    assert attack.limit_held(), attack
+    assert attack.replays[abuse.REPLAY_REFUSED] > 0
+    assert set(attack.replays) == {abuse.REPLAY_REFUSED}
+    # The set-up's keys that have not called since they registered still hold a place in the
+    # registering pool: the flood gets the rest, then its new keys are refused by that bound.
+    assert attack.answers["RESOURCE_EXHAUSTED/RATE_LIMITED (unregistered_keys)"] > 0
+    taken = (
+        attack.answers.total()
+        - attack.answers["RESOURCE_EXHAUSTED/RATE_LIMITED (unregistered_keys)"]
+    )
+    assert taken <= limits.max_registering_keys
+    assert after.rss_after < max(3 * baseline.rss_before, baseline.rss_before + 512)
+
+
+def test_the_bench_measures_the_replay_cache_cost() -> None:
+    line = abuse.nonce_cache_cost(100, capacity=2_000, calls=640)
+    assert "100 registering keys and 2,000 shared nonces live" in line
 
 
 def test_uploads_streaming_at_once_are_capped_per_node() -> None:

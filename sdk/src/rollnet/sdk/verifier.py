@@ -187,7 +187,7 @@ class VerifierConfig:
     nonce_reserved_per_key: int = 32
     """Live nonces every registered key may hold whatever other keys hold: the calls of an
     ordinary node (a heartbeat every 10 s, its pulls and submissions) within the window."""
-    nonce_max_keys: int = 50_000
+    nonce_max_keys: int = 20_000
     """Most registered keys holding live nonces at once (keys that called within the window)."""
     nonce_max_unregistered_keys: int = 10_000
     """Most unregistered keys holding live nonces at once: keys registering within the window.

@@ -112,6 +112,10 @@ class CoordinatorConfig:
     rate_limit_per_key: float = 200.0
     rate_burst_per_key: int = 400
     registrations_per_ip_per_minute: int = 60
+    #: Unregistered keys whose RegisterNode calls the replay cache holds at once (one signature
+    #: window, twice signature_skew); a new key beyond them is refused RATE_LIMITED. Fresh keys
+    #: have this pool to themselves: a flood of them never refuses or unprotects registered ones.
+    max_registering_keys: int = 10_000
     head_sign_interval: timedelta = timedelta(seconds=60)
     seed: int = 0
     max_new_tokens: int = 32768
@@ -316,6 +320,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("rate_limit_per_key", _positive_float, "sustained calls per second per key"),
     Option("rate_burst_per_key", _positive_int, "burst of calls per key"),
     Option("registrations_per_ip_per_minute", _positive_int, "RegisterNode calls per IP/minute"),
+    Option(
+        "max_registering_keys",
+        _positive_int,
+        "unregistered keys calling RegisterNode within one signature window (2 x skew); "
+        "more are refused RATE_LIMITED",
+    ),
     Option("head_sign_interval", _seconds, "how often the ledger chain head is signed, seconds"),
     Option("seed", _non_negative_int, "coordinator seed for prompt draws and sampling seeds"),
     Option("max_new_tokens", _positive_int, "largest max_new_tokens a trainer may ask for"),

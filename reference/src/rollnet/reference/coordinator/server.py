@@ -542,6 +542,7 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             method_policy=default_method_policy(),
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
+            nonce_max_unregistered_keys=config.max_registering_keys,
             # Replays are refused across restarts and replicas: nonces live in the database
             # (heartbeats and pulls record theirs in their own batch's transaction).
             nonce_recorder=nonces.record,
