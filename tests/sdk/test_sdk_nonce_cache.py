@@ -138,6 +138,29 @@ def test_promotion_beyond_the_key_bound_is_refused_and_the_nonces_kept() -> None
     assert not cache.record(HONEST, "a" * 32)
 
 
+def test_one_address_takes_only_its_share_of_the_registering_pool() -> None:
+    now = [0.0]
+    cache = _bounded_cache(now, unregistered_per_address=5)
+    flooder, honest = "ipv4:203.0.113.7", "ipv4:198.51.100.1"
+    for i in range(5):
+        assert cache.record(_key(i), "a" * 32, registered=False, address=flooder)
+    with pytest.raises(NonceCacheFull) as refusal:
+        cache.record(_key(5), "a" * 32, registered=False, address=flooder)
+    assert refusal.value.limit == "address"
+    assert flooder in refusal.value.message
+    # Its keys already in go on (a retry of a registration), another address registers.
+    assert cache.record(_key(0), "b" * 32, registered=False, address=flooder)
+    assert cache.record(HONEST, "a" * 32, registered=False, address=honest)
+    # A key that registered leaves its address's share: the address may register one more.
+    assert cache.record(_key(0), "c" * 32)
+    assert cache.record(_key(5), "a" * 32, registered=False, address=flooder)
+    with pytest.raises(NonceCacheFull):
+        cache.record(_key(6), "a" * 32, registered=False, address=flooder)
+    # So does a key whose window closed.
+    now[0] = 120.0
+    assert cache.record(_key(6), "a" * 32, registered=False, address=flooder)
+
+
 def test_partitions_expire_with_their_window() -> None:
     now = [0.0]
     cache = _bounded_cache(now)
@@ -174,6 +197,7 @@ def test_random_traffic_never_accepts_a_live_nonce_twice_and_stays_bounded() -> 
         "max_keys": 8,
         "max_unregistered_keys": 10,
         "unregistered_per_key": 2,
+        "unregistered_per_address": 4,
     }
     cache = _bounded_cache(now, **bounds)
     seen: dict[tuple[bytes, str], float] = {}
@@ -188,7 +212,8 @@ def test_random_traffic_never_accepts_a_live_nonce_twice_and_stays_bounded() -> 
             nonce = f"{step:032x}"
         live = seen.get((key, nonce), -1.0) > now[0]
         try:
-            fresh = cache.record(key, nonce, registered=registered)
+            address = f"ipv4:192.0.2.{rng.randrange(4)}"
+            fresh = cache.record(key, nonce, registered=registered, address=address)
         except NonceCacheFull:
             assert not live, "a replay must be refused as a replay"
             continue

@@ -429,6 +429,21 @@ async def test_fresh_keys_filling_their_pool_leave_registered_keys_served(swarm:
     await raw_call(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
 
 
+async def test_fresh_keys_from_one_address_take_only_its_share(swarm: Swarm) -> None:
+    swarm.verifier.nonces = NonceCache(
+        ttl=120.0, capacity=10, max_unregistered_keys=10, unregistered_per_address=1
+    )
+    first, second = Identity.generate(), Identity.generate()
+    await raw_call(
+        swarm, REGISTER, register_body(first), signed(first, REGISTER, register_body(first))
+    )
+    body = register_body(second)
+    error = await expect_refusal(swarm, REGISTER, body, signed(second, REGISTER, body))
+    assert error.reason == ErrorReason.RATE_LIMITED
+    assert error.metadata["nonce_limit"] == "address"
+    assert "127.0.0.1" in error.message  # the peer's address, without its port
+
+
 async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
     """With a ``nonce_recorder`` (a database shared by replicas), a nonce recorded before is a
     replay even to a fresh verifier (a restart, another replica); a recorder that fails refuses

@@ -7,17 +7,18 @@ Partitioned by key, so that what one key does cannot make the cache forget, or r
   all registered keys (``capacity``). At most ``max_keys`` registered keys hold live nonces at
   once.
 - An **unregistered** key (a fresh key: all it may call is RegisterNode) has a pool of its own:
-  at most ``max_unregistered_keys`` such keys at once, ``unregistered_per_key`` nonces each. A
-  flood of fresh keys fills that pool and then has its new keys refused; it never touches what
-  registered keys hold or may still use.
+  at most ``max_unregistered_keys`` such keys at once, ``unregistered_per_key`` nonces each,
+  and at most ``unregistered_per_address`` of them from one network address. A flood of fresh
+  keys fills its address's share (from many addresses, the pool) and then has its new keys
+  refused; it never touches what registered keys hold or may still use.
 
 Nothing live is ever evicted: a nonce stays until its window closes (``ttl`` after it was
 recorded), and a key's partition goes with its last nonce. When a bound is reached the new call
 is refused (:class:`NonceCacheFull`, naming the bound) rather than an older nonce forgotten,
 which would let that call be replayed. Memory is therefore bounded by
 ``max_keys * reserved_per_key + capacity + max_unregistered_keys * unregistered_per_key``
-nonces and ``max_keys + max_unregistered_keys`` partitions, whatever callers do, and each call
-costs O(1) (amortized: one expiry per recorded nonce).
+nonces, ``max_keys + max_unregistered_keys`` partitions and as many addresses, whatever callers
+do, and each call costs O(1) (amortized: one expiry per recorded nonce).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ class NonceCacheFull(Exception):
     """A bound of the nonce cache refuses this call; it must come back later.
 
     ``limit`` names the bound: ``per_key`` (this key's share), ``shared`` (the pool registered
-    keys draw on beyond their reserve), ``keys`` (registered keys at once) or
-    ``unregistered_keys`` (fresh keys registering at once).
+    keys draw on beyond their reserve), ``keys`` (registered keys at once),
+    ``unregistered_keys`` (fresh keys registering at once) or ``address`` (fresh keys
+    registering at once from the caller's address).
     """
 
     def __init__(self, limit: str, message: str) -> None:
@@ -44,11 +46,13 @@ class NonceCacheFull(Exception):
 class _Partition:
     """One key's live nonces."""
 
-    __slots__ = ("nonces", "registered")
+    __slots__ = ("address", "nonces", "registered")
 
-    def __init__(self, registered: bool) -> None:
+    def __init__(self, registered: bool, address: str | None) -> None:
         self.nonces: set[str] = set()
         self.registered = registered
+        #: Where an unregistered key's first call came from (its address's share holds it).
+        self.address = address
 
 
 class NonceCache:
@@ -71,6 +75,7 @@ class NonceCache:
         max_keys: int | None = None,
         max_unregistered_keys: int | None = None,
         unregistered_per_key: int | None = None,
+        unregistered_per_address: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         per_key = capacity if per_key_capacity is None else per_key_capacity
@@ -82,6 +87,7 @@ class NonceCache:
             or (max_keys is not None and max_keys < 1)
             or (max_unregistered_keys is not None and max_unregistered_keys < 1)
             or (unregistered_per_key is not None and unregistered_per_key < 1)
+            or (unregistered_per_address is not None and unregistered_per_address < 1)
         ):
             raise ValueError(
                 "NonceCache needs ttl > 0, capacities and key bounds >= 1 and "
@@ -96,8 +102,11 @@ class NonceCache:
         self._unregistered_per_key = (
             per_key if unregistered_per_key is None else unregistered_per_key
         )
+        self._per_address = unregistered_per_address
         self._clock = clock
         self._partitions: dict[bytes, _Partition] = {}
+        #: Unregistered keys holding live nonces, by the address of their first call.
+        self._by_address: collections.Counter[str] = collections.Counter()
         self._registered_keys = 0
         self._unregistered_keys = 0
         self._live = 0
@@ -129,12 +138,16 @@ class NonceCache:
         self._purge(self._clock())
         return self._shared_in_use
 
-    def record(self, public_key: bytes, nonce: str, *, registered: bool = True) -> bool:
+    def record(
+        self, public_key: bytes, nonce: str, *, registered: bool = True, address: str | None = None
+    ) -> bool:
         """Record ``nonce`` for ``public_key``; ``False`` when it is already recorded and live.
 
-        ``registered``: whether the server knows the key. A key once recorded as registered
-        keeps its partition's bounds until that partition expires; an unregistered key's
-        partition moves to the registered bounds on its first call as a registered key.
+        ``registered``: whether the server knows the key. ``address``: the caller's network
+        address (an unregistered key counts against its share; ``None``: no such share). A key
+        once recorded as registered keeps its partition's bounds until that partition expires;
+        an unregistered key's partition moves to the registered bounds on its first call as a
+        registered key.
         Raises :class:`NonceCacheFull` when a bound would be exceeded; nothing is recorded then.
         """
         now = self._clock()
@@ -176,6 +189,18 @@ class NonceCache:
                     f"{limit:,} unregistered keys are registering within the replay window "
                     f"({self._ttl:g} s), the most this server remembers at once",
                 )
+            share = self._per_address
+            if (
+                partition is None
+                and share is not None
+                and address is not None
+                and self._by_address[address] >= share
+            ):
+                raise NonceCacheFull(
+                    "address",
+                    f"{share:,} unregistered keys from {address} are registering within the "
+                    f"replay window ({self._ttl:g} s), the most from one address",
+                )
             if held >= self._unregistered_per_key:
                 raise NonceCacheFull(
                     "per_key",
@@ -183,14 +208,17 @@ class NonceCache:
                     f"({self._ttl:g} s), its most",
                 )
         if partition is None:
-            partition = _Partition(as_registered)
+            partition = _Partition(as_registered, None if as_registered else address)
             self._partitions[public_key] = partition
             if as_registered:
                 self._registered_keys += 1
             else:
                 self._unregistered_keys += 1
+                if address is not None:
+                    self._by_address[address] += 1
         elif promote:
             partition.registered = True
+            self._leave_address(partition)
             self._unregistered_keys -= 1
             self._registered_keys += 1
             self._shared_in_use += beyond
@@ -216,3 +244,11 @@ class NonceCache:
                     self._registered_keys -= 1
                 else:
                     self._unregistered_keys -= 1
+                    self._leave_address(partition)
+
+    def _leave_address(self, partition: _Partition) -> None:
+        address, partition.address = partition.address, None
+        if address is not None:
+            self._by_address[address] -= 1
+            if not self._by_address[address]:
+                del self._by_address[address]

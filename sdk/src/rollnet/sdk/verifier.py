@@ -194,6 +194,10 @@ class VerifierConfig:
     Beyond it new fresh keys are refused ``RATE_LIMITED``; registered keys are not affected."""
     nonce_unregistered_per_key: int = 8
     """Most live nonces of one unregistered key (its RegisterNode attempts within the window)."""
+    nonce_unregistered_per_address: int | None = 256
+    """Most unregistered keys holding live nonces from one network address (the peer's IP
+    address, without the port): a flood from one address cannot fill the pool of
+    ``nonce_max_unregistered_keys`` alone (``None``: no per-address share)."""
     registration_methods: frozenset[str] = field(default_factory=_default_registration)
     """Methods an unknown key may call (its caller then has role ``ROLE_UNSPECIFIED``)."""
     exempt_prefixes: frozenset[str] = field(default_factory=_default_exempt)
@@ -257,14 +261,19 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             max_keys=config.nonce_max_keys,
             max_unregistered_keys=config.nonce_max_unregistered_keys,
             unregistered_per_key=config.nonce_unregistered_per_key,
+            unregistered_per_address=config.nonce_unregistered_per_address,
         )
         self._wrappers = WrapperCache(self._wrap)
 
-    async def verify(self, method: str, metadata: Any, body: bytes) -> VerifiedCaller:
+    async def verify(
+        self, method: str, metadata: Any, body: bytes, peer: str | None = None
+    ) -> VerifiedCaller:
         """Check one call's signing headers against the bytes of its (first) request message.
 
-        ``metadata`` is the call's invocation metadata (key/value pairs). Returns the caller, or
-        raises :class:`VerificationError`; records the nonce once the signature verifies.
+        ``metadata`` is the call's invocation metadata (key/value pairs); ``peer`` the caller's
+        address as gRPC names it (``ipv4:203.0.113.7:51234``), which an unregistered key's
+        nonce is counted against. Returns the caller, or raises :class:`VerificationError`;
+        records the nonce once the signature verifies.
         """
         config = self.config
         headers = _signing_headers(metadata)
@@ -302,7 +311,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
         try:
             # Partitioned per key: fresh keys (registering) have a pool of their own, so a
             # flood of them can neither evict nor crowd out registered keys' nonces.
-            fresh = self.nonces.record(key, nonce, registered=known is not None)
+            fresh = self.nonces.record(
+                key, nonce, registered=known is not None, address=_peer_address(peer)
+            )
         except NonceCacheFull as full:
             raise VerificationError(
                 ErrorReason.RATE_LIMITED, full.message, metadata={"nonce_limit": full.limit}
@@ -366,7 +377,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
         if cap is not None and len(body) > cap:
             await _refuse_size(context, len(body), cap)
         try:
-            caller = await self.verify(method, metadata, body)
+            caller = await self.verify(method, metadata, body, context.peer())
         except VerificationError as exc:
             _log.info(
                 "call_refused",
@@ -521,6 +532,13 @@ async def _parse(
             ErrorReason.INVALID_FIELDS,
             "request message does not parse",
         )
+
+
+def _peer_address(peer: str | None) -> str | None:
+    """The network address of a gRPC peer string, without its port (``None`` when unknown)."""
+    if not peer:
+        return None
+    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
 def _header(metadata: Any, name: str) -> str:

@@ -115,6 +115,8 @@ class CoordinatorConfig:
     #: Unregistered keys whose RegisterNode calls the replay cache holds at once (one signature
     #: window, twice signature_skew); a new key beyond them is refused RATE_LIMITED. Fresh keys
     #: have this pool to themselves: a flood of them never refuses or unprotects registered ones.
+    #: One address holds at most the registrations it is admitted within that window
+    #: (registrations_per_ip_per_minute x 2 x signature_skew / 60 s: 120 by default).
     max_registering_keys: int = 10_000
     head_sign_interval: timedelta = timedelta(seconds=60)
     seed: int = 0

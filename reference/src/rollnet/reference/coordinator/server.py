@@ -7,6 +7,7 @@ import contextlib
 import errno
 import gc
 import logging
+import math
 import signal
 import socket
 import sys
@@ -543,6 +544,14 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
             nonce_max_unregistered_keys=config.max_registering_keys,
+            # An address's registrations admitted within one replay window, and no more: one
+            # address alone cannot fill the pool of registering keys.
+            nonce_unregistered_per_address=math.ceil(
+                config.registrations_per_ip_per_minute
+                * 2
+                * config.signature_skew
+                / timedelta(minutes=1)
+            ),
             # Replays are refused across restarts and replicas: nonces live in the database
             # (heartbeats and pulls record theirs in their own batch's transaction).
             nonce_recorder=nonces.record,
