@@ -477,18 +477,22 @@ def nonce_cache_cost(
         for n in range(config.nonce_capacity + len(busy) * config.nonce_reserved_per_key):
             full.record(busy[n % len(busy)], f"{n:032x}")
     empty = RequestVerifier(config).nonces
-    # Each honest key within its reserve: served however full the shared pool is.
-    honest = [
-        (2**250 + i).to_bytes(32, "big") for i in range(calls // config.nonce_reserved_per_key)
-    ]
+    nonces = [f"{n + 10**9:032x}" for n in range(calls)]
+    # Each honest key within its reserve (served however full the shared pool is); new keys
+    # each round, the best of three rounds, the two caches taking turns.
+    per_round = calls // config.nonce_reserved_per_key
 
-    def per_call(cache: NonceCache) -> float:
+    def per_call(cache: NonceCache, round_: int) -> float:
+        keys = [(2**250 + round_ * per_round + i).to_bytes(32, "big") for i in range(per_round)]
         started = time.perf_counter()
-        for n in range(calls):
-            cache.record(honest[n % len(honest)], f"{n + 10**9:032x}")
+        for n, nonce in enumerate(nonces):
+            cache.record(keys[n % per_round], nonce)
         return (time.perf_counter() - started) / calls
 
-    before, after = per_call(empty), per_call(full)
+    before = after = float("inf")
+    for round_ in range(3):
+        before = min(before, per_call(empty, round_))
+        after = min(after, per_call(full, round_))
     return (
         f"replay cache record(): {before * 1e6:.2f} us empty, {after * 1e6:.2f} us with "
         f"{full.unregistered_keys:,} registering keys and {full.shared_in_use:,} shared nonces "
