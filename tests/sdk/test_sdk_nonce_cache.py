@@ -86,6 +86,42 @@ def test_registered_keys_filling_the_shared_pool_leave_each_key_its_reserve() ->
     assert not cache.record(HONEST, "0" * 32)  # still a replay, full or not
 
 
+def test_trusted_keys_draw_on_no_pool_the_others_can_fill() -> None:
+    now = [0.0]
+    cache = _bounded_cache(now, max_keys=2, per_key_capacity=100)
+    # Two registered keys take every key place and the whole shared pool.
+    for i in range(2):
+        for n in range(100):
+            try:
+                cache.record(_key(i), f"{n:032x}")
+            except NonceCacheFull:
+                break
+    assert (cache.registered_keys, cache.shared_in_use) == (2, 100)
+    with pytest.raises(NonceCacheFull):
+        cache.record(_key(2), "a" * 32)
+    # A trusted key (a trainer, say) calls on, up to its own per-key capacity.
+    trainer = b"trainer-key".ljust(32, b"\0")
+    for n in range(100):
+        assert cache.record(trainer, f"{n:032x}", trusted=True)
+    with pytest.raises(NonceCacheFull) as refusal:
+        cache.record(trainer, "f" * 32, trusted=True)
+    assert refusal.value.limit == "per_key"
+    assert (cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (1, 2, 100)
+    assert not cache.record(trainer, f"{0:032x}", trusted=True)
+    # A trusted key that registered moves out of the registering pool into its own bounds.
+    validator = b"validator-key".ljust(32, b"\0")
+    assert cache.record(validator, "a" * 32, registered=False, address="ipv4:192.0.2.1")
+    assert cache.record(validator, "b" * 32, trusted=True)
+    assert (cache.trusted_keys, cache.unregistered_keys) == (2, 0)
+    now[0] = 120.0
+    assert (len(cache), cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (
+        0,
+        0,
+        0,
+        0,
+    )
+
+
 def test_key_bounds_refuse_the_new_key_and_forget_nothing() -> None:
     now = [0.0]
     cache = _bounded_cache(now, max_keys=3)
@@ -210,10 +246,13 @@ def test_random_traffic_never_accepts_a_live_nonce_twice_and_stays_bounded() -> 
             key, nonce = rng.choice(list(seen)[-200:])
         else:
             nonce = f"{step:032x}"
+        trusted = registered and key in registered_keys[:2]  # two trusted keys, as a trainer
         live = seen.get((key, nonce), -1.0) > now[0]
         try:
             address = f"ipv4:192.0.2.{rng.randrange(4)}"
-            fresh = cache.record(key, nonce, registered=registered, address=address)
+            fresh = cache.record(
+                key, nonce, registered=registered, trusted=trusted, address=address
+            )
         except NonceCacheFull:
             assert not live, "a replay must be refused as a replay"
             continue
@@ -223,10 +262,12 @@ def test_random_traffic_never_accepts_a_live_nonce_twice_and_stays_bounded() -> 
         assert cache.registered_keys <= bounds["max_keys"]
         assert cache.unregistered_keys <= bounds["max_unregistered_keys"]
         assert cache.shared_in_use <= bounds["capacity"]
+        assert cache.trusted_keys <= 2
         assert len(cache) <= (
             bounds["max_keys"] * bounds["reserved_per_key"]
             + bounds["capacity"]
             + bounds["max_unregistered_keys"] * bounds["unregistered_per_key"]
+            + 2 * bounds["per_key_capacity"]
         )
     assert sum(1 for expiry in seen.values() if expiry > now[0]) == len(cache)
 

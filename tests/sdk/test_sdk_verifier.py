@@ -444,6 +444,19 @@ async def test_fresh_keys_from_one_address_take_only_its_share(swarm: Swarm) -> 
     assert "127.0.0.1" in error.message  # the peer's address, without its port
 
 
+async def test_trusted_roles_are_not_held_back_by_a_full_shared_pool(swarm: Swarm) -> None:
+    swarm.verifier.config.nonce_trusted_roles = frozenset({common_pb2.ROLE_OPERATOR})
+    swarm.verifier.nonces = NonceCache(ttl=120.0, capacity=1, per_key_capacity=5)
+    body = get_node_body()
+    await raw_call(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
+    error = await expect_refusal(swarm, GET_NODE, body, signed(swarm.worker, GET_NODE, body))
+    assert error.metadata["nonce_limit"] == "shared"
+    for _ in range(5):  # the operator's role is trusted: its own capacity only
+        await raw_call(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
+    error = await expect_refusal(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
+    assert error.metadata["nonce_limit"] == "per_key"
+
+
 async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
     """With a ``nonce_recorder`` (a database shared by replicas), a nonce recorded before is a
     replay even to a fresh verifier (a restart, another replica); a recorder that fails refuses

@@ -6,6 +6,10 @@ Partitioned by key, so that what one key does cannot make the cache forget, or r
   nonces. Its first ``reserved_per_key`` are its own; beyond them it draws on a pool shared by
   all registered keys (``capacity``). At most ``max_keys`` registered keys hold live nonces at
   once.
+- A **trusted** key (a registered key the server trusts: an allow-listed trainer, validator or
+  operator) is bounded by ``per_key_capacity`` alone: it neither draws on the shared pool nor
+  counts against ``max_keys``, so registered keys filling those cannot slow it down. The
+  server's allow-list bounds how many there are.
 - An **unregistered** key (a fresh key: all it may call is RegisterNode) has a pool of its own:
   at most ``max_unregistered_keys`` such keys at once, ``unregistered_per_key`` nonces each,
   and at most ``unregistered_per_address`` of them from one network address. A flood of fresh
@@ -17,8 +21,9 @@ recorded), and a key's partition goes with its last nonce. When a bound is reach
 is refused (:class:`NonceCacheFull`, naming the bound) rather than an older nonce forgotten,
 which would let that call be replayed. Memory is therefore bounded by
 ``max_keys * reserved_per_key + capacity + max_unregistered_keys * unregistered_per_key``
-nonces, ``max_keys + max_unregistered_keys`` partitions and as many addresses, whatever callers
-do, and each call costs O(1) (amortized: one expiry per recorded nonce).
+nonces (plus ``per_key_capacity`` per trusted key), ``max_keys + max_unregistered_keys``
+partitions (plus the trusted keys) and as many addresses, whatever callers do, and each call
+costs O(1) (amortized: one expiry per recorded nonce).
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ class NonceCacheFull(Exception):
 class _Partition:
     """One key's live nonces."""
 
-    __slots__ = ("address", "nonces", "registered")
+    __slots__ = ("address", "nonces", "registered", "trusted")
 
-    def __init__(self, registered: bool, address: str | None) -> None:
+    def __init__(self, registered: bool, trusted: bool, address: str | None) -> None:
         self.nonces: set[str] = set()
         self.registered = registered
+        #: Bounded by the per-key capacity alone (no shared pool, no key bound).
+        self.trusted = trusted
         #: Where an unregistered key's first call came from (its address's share holds it).
         self.address = address
 
@@ -108,6 +115,7 @@ class NonceCache:
         #: Unregistered keys holding live nonces, by the address of their first call.
         self._by_address: collections.Counter[str] = collections.Counter()
         self._registered_keys = 0
+        self._trusted_keys = 0
         self._unregistered_keys = 0
         self._live = 0
         #: Registered keys' live nonces beyond their reserve: sum of max(0, len - reserved).
@@ -127,6 +135,12 @@ class NonceCache:
         return self._registered_keys
 
     @property
+    def trusted_keys(self) -> int:
+        """Trusted keys holding live nonces (not counted in :attr:`registered_keys`)."""
+        self._purge(self._clock())
+        return self._trusted_keys
+
+    @property
     def unregistered_keys(self) -> int:
         """Unregistered keys holding live nonces."""
         self._purge(self._clock())
@@ -139,7 +153,13 @@ class NonceCache:
         return self._shared_in_use
 
     def record(
-        self, public_key: bytes, nonce: str, *, registered: bool = True, address: str | None = None
+        self,
+        public_key: bytes,
+        nonce: str,
+        *,
+        registered: bool = True,
+        trusted: bool = False,
+        address: str | None = None,
     ) -> bool:
         """Record ``nonce`` for ``public_key``; ``False`` when it is already recorded and live.
 
@@ -147,7 +167,8 @@ class NonceCache:
         address (an unregistered key counts against its share; ``None``: no such share). A key
         once recorded as registered keeps its partition's bounds until that partition expires;
         an unregistered key's partition moves to the registered bounds on its first call as a
-        registered key.
+        registered key. ``trusted`` (with ``registered``): the key is bounded by the per-key
+        capacity alone; it is taken from the call that creates (or moves) the partition.
         Raises :class:`NonceCacheFull` when a bound would be exceeded; nothing is recorded then.
         """
         now = self._clock()
@@ -158,8 +179,20 @@ class NonceCache:
         held = 0 if partition is None else len(partition.nonces)
         promote = registered and partition is not None and not partition.registered
         as_registered = registered or (partition is not None and partition.registered)
-        if as_registered:
-            new_key = partition is None or promote
+        new_key = partition is None or promote
+        # Trust is the partition's, taken when it is created or moved to the registered bounds.
+        as_trusted = as_registered and (
+            trusted if new_key or partition is None else partition.trusted
+        )
+        beyond = max(0, held - self._reserved)  # what this key holds beyond its reserve
+        if as_trusted:
+            if held >= self._per_key:
+                raise NonceCacheFull(
+                    "per_key",
+                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                    "its most",
+                )
+        elif as_registered:
             if new_key and self._max_keys is not None and self._registered_keys >= self._max_keys:
                 raise NonceCacheFull(
                     "keys",
@@ -172,7 +205,6 @@ class NonceCache:
                     f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
                     "its most",
                 )
-            beyond = max(0, held - self._reserved)  # what this key holds beyond its reserve
             # A promoted partition brings what it holds beyond its reserve onto the pool.
             shared = self._shared_in_use + (beyond if promote else 0)
             if held >= self._reserved and shared >= self._capacity:
@@ -208,9 +240,11 @@ class NonceCache:
                     f"({self._ttl:g} s), its most",
                 )
         if partition is None:
-            partition = _Partition(as_registered, None if as_registered else address)
+            partition = _Partition(as_registered, as_trusted, None if as_registered else address)
             self._partitions[public_key] = partition
-            if as_registered:
+            if as_trusted:
+                self._trusted_keys += 1
+            elif as_registered:
                 self._registered_keys += 1
             else:
                 self._unregistered_keys += 1
@@ -218,11 +252,15 @@ class NonceCache:
                     self._by_address[address] += 1
         elif promote:
             partition.registered = True
+            partition.trusted = as_trusted
             self._leave_address(partition)
             self._unregistered_keys -= 1
-            self._registered_keys += 1
-            self._shared_in_use += beyond
-        if as_registered and held >= self._reserved:
+            if as_trusted:
+                self._trusted_keys += 1
+            else:
+                self._registered_keys += 1
+                self._shared_in_use += beyond
+        if as_registered and not as_trusted and held >= self._reserved:
             self._shared_in_use += 1
         partition.nonces.add(nonce)
         self._live += 1
@@ -234,13 +272,16 @@ class NonceCache:
         while order and order[0][0] <= now:
             _, key, nonce = order.popleft()
             partition = partitions[key]
-            if partition.registered and len(partition.nonces) > self._reserved:
+            draws = partition.registered and not partition.trusted
+            if draws and len(partition.nonces) > self._reserved:
                 self._shared_in_use -= 1
             partition.nonces.remove(nonce)
             self._live -= 1
             if not partition.nonces:
                 del partitions[key]
-                if partition.registered:
+                if partition.trusted:
+                    self._trusted_keys -= 1
+                elif partition.registered:
                     self._registered_keys -= 1
                 else:
                     self._unregistered_keys -= 1

@@ -194,6 +194,10 @@ class VerifierConfig:
     Beyond it new fresh keys are refused ``RATE_LIMITED``; registered keys are not affected."""
     nonce_unregistered_per_key: int = 8
     """Most live nonces of one unregistered key (its RegisterNode attempts within the window)."""
+    nonce_trusted_roles: frozenset[int] = frozenset()
+    """Roles (``rollnet.v1.Role`` values) whose keys the server trusts (an allow-list decides who
+    may take them): their nonces are bounded by ``nonce_capacity_per_key`` alone, never by the
+    shared pool or ``nonce_max_keys``, which other registered keys can fill."""
     nonce_unregistered_per_address: int | None = 256
     """Most unregistered keys holding live nonces from one network address (the peer's IP
     address, without the port): a flood from one address cannot fill the pool of
@@ -312,7 +316,14 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             # Partitioned per key: fresh keys (registering) have a pool of their own, so a
             # flood of them can neither evict nor crowd out registered keys' nonces.
             fresh = self.nonces.record(
-                key, nonce, registered=known is not None, address=_peer_address(peer)
+                key,
+                nonce,
+                registered=known is not None,
+                trusted=known is not None
+                and known.role in config.nonce_trusted_roles
+                and not known.banned
+                and not known.revoked,
+                address=_peer_address(peer),
             )
         except NonceCacheFull as full:
             raise VerificationError(

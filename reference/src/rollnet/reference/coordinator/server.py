@@ -79,6 +79,7 @@ from rollnet.v1 import (
     checkpoint_service_pb2_grpc,
     commitment_service_pb2,
     commitment_service_pb2_grpc,
+    common_pb2,
     ledger_service_pb2,
     ledger_service_pb2_grpc,
     node_service_pb2,
@@ -544,6 +545,10 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             skew=config.signature_skew.total_seconds(),
             max_message_bytes=config.max_message_bytes,
             nonce_max_unregistered_keys=config.max_registering_keys,
+            # Allow-listed roles: registered workers filling the shared pool cannot slow them.
+            nonce_trusted_roles=frozenset(
+                {common_pb2.ROLE_TRAINER, common_pb2.ROLE_VALIDATOR, common_pb2.ROLE_OPERATOR}
+            ),
             # An address's registrations admitted within one replay window, and no more: one
             # address alone cannot fill the pool of registering keys.
             nonce_unregistered_per_address=math.ceil(
