@@ -155,6 +155,10 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
         assert figures["rollnet_db_commits"] >= 1
         assert figures["rollnet_db_write_calls"] >= figures["rollnet_db_commits"]
         assert 0 <= figures["rollnet_event_loop_lag_seconds"] < 60
+        # The replay cache: the worker registered (then a fresh key) and pulled (registered).
+        assert 'rollnet_replay_cache_keys{pool="registered"} 1.0' in text
+        assert 'rollnet_replay_cache_keys{pool="registering"} 0.0' in text
+        assert "rollnet_replay_cache_nonces 2.0" in text
     finally:
         await client.close()
         await coordinator.stop(grace=0.1)

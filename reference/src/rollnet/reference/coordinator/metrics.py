@@ -100,6 +100,18 @@ class CoordinatorMetrics:
             "Bytes (whole disk blocks) of uploads that no commitment or checkpoint references yet",
             registry=self.registry,
         )
+        self.replay_cache_keys = Gauge(
+            "rollnet_replay_cache_keys",
+            "Keys holding live nonces in the verifier's replay cache, by pool: registered, "
+            "trusted (allow-listed roles), registering (unregistered keys)",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.replay_cache_nonces = Gauge(
+            "rollnet_replay_cache_nonces",
+            "Live nonces in the verifier's replay cache, all keys together",
+            registry=self.registry,
+        )
         self.uploads_refused = Counter(
             "rollnet_uploads_refused_total",
             "Uploads refused before storing, by reason (quota, storage, role)",

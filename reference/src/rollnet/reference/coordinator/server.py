@@ -565,6 +565,12 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
             ),
         )
     )
+    # Read at scrape time, through the verifier: a flood of fresh keys shows as "registering".
+    cached_keys = metrics.replay_cache_keys
+    cached_keys.labels(pool="registered").set_function(lambda: verifier.nonces.registered_keys)
+    cached_keys.labels(pool="trusted").set_function(lambda: verifier.nonces.trusted_keys)
+    cached_keys.labels(pool="registering").set_function(lambda: verifier.nonces.unregistered_keys)
+    metrics.replay_cache_nonces.set_function(lambda: len(verifier.nonces))
     limiter = CallerLimiter(
         TokenBuckets(rate=config.rate_limit_per_key, burst=config.rate_burst_per_key),
         EXEMPT_PREFIXES,
