@@ -8,7 +8,9 @@ few attacker keys, and runs one attack at a time for ``--seconds`` each, after a
 - ``fresh-key-flood``: the same flood, with an honest node's captured heartbeat replayed all
   along (it must be refused ``NONCE_REPLAYED`` every time, however full the replay cache's
   pool of registering keys is: ``--max-registering-keys``); at the end, the cost of the replay
-  cache's ``record`` with that pool and the shared pool full against an empty cache;
+  cache's ``record`` with that pool and the shared pool full against an empty cache, and
+  ``--flood-keys`` fresh keys straight into the cache, one shared pool (as before issue 25)
+  against the partitioned one, side by side;
 - ``heartbeat-storm`` and ``pull-storm``: registered attacker keys calling as fast as they can;
 - ``long-polls``: attacker keys piling up PullTask long polls (``wait`` at the maximum);
 - ``slowloris``: UploadBlob streams that send a header, then a byte now and then, never ending;
@@ -40,6 +42,7 @@ import secrets
 import sys
 import tempfile
 import time
+import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -500,6 +503,53 @@ def nonce_cache_cost(
     )
 
 
+def flood_side_by_side(fresh_keys: int, honest_keys: int = 100) -> list[str]:
+    """A fresh-key flood straight into the replay cache, in this process, two ways side by side:
+    one shared pool (what the verifier did before issue 25: every key's nonces counted alike
+    against 500,000, 12,000 per key) and the partitioned defaults. Honest keys call first, then
+    ``fresh_keys`` keys register once each (no address share: as from many addresses), then the
+    honest keys call anew and replay their first call."""
+    defaults = VerifierConfig(NETWORK, _no_key, {})
+
+    def shared_pool() -> NonceCache:
+        return NonceCache(
+            ttl=2 * defaults.skew,
+            capacity=defaults.nonce_capacity,
+            per_key_capacity=defaults.nonce_capacity_per_key,
+        )
+
+    lines = []
+    for name, make, fresh_registered in (
+        ("one shared pool (before)", shared_pool, True),
+        ("partitioned (now)", lambda: RequestVerifier(defaults).nonces, False),
+    ):
+        tracemalloc.start()
+        cache = make()
+        honest = [(2**250 + i).to_bytes(32, "big") for i in range(honest_keys)]
+        for i, key in enumerate(honest):
+            cache.record(key, f"{i:032x}")
+        held_before = tracemalloc.get_traced_memory()[0]
+        refused = 0
+        for i in range(fresh_keys):
+            try:
+                cache.record(i.to_bytes(32, "big"), f"{i:032x}", registered=fresh_registered)
+            except NonceCacheFull:
+                refused += 1
+        held = (tracemalloc.get_traced_memory()[0] - held_before) / 2**20
+        tracemalloc.stop()
+        served = replays_refused = 0
+        for i, key in enumerate(honest):
+            with contextlib.suppress(NonceCacheFull):
+                served += cache.record(key, f"{i + 10**9:032x}")
+            replays_refused += not cache.record(key, f"{i:032x}")
+        lines.append(
+            f"  {name:<26} fresh keys refused {refused:>9,}, held {held:6.1f} MiB; "
+            "honest new calls served "
+            f"{served}/{honest_keys}, replays refused {replays_refused}/{honest_keys}"
+        )
+    return lines
+
+
 async def heartbeat_storm(ctx: Context, stop: asyncio.Event, attack: Attack) -> None:
     body = heartbeat_body()
 
@@ -919,6 +969,12 @@ def main() -> int:
         "--registrations-per-minute", type=int, default=DEFAULTS.registrations_per_ip_per_minute
     )
     parser.add_argument(
+        "--flood-keys",
+        type=int,
+        default=600_000,
+        help="fresh keys of fresh-key-flood's in-process side by side (0: none)",
+    )
+    parser.add_argument(
         "--max-registering-keys",
         type=int,
         default=DEFAULTS.max_registering_keys,
@@ -972,6 +1028,9 @@ def main() -> int:
         alive = running.alive()
     if "fresh-key-flood" in args.attacks:
         print(f"\n{nonce_cache_cost(limits.max_registering_keys)}")
+        if args.flood_keys:
+            print(f"\n{args.flood_keys:,} fresh keys straight into the replay cache:")
+            print("\n".join(flood_side_by_side(args.flood_keys)))
     broken = [p.name for p in phases if p.attack is not None and not p.attack.limit_held()]
     first, last = phases[0], phases[-1]
     print(

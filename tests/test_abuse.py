@@ -165,6 +165,16 @@ def test_the_bench_measures_the_replay_cache_cost() -> None:
     assert "100 registering keys and 2,000 shared nonces live" in line
 
 
+def test_the_bench_side_by_side_shows_the_flood_served_only_by_the_partitions() -> None:
+    """Below the shared pool's capacity both serve the honest keys; what differs is where the
+    fresh keys go (a flood the size of the pool is the bench's, too slow for a test)."""
+    shared, partitioned = abuse.flood_side_by_side(20_000, honest_keys=10)
+    assert "fresh keys refused         0" in shared
+    assert "honest new calls served 10/10, replays refused 10/10" in shared
+    assert "fresh keys refused    10,000" in partitioned
+    assert "honest new calls served 10/10, replays refused 10/10" in partitioned
+
+
 def test_uploads_streaming_at_once_are_capped_per_node() -> None:
     uploads = PendingUploads(1 << 20, max_streams=2)
     first = uploads.begin("node", b"a" * 32, 10)
