@@ -10,6 +10,11 @@ outcome, duration and the lines of its output that carry ratios (``1.23x``).
     .venv/bin/python scripts/bench_report.py                          # everything in PLAN
     .venv/bin/python scripts/bench_report.py --only request_bounds abuse
     .venv/bin/python scripts/bench_report.py --set abuse="--seconds 20 --postgres"
+    .venv/bin/python scripts/bench_report.py --only soak --update     # re-run one, keep the rest
+
+``--update`` keeps, from the report already at ``--output``, every benchmark not run this time:
+its summary row and its section, each marked with the commit and date of the run that measured
+it, so that a report stays whole when one benchmark is re-run after a change.
 
 Benchmarks found in bench/ but missing from :data:`PLAN` run with their defaults, and are listed
 as such. Exits 1 when any benchmark failed (the report is written all the same).
@@ -79,6 +84,9 @@ class Outcome:
     stdout: str
     stderr: str
     planned: bool
+    carried: str = ""
+    """Set for a benchmark kept from an earlier report (``--update``): that run's commit and
+    date; its section is then ``stdout``, verbatim."""
 
     @property
     def ok(self) -> bool:
@@ -214,6 +222,8 @@ def render(
     for outcome in outcomes:
         ratios = "<br>".join(_cell(line) for line in ratio_lines(outcome.stdout)) or ""
         status = outcome.status if outcome.ok else f"**{outcome.status}**"
+        if outcome.carried:
+            status += f" (kept from {outcome.carried})"
         lines.append(
             f"| [{outcome.name}](#{outcome.name}) | {status} | {outcome.seconds:.0f} | {ratios} |"
         )
@@ -229,6 +239,10 @@ def render(
             "",
         ]
     for outcome in outcomes:
+        if outcome.carried:
+            lines += [f"## {outcome.name}", "", f"Kept from the run of {outcome.carried}.", ""]
+            lines += [outcome.stdout.rstrip(), ""]
+            continue
         lines += [
             f"## {outcome.name}",
             "",
@@ -248,6 +262,41 @@ def render(
 def _cell(text: str) -> str:
     """``text`` safe in a markdown table cell."""
     return text.replace("|", "\\|").replace("`", "'")
+
+
+SUMMARY_ROW = re.compile(
+    r"^\| \[(?P<name>[\w-]+)\]\(#[\w-]+\) \| (?P<status>[^|]*?) \| (?P<seconds>\d+) \|"
+)
+KEPT = re.compile(r" \(kept from (?P<carried>[^)]*)\)$")
+
+
+def earlier(report: str) -> dict[str, Outcome]:
+    """The benchmarks of an earlier report (:func:`render`'s output), each with its section."""
+    machine_row = {
+        cells[1].strip(): cells[2].strip()
+        for cells in (line.split("|") for line in report.splitlines())
+        if len(cells) == 4
+    }
+    this_run = f"{machine_row.get('commit', 'an unknown commit')}, {machine_row.get('date', '')}"
+    rows: dict[str, tuple[str, float, str]] = {}
+    for line in report.splitlines():
+        match = SUMMARY_ROW.match(line)
+        if match:
+            status = match["status"].strip("*")
+            kept = KEPT.search(status)
+            carried = kept["carried"] if kept else this_run
+            status = KEPT.sub("", status).strip("*")
+            rows[match["name"]] = (status, float(match["seconds"]), carried)
+    sections = re.split(r"^## ", report, flags=re.MULTILINE)
+    found: dict[str, Outcome] = {}
+    for section in sections[1:]:
+        name, _, body = section.partition("\n")
+        if name not in rows:
+            continue
+        status, seconds, carried = rows[name]
+        body = re.sub(r"^\s*Kept from the run of [^\n]*\n", "", body)
+        found[name] = Outcome(name, [], status, seconds, body.strip("\n"), "", True, carried)
+    return found
 
 
 def parse_set(values: list[str]) -> dict[str, list[str]]:
@@ -276,6 +325,11 @@ def main() -> int:
         "--timeout", type=float, default=900.0, help="seconds one benchmark may run (900)"
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the report's path")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the report's benchmarks that are not run this time (marked with their run)",
+    )
     args = parser.parse_args()
     overrides = parse_set(args.set)
     known = discovered()
@@ -297,7 +351,14 @@ def main() -> int:
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     args.output.parent.mkdir(parents=True, exist_ok=True)
     partial = args.output.with_suffix(".md.partial")
-    left_out = [name for name in known if name not in order]
+    ran = {o.name: o for o in outcomes}
+    if args.update and args.output.exists():
+        kept = earlier(args.output.read_text())
+        full = [name for name in PLAN if name in known] + [n for n in known if n not in PLAN]
+        outcomes = [
+            ran[name] if name in ran else kept[name] for name in full if name in ran or name in kept
+        ]
+    left_out = [name for name in known if name not in {o.name for o in outcomes}]
     partial.write_text(render(description, outcomes, load_end, left_out))
     partial.replace(args.output)
     failed = [o.name for o in outcomes if not o.ok]
