@@ -167,7 +167,7 @@ def test_the_noise_is_monotone_in_the_hash_and_the_same_gathered() -> None:
 
 def _honest_choices(z: npt.NDArray[np.float32], seed: int, temperature: float) -> list[int]:
     """What a worker drawing by the protocol's Gumbel-max picks from these logits."""
-    return sampling.gumbel_scores(z, seed, temperature).argmax(axis=1).tolist()
+    return [int(i) for i in sampling.gumbel_scores(z, seed, temperature).argmax(axis=1)]
 
 
 def _peaked(rng: np.random.Generator, rows: int) -> npt.NDArray[np.float32]:
@@ -232,7 +232,7 @@ def test_bounded_margins_equal_the_definition(
     _same(figures.margins, sampling.sampling_margins(z, ids, seed, temperature))
     _same(figures.tolerances, sampling_tolerances(z, temperature, FLOAT32))
     _same(figures.logprobs, sampling.token_logprobs(z, ids, temperature))
-    chosen, entropy, variance = statistics._distribution_moments(
+    _, entropy, variance = statistics._distribution_moments(
         [z], np.asarray(ids, dtype=np.int64), temperature
     )
     _same(figures.entropy, entropy)
