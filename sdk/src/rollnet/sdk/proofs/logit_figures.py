@@ -335,11 +335,18 @@ def _margins(
     rows = np.arange(count)
     if buffers.sample.size < _MIN_SAMPLE or not no_nan or bool((rival == ids).any()):
         return _whole_row_margins(scaled, ids, keys, buffers, hashed=False)
+    # One noise evaluation for the sampled columns, the rival and the chosen column.
     sample = buffers.sample
-    sampled = scaled[:, sample]
-    sample_scores = sampled - _noise_at(keys[:, None], sample[None, :])
-    sample_scores[sample[None, :] == ids[:, None]] = -np.inf
-    best = np.maximum(sample_scores.max(axis=1), scaled[rows, rival] - _noise_at(keys, rival))
+    picked = np.empty((count, sample.size + 2), dtype=np.int64)
+    picked[:, :-2] = sample
+    picked[:, -2] = rival
+    picked[:, -1] = ids
+    values = scaled[rows[:, None], picked]
+    scores = values - _noise_at(keys[:, None], picked)
+    chosen_score = scores[:, -1].copy()
+    scores[picked == ids[:, None]] = -np.inf  # the chosen column is not a rival
+    best = scores[:, :-1].max(axis=1)
+    sampled = values[:, :-2]
     if not bool(np.isfinite(best).all()):
         return _whole_row_margins(scaled, ids, keys, buffers, hashed=False)
     # s_j < line means s_j + g_j < best - slack / 2 in exact arithmetic (the slack, ~1e-9
@@ -356,8 +363,9 @@ def _margins(
         hashed = _hash_rows(keys, buffers)
         if np.mean(1.0 - level / _NOISE_LEVELS.size) > _SKIP_FRACTION:
             return _whole_row_margins(scaled, ids, keys, buffers, hashed=True)
-        # Candidates: top 24 bits above level * 2**12 (level -1: every column, not reached).
-        lowest_kept = ((level.astype(np.int64) << _LEVEL_BITS) + 1) << (32 - 24)
+        # Candidates: top 24 bits above level * 2**12 (level -1, a bar below every noise
+        # value, which only the slack can give: every column).
+        lowest_kept = np.maximum(((level.astype(np.int64) << _LEVEL_BITS) + 1) << 8, 0)
         above = np.greater_equal(
             hashed, lowest_kept.astype(np.uint32)[:, None], out=buffers.above[:count]
         )
@@ -372,7 +380,6 @@ def _margins(
     if filled.size:
         firsts = np.searchsorted(where_rows, filled)
         others[filled] = np.maximum(others[filled], np.maximum.reduceat(scores, firsts))
-    chosen_score = scaled[rows, ids] - _noise_at(keys, ids)
     return np.asarray(chosen_score - others, dtype=np.float64)
 
 
