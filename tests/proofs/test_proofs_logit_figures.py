@@ -142,7 +142,7 @@ def test_bad_input_is_refused(kwargs: dict[str, object], message: str) -> None:
 
 # -- the noise bounds (only the columns that can still beat a bound get their noise) ----------
 
-WIDE_VOCAB = 4096  # above the bounds' minimum (32 sampled columns), 16 rows per block
+WIDE_VOCAB = 4096  # above the bounds' minimum (32 sampled columns), 64 rows per block
 
 
 def test_the_noise_is_monotone_in_the_hash_and_the_same_gathered() -> None:
@@ -192,7 +192,7 @@ def test_bounded_margins_equal_the_definition(
     case: str, temperature: float, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = np.random.default_rng(len(case))
-    rows = 40
+    rows = 150  # three blocks
     if case == "flat":
         z = (rng.standard_normal((rows, WIDE_VOCAB)) * 0.3).astype(np.float32)
     elif case == "sharp":
@@ -238,12 +238,12 @@ def test_bounded_margins_equal_the_definition(
     _same(figures.entropy, entropy)
     _same(figures.variance, variance)
     assert figures.margins[4] < 0  # the check can fail through the bounds
-    blocks = calls["margins"]
-    assert blocks == -(-rows // (logit_figures._BLOCK_ELEMENTS // WIDE_VOCAB))
+    blocks = -(-rows // (logit_figures._BLOCK_ELEMENTS // WIDE_VOCAB))
+    assert blocks > 1
     expected = {
-        "bound": {"hash": 0, "every": 0},
-        "hash": {"hash": blocks, "every": 0},
-        "every": {"every": blocks},
+        "bound": {"margins": blocks, "hash": 0, "every": 0},
+        "hash": {"margins": blocks, "hash": blocks, "every": 0},
+        "every": {"margins": 1, "every": blocks},  # not retried after failing
     }[path]
     assert {name: calls[name] for name in expected} == expected
 
