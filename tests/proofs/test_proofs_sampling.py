@@ -58,6 +58,24 @@ def test_torch_noise_is_bit_identical_to_numpy() -> None:
     assert np.abs(g_np - g_torch.numpy()).max() < 1e-12
 
 
+def test_uniforms_of_uint32_words_equal_the_definition() -> None:
+    """``(t + 0.5) / 2**24`` of the top 24 bits ``t``, for every ``t`` (the uint32 path builds
+    ``(2t + 1) * 2**-25`` instead), whatever the low 8 bits; the int64 path agrees."""
+    chunk = 1 << 20
+    for start in range(0, 1 << 24, chunk):
+        tops = np.arange(start, start + chunk, dtype=np.uint32)
+        low = (tops * np.uint32(0x9E3779B1)) >> np.uint32(24)  # every low byte, scrambled
+        words = (tops << np.uint32(8)) | low
+        expected = (tops.astype(np.float64) + 0.5) / 2.0**24
+        uniforms = sampling.uniforms_from_bits(words)
+        assert uniforms.dtype == np.float64
+        assert np.array_equal(uniforms, expected)
+        sample = words[::997]
+        np.testing.assert_array_equal(
+            sampling.uniforms_from_bits(sample.astype(np.int64)), expected[::997], strict=True
+        )
+
+
 def test_uniforms_are_open_interval_and_gumbel_is_standard() -> None:
     bits = np.array([0, MASK], dtype=np.int64)
     u = sampling.uniforms_from_bits(bits)

@@ -52,6 +52,7 @@ MAX_SEED = (1 << 63) - 1
 Int64Array = npt.NDArray[np.int64]
 UInt64Array = npt.NDArray[np.uint64]
 UInt32Array = npt.NDArray[np.uint32]
+FloatArray = npt.NDArray[np.float64]
 
 
 def _mul32(x: UInt64Array, constant: int) -> UInt64Array:
@@ -113,9 +114,22 @@ def noise_bits(seeds: npt.ArrayLike, positions: npt.ArrayLike, vocab_size: int) 
 
 def uniforms_from_bits(bits: Int64Array | UInt32Array) -> npt.NDArray[np.float64]:
     """Map 32-bit hashes to uniforms in (0, 1) with 24-bit resolution, never 0 or 1."""
-    shift = 32 - UNIFORM_BITS
-    top = bits >> shift if bits.dtype == np.int64 else bits >> np.uint32(shift)
-    return (top.astype(np.float64) + 0.5) * (2.0**-UNIFORM_BITS)
+    if bits.dtype == np.int64:
+        shift = 32 - UNIFORM_BITS
+        return ((bits >> shift).astype(np.float64) + 0.5) * (2.0**-UNIFORM_BITS)
+    words = np.asarray(bits, dtype=np.uint32)
+    uniforms = np.empty(words.shape, dtype=np.float64)
+    _uniforms_into(words, uniforms, np.empty_like(words))
+    return uniforms
+
+
+def _uniforms_into(bits: UInt32Array, out: FloatArray, scratch: UInt32Array) -> None:
+    # (t + 0.5) * 2**-24 == (2t + 1) * 2**-25 exactly (25 significant bits, a power-of-two
+    # scale): the odd integer 2t + 1 is built on uint32 words, then converted and scaled in one
+    # float64 pass.
+    np.right_shift(bits, np.uint32(31 - UNIFORM_BITS), out=scratch)
+    scratch |= np.uint32(1)
+    np.multiply(scratch, 2.0 ** -(UNIFORM_BITS + 1), out=out)
 
 
 def gumbel_noise(
@@ -131,10 +145,38 @@ def negated_gumbel_noise(
 ) -> npt.NDArray[np.float64]:
     """``-g``, i.e. ``log(-log u)``: callers that add the noise subtract this instead, which
     gives the same bits (``s - x == s + (-x)`` in IEEE arithmetic) one pass sooner."""
-    u = uniforms_from_bits(_noise_bits32(seeds, positions, vocab_size))
-    np.log(u, out=u)
-    np.negative(u, out=u)
-    return np.log(u, out=u)
+    return negated_noise_of_bits(_noise_bits32(seeds, positions, vocab_size))
+
+
+def negated_noise_of_bits(
+    bits: UInt32Array,
+    out: FloatArray | None = None,
+    scratch: UInt32Array | None = None,
+) -> FloatArray:
+    """``log(-log u)`` of the 32-bit hashes ``bits`` (any shape), into ``out`` when given
+    (``scratch``: a uint32 array of ``bits``' shape the caller can spare). The one sequence of
+    float64 operations every noise value is computed with, so that the noise of a few gathered
+    columns equals, bit for bit, the noise of the same columns in a whole row."""
+    if out is None:
+        out = np.empty(bits.shape, dtype=np.float64)
+    _uniforms_into(bits, out, np.empty_like(bits) if scratch is None else scratch)
+    np.log(out, out=out)
+    np.negative(out, out=out)
+    return np.log(out, out=out)
+
+
+def mix_into(x: UInt32Array, scratch: UInt32Array) -> UInt32Array:
+    """``_mix32`` in place on ``x`` (``scratch``: a uint32 array of its shape): the same bits
+    with no temporary arrays."""
+    np.right_shift(x, np.uint32(16), out=scratch)
+    x ^= scratch
+    x *= np.uint32(MIX_MUL_1)
+    np.right_shift(x, np.uint32(15), out=scratch)
+    x ^= scratch
+    x *= np.uint32(MIX_MUL_2)
+    np.right_shift(x, np.uint32(16), out=scratch)
+    x ^= scratch
+    return x
 
 
 def gumbel_noise_at(

@@ -141,7 +141,15 @@ def logit_tolerances(logits: npt.ArrayLike, thresholds: Thresholds) -> FloatArra
     units. NaN for a row holding NaN (a check compares with it so that NaN fails)."""
     z = np.asarray(logits)
     # max |z| as two reductions, without an |z| temporary the size of the logits.
-    magnitude = np.maximum(z.max(axis=-1), -z.min(axis=-1)).astype(np.float64)
+    return logit_tolerances_of_extremes(z.max(axis=-1), z.min(axis=-1), thresholds)
+
+
+def logit_tolerances_of_extremes(
+    highest: npt.ArrayLike, lowest: npt.ArrayLike, thresholds: Thresholds
+) -> FloatArray:
+    """:func:`logit_tolerances` from each row's largest and smallest logit (for a caller that
+    has found them already)."""
+    magnitude = np.maximum(highest, np.negative(lowest)).astype(np.float64)
     return np.asarray(
         thresholds.logit_error_relative * magnitude + thresholds.logit_error_floor,
         dtype=np.float64,
