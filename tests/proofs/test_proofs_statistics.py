@@ -516,3 +516,17 @@ def test_the_dispersion_test_flags_a_drifting_node_and_not_an_honest_one() -> No
             NodeEvidence().add([bad], policy)
     with pytest.raises(ValueError, match="honest_dispersion"):
         dataclasses.replace(policy, honest_dispersion=0.9)
+
+
+def test_a_rollout_at_the_cap_sums_to_at_most_its_tokens() -> None:
+    """Every token at the cap (reports 40 nats off): the sum is exactly the token count, which
+    the wire requires it not to exceed, rounding or not."""
+    rng = np.random.default_rng(5)
+    logits = [rng.normal(0, 2, size=(41, VOCAB)) for _ in range(3)]
+    ids = [sample(z, s) for s, z in enumerate(logits)]
+    figures = token_figures(
+        logits, ids, seeds=[0, 1, 2], temperature=TEMPERATURE, thresholds=BFLOAT16
+    )
+    claimed: list[list[float] | None] = [[-40.0] * 41 for _ in range(3)]
+    stats = rollout_statistics_from_figures(figures, logits, ids, [0, 1, 2], claimed)
+    assert all(s.logprob_dispersion == s.dispersion_tokens == 41 for s in stats)

@@ -277,11 +277,14 @@ def rollout_statistics_from_figures(
         eos_gaps,
         np.isin(ids, np.fromiter(figures.eos_token_ids, dtype=np.int64)),
     )
-    sums = np.concatenate([[0.0], np.cumsum(dispersion)])
+    # Each rollout's own sum (no running-sum differences), at most its token count: the wire
+    # requires logprob_dispersion <= dispersion_tokens, which rounding must not break.
     return [
         dataclasses.replace(
             s,
-            logprob_dispersion=float(sums[starts[i + 1]] - sums[starts[i]]),
+            logprob_dispersion=min(
+                float(dispersion[starts[i] : starts[i + 1]].sum()), float(lengths[i])
+            ),
             dispersion_tokens=int(lengths[i]),
         )
         if compared[i]
