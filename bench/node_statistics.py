@@ -135,7 +135,13 @@ def statistics_of(
             )
         )
         reports = harness.verify_prefilled(chunk, prefills, thresholds)
-        accepted.extend(report.accepted for report in reports)
+        # The validator's log-probability check too: every reported log-probability inside
+        # its honest interval (what the pipeline's LOGPROBS check requires).
+        inside = [
+            bool(figures.logprob_bounds(i).contains(np.asarray(c, dtype=np.float64)).all())
+            for i, c in enumerate(claimed)
+        ]
+        accepted.extend(report.accepted and ok for report, ok in zip(reports, inside, strict=True))
         for rollout, prefill in zip(chunk, prefills, strict=True):
             margins = sampling_margins(
                 prefill.logits,
