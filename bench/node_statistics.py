@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -363,7 +364,20 @@ def main() -> None:
     parser.add_argument("--honest-nodes", type=int, default=2000)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--cost-only", action="store_true", help="only the validator cost table")
+    parser.add_argument(
+        "--dispersion",
+        default="",
+        help="mu0,mu1 of the dispersion test instead of the policy's (a sensitivity run)",
+    )
     args = parser.parse_args()
+
+    def policy_of(dtype: str) -> StatisticsPolicy:
+        policy = policy_for(dtype)
+        if not args.dispersion:
+            return policy
+        mu0, mu1 = (float(x) for x in args.dispersion.split(","))
+        return dataclasses.replace(policy, honest_dispersion=mu0, alternative_dispersion=mu1)
+
     if args.cost_only:
         print_cost()
         return
@@ -578,7 +592,7 @@ def main() -> None:
     for s in scenarios:
         if s.honest:
             continue
-        policy = policy_for(s.dtype)
+        policy = policy_of(s.dtype)
         pool = s.sent()
         if len(pool) < len(s.statistics) / 2:
             # Most of its work is rejected by the per-rollout checks: slashed and ejected there.
@@ -642,7 +656,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for s in scenarios:
         y = s.dispersion
-        policy = policy_for(s.dtype)
+        policy = policy_of(s.dtype)
         means = [float(np.mean(np.minimum(k * k * y, 1.0))) if y.size else 0.0 for k in (1, 1.5, 2)]
         print(
             f"| {s.dtype} | {s.name} | {y.size} | "
@@ -655,7 +669,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         pool = [x for s in scenarios if s.honest and s.dtype == dtype for x in s.sent()]
-        policy = policy_for(dtype)
+        policy = policy_of(dtype)
         flagged = 0
         worst = 0.0
         for _ in range(args.honest_nodes):
