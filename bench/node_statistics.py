@@ -39,7 +39,7 @@ from rollnet.reference.inference import harness
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import init_tiny_model
 from rollnet.sdk.proofs.logit_figures import token_figures
-from rollnet.sdk.proofs.sampling import sampling_margins
+from rollnet.sdk.proofs.sampling import sampling_margins, token_logprobs
 from rollnet.sdk.proofs.statistics import (
     NEAR_TIE_FLOOR,
     NodeEvidence,
@@ -422,6 +422,7 @@ def main() -> None:
             *,
             checker: TorchBackend | None = None,
             sample_temperature: float | None = None,
+            report_at_task_temperature: bool = False,
             task_temperature: float = temperature,
             batch: int = 64,
             prefill_batch: int = 64,
@@ -448,7 +449,17 @@ def main() -> None:
             finally:
                 torch.set_num_threads(previous)
             rollouts = []
-            reported = [generation.logprobs for generation, *_ in generated]
+            reported: list[Sequence[float]] = [generation.logprobs for generation, *_ in generated]
+            if report_at_task_temperature:
+                # A sampler substitute that reports the log-probabilities of the task's
+                # temperature (its own prefill's: it cannot know the validator's numbers).
+                prefills = generator.prefill_batch(
+                    [(prompt, generation.completion_ids) for generation, _, _, prompt in generated]
+                )
+                reported = [
+                    token_logprobs(p.logits, g.completion_ids, task_temperature).tolist()
+                    for p, (g, *_) in zip(prefills, generated, strict=True)
+                ]
             for generation, lb, index, prompt in generated:
                 claim = harness.seal(
                     prompt,
@@ -536,6 +547,14 @@ def main() -> None:
         stepped = transformed(validator, adam_step(prompts[:64], 1e-5))
         run("stale checkpoint (Adam lr 1e-5)", False, worker, n_attack, checker=stepped)
         run("sampling at T=0.95", False, worker, n_attack, sample_temperature=0.95 * temperature)
+        run(
+            "sampling at T=0.95, T=1 log-probs",
+            False,
+            worker,
+            n_attack,
+            sample_temperature=0.95 * temperature,
+            report_at_task_temperature=True,
+        )
         for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
             steering = CheatingBackend(cheat)
             steering.load(str(work / "tiny"), dtype=dtype)
