@@ -444,11 +444,10 @@ def test_the_dispersion_equals_its_definition_and_is_summed_per_rollout() -> Non
     assert ((y >= 0) & (y <= 1)).all()
     # By hand for one token: d / (c s), s the half-width of the honest interval.
     value, others, tolerance, claimed = -1.2, 0.9, 0.05, -1.2 + 0.001
-    lower, upper = -np.logaddexp(0, others + tolerance), -np.logaddexp(0, others - tolerance)
-    # The bounds' float32 evaluation slack (absolute plus relative) widens each side.
-    lower -= LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * abs(lower)
-    upper += LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * abs(upper)
-    expected = ((claimed - value) / (DISPERSION_SCALE * (upper - lower) / 2)) ** 2
+    half = (np.logaddexp(0, others + tolerance) - np.logaddexp(0, others - tolerance)) / 2
+    # The float32 evaluation slack is added to the unit unscaled.
+    slack = LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * abs(value)
+    expected = ((claimed - value) / (DISPERSION_SCALE * half + slack)) ** 2
     got = logprob_dispersion([claimed], [value], [others], [tolerance])
     assert got[0] == pytest.approx(min(expected, 1.0))
     # Far outside the unit, and non-finite figures, count as the cap.
@@ -502,8 +501,8 @@ def test_the_dispersion_test_flags_a_drifting_node_and_not_an_honest_one() -> No
                 return evidence.tokens
         return None
 
-    # Exponential draws capped at 1: mean 0.55 (under mu0) and about 0.9 (over mu1).
-    assert tokens_to_flag(0.8) is None
+    # Exponential draws capped at 1: mean 0.46 (mu0, the honest bound) and 0.94 (over mu1).
+    assert tokens_to_flag(0.55) is None
     flagged = tokens_to_flag(8.0)
     assert flagged is not None
     assert flagged < 5_000
@@ -530,3 +529,12 @@ def test_a_rollout_at_the_cap_sums_to_at_most_its_tokens() -> None:
     claimed: list[list[float] | None] = [[-40.0] * 41 for _ in range(3)]
     stats = rollout_statistics_from_figures(figures, logits, ids, [0, 1, 2], claimed)
     assert all(s.logprob_dispersion == s.dispersion_tokens == 41 for s in stats)
+
+
+def test_float32_rounding_of_a_near_certain_token_is_not_dispersion() -> None:
+    """A token with p ~ 1 has an honest interval of ~0 width: a worker's float32 rounding of
+    its log-probability (within the evaluation slack) must stay far from the cap."""
+    value = -1e-7
+    rounded = float(np.float32(value) + np.float32(2e-7))
+    y = logprob_dispersion([rounded], [value], [-16.0], [1e-4])
+    assert y[0] < 0.1

@@ -306,9 +306,10 @@ class RolloutStatistics(_message.Message):
     in near_tie_wins).
     """
     logprob_dispersion: _builtins.float
-    """Sum over dispersion_tokens of min((d / (0.03 s))^2, 1): d the worker's reported
+    """Sum over dispersion_tokens of min((d / (0.03 s + e))^2, 1): d the worker's reported
     behaviour log-probability minus the validator's, s the half-width of the token's honest
-    log-probability interval (the error model's). At least 0, at most dispersion_tokens.
+    log-probability interval (the error model's), e the float32 evaluation slack
+    (1e-6 + 2^-21 |validator's log-probability|). At least 0, at most dispersion_tokens.
     """
     dispersion_tokens: _builtins.int
     """Tokens logprob_dispersion sums over: the rollout's completion tokens when the worker's

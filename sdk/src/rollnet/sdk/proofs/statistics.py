@@ -34,9 +34,10 @@ still look like honest draws from the checkpoint (:func:`judge`):
   tests on ``(S, V) = (sum x_t, sum Var_t)``.
 * **Log-probability dispersion.** Every token carries the worker's reported log-probability
   ``lp_w`` and the validator's ``lp_v``; ``d = lp_w - lp_v`` is the worker's numeric discrepancy
-  on *every* token, not only near-ties. Per token ``Y = min((d / (c s))^2, 1)`` with ``s`` the
-  half-width of the token's honest log-probability interval (the error model's, which follows
-  dtype, temperature and magnitude) and ``c`` = :data:`DISPERSION_SCALE`. A cheaper model (int8
+  on *every* token, not only near-ties. Per token ``Y = min((d / (c s + e))^2, 1)`` with ``s``
+  the half-width of the token's honest log-probability interval (the error model's, which
+  follows dtype, temperature and magnitude), ``c`` = :data:`DISPERSION_SCALE` and ``e`` the
+  float32 evaluation slack. A cheaper model (int8
   weights, an fp8 KV cache, noisy weights) adds its own error to ``d``, and the worker cannot
   shrink it without knowing ``lp_v``. ``Y`` is in ``[0, 1]``, so the binomial test's form holds
   for its sums too: H0 ``E[Y] <= mu0``, H1 ``E[Y] = mu1``, ``llr = sum Y ln(mu1/mu0) + (n -
@@ -78,7 +79,12 @@ from rollnet.sdk.proofs.sampling import (
     check_seed,
     gumbel_noise_at,
 )
-from rollnet.sdk.proofs.thresholds import Thresholds, logprob_bounds
+from rollnet.sdk.proofs.thresholds import (
+    LOGPROB_EVALUATION_SLACK,
+    LOGPROB_RELATIVE_SLACK,
+    Thresholds,
+    softplus,
+)
 
 if TYPE_CHECKING:
     from rollnet.sdk.proofs.logit_figures import TokenFigures
@@ -90,7 +96,7 @@ it (the honest loss share is bounded by ``pi0``, measured across T = 0.001-2.0 p
 
 DISPERSION_SCALE = 0.03
 """``c``: the dispersion statistic's unit, as a fraction of each token's honest log-probability
-half-width ``s``. Honest bf16 discrepancies are mostly under 0.03 ``s`` (medians 0.0003-0.02 over
+half-width ``s``. Honest bf16 discrepancies are mostly under 0.03 ``s`` (medians 0.0003-0.009 over
 the calibration's variations), cheap substitutes' mostly above (int8 weights: median 0.028,
 1 % weight noise 0.049); ``docs/verification.md`` has the figures."""
 
@@ -116,7 +122,7 @@ class RolloutStatistics:
     """Tokens that are not EOS and not a band loss, where the best EOS score was ``b`` to 1
     tolerances below the chosen token's (not in ``near_tie_wins``)."""
     logprob_dispersion: float = 0.0
-    """``sum_t min((d_t / (c s_t))^2, 1)`` over :attr:`dispersion_tokens`
+    """``sum_t min((d_t / (c s_t + e_t))^2, 1)`` over :attr:`dispersion_tokens`
     (:func:`logprob_dispersion`): the worker's reported log-probabilities' spread around the
     validator's."""
     dispersion_tokens: int = 0
@@ -130,19 +136,22 @@ def logprob_dispersion(
     others: npt.ArrayLike,
     score_tolerances: npt.ArrayLike,
 ) -> npt.NDArray[np.float64]:
-    """Per token ``Y = min((d / (c s))^2, 1)``: ``d`` the claimed minus the validator's
-    log-probability, ``s`` the half-width of the honest interval
-    (:func:`~rollnet.sdk.proofs.thresholds.logprob_bounds` of ``others``, the ``L`` of
-    :class:`~rollnet.sdk.proofs.logit_figures.TokenFigures`, and the score tolerance; with the
-    float32 evaluation slack), ``c`` = :data:`DISPERSION_SCALE`. A non-finite figure
-    counts as the cap, 1."""
+    """Per token ``Y = min((d / u)^2, 1)``: ``d`` the claimed minus the validator's
+    log-probability, ``u = c h + e`` its unit. ``h`` is the half-width of the honest interval
+    the error model gives (``softplus(L + delta)`` to ``softplus(L - delta)``, ``L`` =
+    ``others`` as in :class:`~rollnet.sdk.proofs.logit_figures.TokenFigures`, ``delta`` the
+    score tolerance), ``c`` = :data:`DISPERSION_SCALE`, and ``e`` the float32 evaluation slack
+    of :func:`~rollnet.sdk.proofs.thresholds.logprob_bounds`, not scaled by ``c``: the worker's
+    float32 ``log_softmax`` rounds by up to ``e`` whatever its model, so a near-certain token
+    (``h`` tiny) must not count that rounding as dispersion. A non-finite figure counts as the
+    cap, 1."""
     values = np.asarray(logprobs, dtype=np.float64)
+    lengths = np.asarray(others, dtype=np.float64)
+    delta = np.asarray(score_tolerances, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        # The bounds include the float32 evaluation slack: a near-certain token's half-width
-        # is never below what the worker's float32 log_softmax honestly rounds by.
-        lower, upper = logprob_bounds(others, score_tolerances)
-        half = (upper - lower) / 2
-        ratio = (np.asarray(claimed, dtype=np.float64) - values) / (DISPERSION_SCALE * half)
+        half = (softplus(lengths + delta) - softplus(lengths - delta)) / 2
+        slack = LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(values)
+        ratio = (np.asarray(claimed, dtype=np.float64) - values) / (DISPERSION_SCALE * half + slack)
         squared = ratio * ratio
     return np.where(np.isfinite(squared), np.minimum(squared, 1.0), 1.0)
 
@@ -398,10 +407,10 @@ class StatisticsPolicy:
     alternative_eos_loss_rate: float = 0.2
     """``q1``: the EOS test's alternative. A steerer takes EOS at (nearly) every EOS event
     (share ~0.9); 0.2 keeps the drift positive down to a steerer taking ~5 % of them."""
-    honest_dispersion: float = 0.65
+    honest_dispersion: float = 0.46
     """``mu0``: the largest mean per-token dispersion ``Y`` of an honest node (the calibrated
     worst honest variation, with a safety factor on the noise amplitude)."""
-    alternative_dispersion: float = 0.85
+    alternative_dispersion: float = 0.7
     """``mu1``: the dispersion test's alternative."""
     false_flag_probability: float = 1e-6
     """``alpha``: at most this probability that an honest node is ever flagged within
@@ -435,11 +444,11 @@ FLOAT32_POLICY = StatisticsPolicy(
     alternative_loss_rate=0.05,
     logprob_drift=0.05,
     min_tokens=1000,
-    honest_dispersion=0.2,
+    honest_dispersion=0.1,
     alternative_dispersion=0.5,
 )
 """For fp32 networks. Honest fp32 noise is ~1e-3 of the 1e-3 tolerance: no honest band loss was
-measured, and an honest mean dispersion ``Y`` of at most ~0.09 (T = 0.1; 0.006 at T = 1)
+measured, and an honest mean dispersion ``Y`` of at most ~0.01 (every attack measured: above 0.98)
 (``bench/node_statistics.py``; docs/verification.md has the counts)."""
 
 BFLOAT16_POLICY = StatisticsPolicy(
@@ -452,8 +461,8 @@ BFLOAT16_POLICY = StatisticsPolicy(
 band's floor, at T = 1 and 0.7 (``bench/node_statistics.py``): no honest band loss in ~7,700 band
 events, so ``pi0`` bounds the honest loss share with margin; the alternative is the share that
 steering and the cheap substitutes of the detection table produce (2-10%). Dispersion: the worst
-honest variation measured has a mean ``Y`` of 0.52 (logits x8, T = 0.2), ~0.65 at 1.5 times its
-noise amplitude; cheap substitutes at T = 1 reach 0.28 (0.1 % weight noise) to 0.77 (1 %)."""
+honest variation measured (eager attention) has a mean ``Y`` of 0.24, 0.45 at twice its noise
+amplitude, which ``mu0`` bounds; int8 weights and an fp8 KV cache reach 0.62-0.64."""
 
 
 def policy_for(dtype: str) -> StatisticsPolicy:
