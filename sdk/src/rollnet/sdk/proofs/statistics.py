@@ -4,7 +4,7 @@ A per-token check passes any token within tolerance, and on bf16 networks the ho
 as large as what a cheaper model or a steering worker changes. One token says little; a node's
 thousands of tokens say a lot. The validator condenses each accepted rollout into a few sums
 (:class:`RolloutStatistics`, computed from the prefill it already ran), the coordinator adds them
-up per node (:class:`NodeEvidence`), and four sequential tests decide whether the node's tokens
+up per node (:class:`NodeEvidence`), and five sequential tests decide whether the node's tokens
 still look like honest draws from the checkpoint (:func:`judge`):
 
 * **Near-tie losses.** With ``r = margin / tolerance`` per token (``margin`` the chosen token's
@@ -481,7 +481,7 @@ def policy_for(dtype: str) -> StatisticsPolicy:
 
 @dataclass(frozen=True)
 class NodeEvidence:
-    """A node's running sums and the four CUSUMs (what the coordinator stores per node)."""
+    """A node's running sums and the five CUSUMs (what the coordinator stores per node)."""
 
     tokens: int = 0
     near_tie_losses: int = 0
