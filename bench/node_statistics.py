@@ -362,6 +362,12 @@ def main() -> None:
     parser.add_argument("--job-rollouts", type=int, default=8, help="rollouts per verdict")
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes per attack")
     parser.add_argument("--honest-nodes", type=int, default=2000)
+    parser.add_argument(
+        "--configuration-nodes",
+        type=int,
+        default=100,
+        help="simulated honest nodes per honest run (a node keeps one configuration)",
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--cost-only", action="store_true", help="only the validator cost table")
     parser.add_argument(
@@ -705,6 +711,36 @@ def main() -> None:
             f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
             f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
         )
+    print("\n## Honest nodes that keep one configuration: false flags per honest run")
+    print(
+        "| dtype | honest run | nodes x tokens | flagged | largest CUSUM / threshold "
+        "| largest dispersion CUSUM |"
+    )
+    print("|---|---|---|---|---|---|")
+    for s in scenarios:
+        pool = s.sent()
+        if not s.honest or not pool:
+            continue
+        policy = policy_of(s.dtype)
+        flagged = 0
+        worst = worst_dispersion = 0.0
+        for _ in range(args.configuration_nodes):
+            evidence = NodeEvidence()
+            while evidence.tokens < BUDGETS[-1]:
+                picks = rng.integers(0, len(pool), size=args.job_rollouts)
+                evidence = evidence.add([pool[i] for i in picks], policy)
+                verdict = judge(evidence, policy)
+                worst = max(worst, verdict.statistic)
+                worst_dispersion = max(worst_dispersion, evidence.dispersion_cusum)
+                if verdict.flagged:
+                    flagged += 1
+                    break
+        print(
+            f"| {s.dtype} | {s.name.removeprefix('honest: ')} "
+            f"| {args.configuration_nodes} x {BUDGETS[-1]:,} | {flagged} "
+            f"| {worst:.1f} / {policy.flag_threshold:.1f} | {worst_dispersion:.1f} |"
+        )
+
     print("\n## EOS steering: completion length, steered vs honest (same prompts and seeds)")
     print(
         "| dtype | rollouts | honest mean length | steered mean length | change "
