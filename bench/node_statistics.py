@@ -711,34 +711,35 @@ def main() -> None:
             f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
             f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
         )
-    print("\n## Honest nodes that keep one configuration: false flags per honest run")
+    # One configuration's pool is ~5,000 tokens: a node drawing 100,000 tokens from it with
+    # replacement turns the pool's own sampling error in the log-probability excess into a
+    # steady drift (a pool at z = +2.4 is "flagged" by logprob_high), so only the dispersion
+    # test, whose reference is a bound on each configuration's mean, is judged per run here.
+    print("\n## Honest nodes that keep one configuration: the dispersion test per honest run")
     print(
-        "| dtype | honest run | nodes x tokens | flagged | largest CUSUM / threshold "
-        "| largest dispersion CUSUM |"
+        "| dtype | honest run | nodes x tokens | flagged by dispersion | largest dispersion CUSUM |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|")
     for s in scenarios:
         pool = s.sent()
         if not s.honest or not pool:
             continue
         policy = policy_of(s.dtype)
         flagged = 0
-        worst = worst_dispersion = 0.0
+        worst_dispersion = 0.0
         for _ in range(args.configuration_nodes):
             evidence = NodeEvidence()
             while evidence.tokens < BUDGETS[-1]:
                 picks = rng.integers(0, len(pool), size=args.job_rollouts)
                 evidence = evidence.add([pool[i] for i in picks], policy)
-                verdict = judge(evidence, policy)
-                worst = max(worst, verdict.statistic)
                 worst_dispersion = max(worst_dispersion, evidence.dispersion_cusum)
-                if verdict.flagged:
+                if evidence.dispersion_cusum >= policy.flag_threshold:
                     flagged += 1
                     break
         print(
             f"| {s.dtype} | {s.name.removeprefix('honest: ')} "
             f"| {args.configuration_nodes} x {BUDGETS[-1]:,} | {flagged} "
-            f"| {worst:.1f} / {policy.flag_threshold:.1f} | {worst_dispersion:.1f} |"
+            f"| {worst_dispersion:.1f} / {policy.flag_threshold:.1f} |"
         )
 
     print("\n## EOS steering: completion length, steered vs honest (same prompts and seeds)")
