@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -31,20 +32,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
 
 from rollnet.reference.adversary.cheats import Cheat, CheatingBackend
 from rollnet.reference.inference import harness
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import init_tiny_model
-from rollnet.sdk.proofs.sampling import sampling_margins
+from rollnet.sdk.proofs.logit_figures import token_figures
+from rollnet.sdk.proofs.sampling import sampling_margins, token_logprobs
 from rollnet.sdk.proofs.statistics import (
     NEAR_TIE_FLOOR,
     NodeEvidence,
     RolloutStatistics,
     StatisticsPolicy,
     judge,
+    logprob_dispersion,
     policy_for,
     rollout_statistics_batch,
+    rollout_statistics_from_figures,
 )
 from rollnet.sdk.proofs.thresholds import sampling_tolerances, thresholds_for
 
@@ -72,6 +77,9 @@ class Scenario:
     """Every token's margin / tolerance (diagnostics: where the losses fall)."""
     accepted: list[bool]
     """Per rollout: whether every check accepts it (only those send statistics)."""
+    dispersion: np.ndarray
+    """Every token's dispersion ``Y`` (the worker's reported log-probability against the
+    validator's; calibration of the dispersion test)."""
 
     def sent(self) -> list[RolloutStatistics]:
         """The statistics a coordinator receives: those of the accepted rollouts."""
@@ -81,33 +89,60 @@ class Scenario:
 def statistics_of(
     validator: TorchBackend,
     rollouts: Sequence[harness.Rollout],
+    reported: Sequence[Sequence[float]],
     temperature: float,
     dtype: str,
-) -> tuple[list[RolloutStatistics], list[bool], np.ndarray]:
-    """The validator's statistics of ``rollouts``, whether every check accepts each, and each
-    token's margin / tolerance."""
+    *,
+    prefill_batch: int = 64,
+) -> tuple[list[RolloutStatistics], list[bool], np.ndarray, np.ndarray]:
+    """The validator's statistics of ``rollouts`` (``reported``: the worker's log-probabilities
+    of each), whether every check accepts each, each token's margin / tolerance and each
+    token's dispersion ``Y``."""
     thresholds = thresholds_for(dtype)
     eos = validator.eos_token_ids
     out: list[RolloutStatistics] = []
     ratios: list[np.ndarray] = []
+    dispersion: list[np.ndarray] = []
     accepted: list[bool] = []
     for start in range(0, len(rollouts), 64):
         chunk = rollouts[start : start + 64]
-        prefills = validator.prefill_batch(
-            [(r.assignment.assigned_prompt_ids, r.claim.completion_ids) for r in chunk]
+        claimed = reported[start : start + 64]
+        previous_chunk = validator.prefill_chunk
+        validator.prefill_chunk = prefill_batch
+        try:
+            prefills = validator.prefill_batch(
+                [(r.assignment.assigned_prompt_ids, r.claim.completion_ids) for r in chunk]
+            )
+        finally:
+            validator.prefill_chunk = previous_chunk
+        logits = [p.logits for p in prefills]
+        completions = [r.claim.completion_ids for r in chunk]
+        seeds = [r.claim.sampling_seed for r in chunk]
+        figures = token_figures(
+            logits,
+            completions,
+            seeds=seeds,
+            temperature=temperature,
+            thresholds=thresholds,
+            eos_token_ids=eos,
         )
-        out.extend(
-            rollout_statistics_batch(
-                [p.logits for p in prefills],
-                [r.claim.completion_ids for r in chunk],
-                seeds=[r.claim.sampling_seed for r in chunk],
-                temperature=temperature,
-                thresholds=thresholds,
-                eos_token_ids=eos,
+        out.extend(rollout_statistics_from_figures(figures, logits, completions, seeds, claimed))
+        dispersion.append(
+            logprob_dispersion(
+                np.concatenate([np.asarray(c, dtype=np.float64) for c in claimed]),
+                figures.logprobs,
+                figures.others,
+                figures.tolerances,
             )
         )
         reports = harness.verify_prefilled(chunk, prefills, thresholds)
-        accepted.extend(report.accepted for report in reports)
+        # The validator's log-probability check too: every reported log-probability inside
+        # its honest interval (what the pipeline's LOGPROBS check requires).
+        inside = [
+            bool(figures.logprob_bounds(i).contains(np.asarray(c, dtype=np.float64)).all())
+            for i, c in enumerate(claimed)
+        ]
+        accepted.extend(report.accepted and ok for report, ok in zip(reports, inside, strict=True))
         for rollout, prefill in zip(chunk, prefills, strict=True):
             margins = sampling_margins(
                 prefill.logits,
@@ -116,7 +151,7 @@ def statistics_of(
                 temperature,
             )
             ratios.append(margins / sampling_tolerances(prefill.logits, temperature, thresholds))
-    return out, accepted, np.concatenate(ratios)
+    return out, accepted, np.concatenate(ratios), np.concatenate(dispersion)
 
 
 def flag_tokens(
@@ -256,6 +291,21 @@ def adam_step(prompts: Sequence[Sequence[int]], lr: float) -> Callable[[Any], No
     return transform
 
 
+def fp8_kv_cache(model: Any) -> None:
+    """Round every key and value projection to float8 e4m3 (per-tensor scale) and back: a
+    worker keeping its KV cache in fp8. The keys are rounded before rotary embedding, which
+    moves them by the same relative amount."""
+
+    def round_fp8(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        scale = output.detach().abs().amax().float().clamp(min=1e-12) / 448
+        quantized = (output.float() / scale).to(torch.float8_e4m3fn).float() * scale
+        return quantized.to(output.dtype)
+
+    for layer in model.model.layers:
+        layer.self_attn.k_proj.register_forward_hook(round_fp8)
+        layer.self_attn.v_proj.register_forward_hook(round_fp8)
+
+
 def scale_final_norm(factor: float) -> Callable[[Any], None]:
     """Multiply the final norm's weight by ``factor``: logits ``factor`` times larger."""
 
@@ -312,9 +362,28 @@ def main() -> None:
     parser.add_argument("--job-rollouts", type=int, default=8, help="rollouts per verdict")
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes per attack")
     parser.add_argument("--honest-nodes", type=int, default=2000)
+    parser.add_argument(
+        "--configuration-nodes",
+        type=int,
+        default=100,
+        help="simulated honest nodes per honest run (a node keeps one configuration)",
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--cost-only", action="store_true", help="only the validator cost table")
+    parser.add_argument(
+        "--dispersion",
+        default="",
+        help="mu0,mu1 of the dispersion test instead of the policy's (a sensitivity run)",
+    )
     args = parser.parse_args()
+
+    def policy_of(dtype: str) -> StatisticsPolicy:
+        policy = policy_for(dtype)
+        if not args.dispersion:
+            return policy
+        mu0, mu1 = (float(x) for x in args.dispersion.split(","))
+        return dataclasses.replace(policy, honest_dispersion=mu0, alternative_dispersion=mu1)
+
     if args.cost_only:
         print_cost()
         return
@@ -359,8 +428,10 @@ def main() -> None:
             *,
             checker: TorchBackend | None = None,
             sample_temperature: float | None = None,
+            report_at_task_temperature: bool = False,
             task_temperature: float = temperature,
             batch: int = 64,
+            prefill_batch: int = 64,
             threads: int | None = None,
             dtype: str = dtype,
             factory: harness.RolloutFactory = factory,
@@ -384,6 +455,17 @@ def main() -> None:
             finally:
                 torch.set_num_threads(previous)
             rollouts = []
+            reported: list[Sequence[float]] = [generation.logprobs for generation, *_ in generated]
+            if report_at_task_temperature:
+                # A sampler substitute that reports the log-probabilities of the task's
+                # temperature (its own prefill's: it cannot know the validator's numbers).
+                prefills = generator.prefill_batch(
+                    [(prompt, generation.completion_ids) for generation, _, _, prompt in generated]
+                )
+                reported = [
+                    token_logprobs(p.logits, g.completion_ids, task_temperature).tolist()
+                    for p, (g, *_) in zip(prefills, generated, strict=True)
+                ]
             for generation, lb, index, prompt in generated:
                 claim = harness.seal(
                     prompt,
@@ -395,12 +477,27 @@ def main() -> None:
                     rollout_index=index,
                 )
                 rollouts.append(harness.Rollout(claim, factory.assignment(lb, prompt)))
-            stats, accepted, ratios = statistics_of(
-                checker or validator, rollouts, task_temperature, dtype
+            stats, accepted, ratios, dispersion = statistics_of(
+                checker or validator,
+                rollouts,
+                reported,
+                task_temperature,
+                dtype,
+                prefill_batch=prefill_batch,
             )
             passed = sum(accepted) / max(1, len(accepted))
             scenarios.append(
-                Scenario(name, dtype, honest, task_temperature, stats, passed, ratios, accepted)
+                Scenario(
+                    name,
+                    dtype,
+                    honest,
+                    task_temperature,
+                    stats,
+                    passed,
+                    ratios,
+                    accepted,
+                    dispersion,
+                )
             )
             tokens = sum(s.tokens for s in stats)
             print(
@@ -415,6 +512,13 @@ def main() -> None:
         run("honest: single sequence", True, worker, count(48), batch=1)
         run("honest: no KV cache", True, no_cache, count(128))
         run("honest: 2 threads", True, worker, count(128), threads=2)
+        eager_model: Any = AutoModelForCausalLM.from_pretrained(
+            str(work / "tiny"), attn_implementation="eager", dtype=getattr(torch, dtype)
+        )
+        eager = TorchBackend()
+        eager.attach(eager_model, dtype=dtype, eos_token_ids=worker.eos_token_ids)
+        run("honest: eager attention", True, eager, count(128))
+        run("honest: single prefill", True, worker, count(64), prefill_batch=1)
         run("honest: T=0.7", True, worker, count(256), task_temperature=0.7)
         for honest_temperature in HONEST_TEMPERATURES:
             run(
@@ -428,24 +532,35 @@ def main() -> None:
             # Worker and validator both run the scaled checkpoint: it is the honest model here.
             scaled = transformed(worker, scale_final_norm(factor))
             scaled_validator = transformed(validator, scale_final_norm(factor))
+            scaled_eager = transformed(eager, scale_final_norm(factor))
             for honest_temperature in temperatures:
-                run(
-                    f"honest: logits x{factor:g}, T={honest_temperature:g}",
-                    True,
-                    scaled,
-                    count(96),
-                    checker=scaled_validator,
-                    task_temperature=honest_temperature,
-                )
+                for label, generator in (("", scaled), (", eager", scaled_eager)):
+                    run(
+                        f"honest: logits x{factor:g}, T={honest_temperature:g}{label}",
+                        True,
+                        generator,
+                        count(96),
+                        checker=scaled_validator,
+                        task_temperature=honest_temperature,
+                    )
         n_attack = count(192)
         run("weights 1% noise", False, transformed(worker, add_weight_noise(0.01, 5)), n_attack)
         run("weights 0.1% noise", False, transformed(worker, add_weight_noise(0.001, 6)), n_attack)
         run("int8 weights", False, transformed(worker, harness.fake_quantize_int8), n_attack)
         run("int8 LM head (untied)", False, transformed(worker, int8_head), n_attack)
         run("LM head 3% noise (untied)", False, transformed(worker, head_noise(0.03, 7)), n_attack)
+        run("fp8 KV cache", False, transformed(worker, fp8_kv_cache), n_attack)
         stepped = transformed(validator, adam_step(prompts[:64], 1e-5))
         run("stale checkpoint (Adam lr 1e-5)", False, worker, n_attack, checker=stepped)
         run("sampling at T=0.95", False, worker, n_attack, sample_temperature=0.95 * temperature)
+        run(
+            "sampling at T=0.95, T=1 log-probs",
+            False,
+            worker,
+            n_attack,
+            sample_temperature=0.95 * temperature,
+            report_at_task_temperature=True,
+        )
         for cheat in (Cheat.STEER_DIGIT, Cheat.STEER_EOS):
             steering = CheatingBackend(cheat)
             steering.load(str(work / "tiny"), dtype=dtype)
@@ -502,7 +617,7 @@ def main() -> None:
     for s in scenarios:
         if s.honest:
             continue
-        policy = policy_for(s.dtype)
+        policy = policy_of(s.dtype)
         pool = s.sent()
         if len(pool) < len(s.statistics) / 2:
             # Most of its work is rejected by the per-rollout checks: slashed and ejected there.
@@ -558,12 +673,28 @@ def main() -> None:
             f"| {policy_for(dtype).honest_loss_rate} |"
         )
 
+    print("\n## Log-probability dispersion: mean Y per token (honest runs and attacks)")
+    print(
+        "| dtype | scenario | tokens | mean Y | mean Y at 1.5x the noise | mean Y at 2x "
+        "| policy mu0 / mu1 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for s in scenarios:
+        y = s.dispersion
+        policy = policy_of(s.dtype)
+        means = [float(np.mean(np.minimum(k * k * y, 1.0))) if y.size else 0.0 for k in (1, 1.5, 2)]
+        print(
+            f"| {s.dtype} | {s.name} | {y.size} | "
+            + " | ".join(f"{m:.3f}" for m in means)
+            + f" | {policy.honest_dispersion} / {policy.alternative_dispersion} |"
+        )
+
     print("\n## Honest nodes: false flags (pooled honest variations, per dtype)")
     print("| dtype | honest rollouts | nodes x tokens | flagged | largest CUSUM / threshold |")
     print("|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         pool = [x for s in scenarios if s.honest and s.dtype == dtype for x in s.sent()]
-        policy = policy_for(dtype)
+        policy = policy_of(dtype)
         flagged = 0
         worst = 0.0
         for _ in range(args.honest_nodes):
@@ -580,6 +711,37 @@ def main() -> None:
             f"| {dtype} | {len(pool)} | {args.honest_nodes} x {BUDGETS[-1]:,} | {flagged} "
             f"| {worst:.1f} / {policy.flag_threshold:.1f} |"
         )
+    # One configuration's pool is ~5,000 tokens: a node drawing 100,000 tokens from it with
+    # replacement turns the pool's own sampling error in the log-probability excess into a
+    # steady drift (a pool at z = +2.4 is "flagged" by logprob_high), so only the dispersion
+    # test, whose reference is a bound on each configuration's mean, is judged per run here.
+    print("\n## Honest nodes that keep one configuration: the dispersion test per honest run")
+    print(
+        "| dtype | honest run | nodes x tokens | flagged by dispersion | largest dispersion CUSUM |"
+    )
+    print("|---|---|---|---|---|")
+    for s in scenarios:
+        pool = s.sent()
+        if not s.honest or not pool:
+            continue
+        policy = policy_of(s.dtype)
+        flagged = 0
+        worst_dispersion = 0.0
+        for _ in range(args.configuration_nodes):
+            evidence = NodeEvidence()
+            while evidence.tokens < BUDGETS[-1]:
+                picks = rng.integers(0, len(pool), size=args.job_rollouts)
+                evidence = evidence.add([pool[i] for i in picks], policy)
+                worst_dispersion = max(worst_dispersion, evidence.dispersion_cusum)
+                if evidence.dispersion_cusum >= policy.flag_threshold:
+                    flagged += 1
+                    break
+        print(
+            f"| {s.dtype} | {s.name.removeprefix('honest: ')} "
+            f"| {args.configuration_nodes} x {BUDGETS[-1]:,} | {flagged} "
+            f"| {worst_dispersion:.1f} / {policy.flag_threshold:.1f} |"
+        )
+
     print("\n## EOS steering: completion length, steered vs honest (same prompts and seeds)")
     print(
         "| dtype | rollouts | honest mean length | steered mean length | change "

@@ -1,8 +1,9 @@
 """Per-node statistics on verdicts: refused unless shaped like the batch (one entry per rollout,
-``tokens`` its completion length, the near-tie and EOS counts together at most tokens, with an
-ACCEPT only), added up per worker in ``node_statistics`` at any task temperature, and a worker
-whose evidence reaches a test's threshold (EOS steering included) is ejected with the test as
-its reason — its accepted work staying credited, nothing credited twice."""
+``tokens`` its completion length, the near-tie and EOS counts together at most tokens, the
+log-probability dispersion over all tokens or none and at most 1 per token, with an ACCEPT
+only), added up per worker in ``node_statistics`` at any task temperature, and a worker whose
+evidence reaches a test's threshold (EOS steering and dispersion included) is ejected with the
+test as its reason — its accepted work staying credited, nothing credited twice."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ QUICK = StatisticsPolicy(
     min_tokens=6,
     false_flag_probability=0.01,
     horizon_tokens=100,
+    honest_dispersion=0.05,
+    alternative_dispersion=0.5,
 )
 
 
@@ -55,6 +58,8 @@ def stats(
     wins: int = 0,
     eos_losses: int = 0,
     eos_passes: int = 0,
+    dispersion: float = 0.0,
+    dispersion_tokens: int | None = None,
 ) -> validation_pb2.RolloutStatistics:
     return validation_pb2.RolloutStatistics(
         tokens=tokens,
@@ -64,6 +69,8 @@ def stats(
         logprob_variance=1.5,
         eos_near_tie_losses=eos_losses,
         eos_near_tie_passes=eos_passes,
+        logprob_dispersion=dispersion,
+        dispersion_tokens=tokens if dispersion_tokens is None else dispersion_tokens,
     )
 
 
@@ -177,6 +184,17 @@ async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: S
         ([stats(eos_losses=-1), stats()], "rollout_statistics[0].eos_near_tie_losses", "outside"),
         # The field's own bounds (at the edge): counts never negative, variance at least 0.
         ([stats(), stats(losses=-1)], "rollout_statistics[1].near_tie_losses", "outside"),
+        (
+            [stats(dispersion_tokens=2), stats()],
+            "rollout_statistics[0].dispersion_tokens",
+            "2, but the entry summarizes 3 tokens",
+        ),
+        (
+            [stats(), stats(dispersion=3.5)],
+            "rollout_statistics[1].logprob_dispersion",
+            "each of its 3 tokens adds at most 1",
+        ),
+        ([stats(dispersion=-0.5), stats()], "rollout_statistics[0].logprob_dispersion", "is not"),
     ]
     for entries, field, why in cases:
         with pytest.raises(RollnetError) as caught:
@@ -195,10 +213,14 @@ async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: S
     with engine.connect() as conn:
         assert conn.execute(select(Verdict.id)).all() == []
     assert statistics_row(engine, worker.node_id) is None
-    await validator.validation.submit_verdict(verdict_on(job, [stats(wins=1), stats(wins=2)]))
+    entries = [stats(wins=1, dispersion=0.25), stats(wins=2, dispersion=0.0, dispersion_tokens=0)]
+    await validator.validation.submit_verdict(verdict_on(job, entries))
     row = statistics_row(engine, worker.node_id)
     assert row is not None
     assert (row.tokens, row.near_tie_losses, row.near_tie_wins) == (6, 0, 3)
+    assert row.logprob_dispersion == pytest.approx(0.25)
+    assert row.dispersion_tokens == 3
+    assert row.dispersion_cusum == 0.0  # 0.25 over 3 tokens: a negative llr, the CUSUM stays 0
     assert row.logprob_excess == pytest.approx(-0.5)
     assert row.logprob_variance == pytest.approx(3.0)
     assert row.flagged_at is None
@@ -214,7 +236,7 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: S
     )
     assert node(engine, worker.node_id)[0] is not NodeState.EJECTED
     # Then near-tie losses: each is worth ln(0.03 / 0.002) = 2.7 nats against a threshold of
-    # ln(100 * 4 / 0.01) = 10.6, so the second such verdict flags the node.
+    # ln(100 * 5 / 0.01) = 10.8, so the second such verdict flags the node.
     for _ in range(2):
         await pull_and_commit(client, worker, tokenizer=True)
         job = await pull_job(validator)
@@ -250,7 +272,7 @@ async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Sw
             prompts_per_task=1,
         )
     )
-    # Each EOS loss is worth ln(0.2 / 0.002) = 4.6 nats against 10.6: the second verdict flags.
+    # Each EOS loss is worth ln(0.2 / 0.002) = 4.6 nats against 10.8: the second verdict flags.
     for count in range(1, 3):
         await pull_and_commit(client, worker, tokenizer=True)
         job = await pull_job(validator)
@@ -268,3 +290,29 @@ async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Sw
     assert (row.eos_near_tie_losses, row.eos_near_tie_passes) == (4, 2)
     assert row.eos_cusum >= QUICK.flag_threshold
     assert row.near_tie_cusum == 0.0
+
+
+async def test_a_dispersed_worker_is_ejected_by_the_dispersion_test(swarm: Swarm) -> None:
+    """Log-probabilities far from the validator's on every token (a cheaper model): each token
+    at the cap is worth ln(0.5 / 0.05) = 2.3 nats against 10.8, so the second verdict's six
+    tokens flag the node after a first verdict close to the validator's."""
+    trainer, validator, client, worker, engine = swarm
+    await request_tasks(trainer, 2, samples_per_prompt=2)
+    for count, dispersion in ((1, 0.01), (2, 3.0)):
+        await pull_and_commit(client, worker, tokenizer=True)
+        job = await pull_job(validator)
+        entries = [stats(wins=1, dispersion=dispersion), stats(dispersion=dispersion)]
+        await validator.validation.submit_verdict(verdict_on(job, entries))
+        state, reason = node(engine, worker.node_id)
+        assert (state is NodeState.EJECTED) == (count == 2), (count, reason)
+    assert reason.startswith("per-node statistics: dispersion test"), reason
+    row = statistics_row(engine, worker.node_id)
+    assert row is not None
+    assert row.flagged_test == "dispersion"
+    assert row.dispersion_tokens == 12
+    assert row.logprob_dispersion == pytest.approx(6.02)
+    assert row.dispersion_cusum >= QUICK.flag_threshold
+    assert row.near_tie_cusum == 0.0
+    with engine.connect() as conn:
+        commitments = conn.execute(select(Verdict.commitment_id)).scalars().all()
+    assert sorted(credits(engine, worker.node_id)) == sorted(commitments)

@@ -9,16 +9,26 @@ import numpy as np
 import pytest
 
 from rollnet.sdk.proofs import statistics
+from rollnet.sdk.proofs.logit_figures import token_figures
 from rollnet.sdk.proofs.sampling import gumbel_noise, gumbel_noise_at, gumbel_scores
 from rollnet.sdk.proofs.statistics import (
+    DISPERSION_SCALE,
     NEAR_TIE_FLOOR,
     NodeEvidence,
     RolloutStatistics,
     StatisticsPolicy,
     judge,
+    logprob_dispersion,
     rollout_statistics_batch,
+    rollout_statistics_from_figures,
 )
-from rollnet.sdk.proofs.thresholds import BFLOAT16, FLOAT32, sampling_tolerances
+from rollnet.sdk.proofs.thresholds import (
+    BFLOAT16,
+    FLOAT32,
+    LOGPROB_EVALUATION_SLACK,
+    LOGPROB_RELATIVE_SLACK,
+    sampling_tolerances,
+)
 
 VOCAB = 37
 TEMPERATURE = 0.8
@@ -341,7 +351,7 @@ def test_the_cusum_adds_log_likelihood_ratios_and_restarts_at_zero() -> None:
 
 
 def test_the_threshold_is_derived_and_min_tokens_gates_the_flag() -> None:
-    assert POLICY.flag_threshold == pytest.approx(math.log(1e7 * 4 / 1e-6))
+    assert POLICY.flag_threshold == pytest.approx(math.log(1e7 * 5 / 1e-6))
     steering = RolloutStatistics(50, 20, 5, 0.0, 10.0)
     evidence = NodeEvidence()
     history = []
@@ -399,3 +409,132 @@ def test_honest_false_flags_stay_under_the_ville_bound() -> None:
     assert statistics.policy_for("bf16") is statistics.BFLOAT16_POLICY
     with pytest.raises(ValueError, match="float16"):
         statistics.policy_for("float16")
+
+
+def _figures_and_claims(
+    noise: float, rollouts: int = 16, tokens: int = 40, seed: int = 11
+) -> tuple[list[RolloutStatistics], np.ndarray]:
+    """Honest-sampled rollouts on bf16-sized logits whose worker saw the logits moved by
+    ``noise`` (logit units, Gaussian per logit): the statistics with the worker's reported
+    log-probabilities, and every token's dispersion ``Y``."""
+    rng = np.random.default_rng(seed)
+    logits = [rng.normal(0, 2, size=(tokens, VOCAB)) for _ in range(rollouts)]
+    ids = [sample(z, s) for s, z in enumerate(logits)]
+    claimed = []
+    for z, chosen in zip(logits, ids, strict=True):
+        worker = (z + rng.normal(0, noise, size=z.shape)) / TEMPERATURE
+        worker -= worker.max(axis=1, keepdims=True)
+        log_p = worker - np.log(np.exp(worker).sum(axis=1, keepdims=True))
+        claimed.append(log_p[np.arange(tokens), chosen].tolist())
+    figures = token_figures(
+        logits, ids, seeds=list(range(rollouts)), temperature=TEMPERATURE, thresholds=BFLOAT16
+    )
+    stats = rollout_statistics_from_figures(figures, logits, ids, list(range(rollouts)), claimed)
+    y = logprob_dispersion(
+        np.concatenate(claimed), figures.logprobs, figures.others, figures.tolerances
+    )
+    return stats, y
+
+
+def test_the_dispersion_equals_its_definition_and_is_summed_per_rollout() -> None:
+    stats, y = _figures_and_claims(noise=1e-3)
+    assert all(s.dispersion_tokens == s.tokens == 40 for s in stats)
+    assert sum(s.logprob_dispersion for s in stats) == pytest.approx(float(y.sum()))
+    assert stats[0].logprob_dispersion == pytest.approx(float(y[:40].sum()))
+    assert ((y >= 0) & (y <= 1)).all()
+    # By hand for one token: d / (c s), s the half-width of the honest interval.
+    value, others, tolerance, claimed = -1.2, 0.9, 0.05, -1.2 + 0.001
+    half = (np.logaddexp(0, others + tolerance) - np.logaddexp(0, others - tolerance)) / 2
+    # The float32 evaluation slack is added to the unit unscaled.
+    slack = LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * abs(value)
+    expected = ((claimed - value) / (DISPERSION_SCALE * half + slack)) ** 2
+    got = logprob_dispersion([claimed], [value], [others], [tolerance])
+    assert got[0] == pytest.approx(min(expected, 1.0))
+    # Far outside the unit, and non-finite figures, count as the cap.
+    assert logprob_dispersion([0.0, math.nan], [-5.0, -1.0], [5.0, 1.0], [0.05, 0.05]).tolist() == [
+        1.0,
+        1.0,
+    ]
+
+
+def test_the_dispersion_is_small_for_honest_noise_and_grows_with_a_cheaper_model() -> None:
+    """Honest noise (~1/400 of these logits' bf16 tolerance, ~0.2) keeps the mean ``Y``
+    small; a worker whose logits carry twenty times that (a cheaper model) nears the cap."""
+    _, honest = _figures_and_claims(noise=5e-4)
+    _, cheap = _figures_and_claims(noise=1e-2)
+    assert honest.mean() < 0.05
+    assert cheap.mean() > 0.7
+
+
+def test_no_claimed_logprobs_no_dispersion() -> None:
+    rng = np.random.default_rng(3)
+    logits = [rng.normal(0, 2, size=(12, VOCAB)) for _ in range(2)]
+    ids = [sample(z, s) for s, z in enumerate(logits)]
+    figures = token_figures(logits, ids, seeds=[0, 1], temperature=TEMPERATURE, thresholds=BFLOAT16)
+    plain = rollout_statistics_from_figures(figures, logits, ids, [0, 1])
+    partial = rollout_statistics_from_figures(figures, logits, ids, [0, 1], [None, [0.0] * 3])
+    for s in (*plain, *partial):
+        assert (s.logprob_dispersion, s.dispersion_tokens) == (0.0, 0)
+
+
+def test_the_dispersion_test_flags_a_drifting_node_and_not_an_honest_one() -> None:
+    """Bernoulli-form CUSUM on the sums: a node whose tokens' mean ``Y`` exceeds ``mu1`` is
+    flagged by the dispersion test; one at ``mu0`` (the honest bound) is not within 10^5
+    tokens; out-of-range sums are refused."""
+    policy = statistics.BFLOAT16_POLICY
+    mu0, mu1 = policy.honest_dispersion, policy.alternative_dispersion
+    one = NodeEvidence().add([RolloutStatistics(40, 0, 0, 0.0, 1.0, 0, 0, 30.0, 40)], policy)
+    llr = 30 * math.log(mu1 / mu0) + 10 * math.log((1 - mu1) / (1 - mu0))
+    assert one.dispersion_cusum == pytest.approx(max(0.0, llr))
+    assert (one.logprob_dispersion, one.dispersion_tokens) == (30.0, 40)
+    rng = np.random.default_rng(8)
+
+    def tokens_to_flag(mean: float) -> int | None:
+        evidence = NodeEvidence()
+        while evidence.tokens < 100_000:
+            y = np.minimum(rng.exponential(mean, size=(8, 40)), 1.0)
+            batch = [RolloutStatistics(40, 0, 0, 0.0, 1.0, 0, 0, float(r.sum()), 40) for r in y]
+            evidence = evidence.add(batch, policy)
+            verdict = judge(evidence, policy)
+            if verdict.flagged:
+                assert verdict.test == "dispersion"
+                return evidence.tokens
+        return None
+
+    # Exponential draws capped at 1: mean 0.46 (mu0, the honest bound) and 0.94 (over mu1).
+    assert tokens_to_flag(0.55) is None
+    flagged = tokens_to_flag(8.0)
+    assert flagged is not None
+    assert flagged < 5_000
+    for bad in (
+        RolloutStatistics(40, 0, 0, 0.0, 1.0, 0, 0, 41.0, 40),  # over its token count
+        RolloutStatistics(40, 0, 0, 0.0, 1.0, 0, 0, 1.0, 41),  # more tokens than the rollout
+        RolloutStatistics(40, 0, 0, 0.0, 1.0, 0, 0, -1.0, 40),
+    ):
+        with pytest.raises(ValueError, match="dispersion"):
+            NodeEvidence().add([bad], policy)
+    with pytest.raises(ValueError, match="honest_dispersion"):
+        dataclasses.replace(policy, honest_dispersion=0.9)
+
+
+def test_a_rollout_at_the_cap_sums_to_at_most_its_tokens() -> None:
+    """Every token at the cap (reports 40 nats off): the sum is exactly the token count, which
+    the wire requires it not to exceed, rounding or not."""
+    rng = np.random.default_rng(5)
+    logits = [rng.normal(0, 2, size=(41, VOCAB)) for _ in range(3)]
+    ids = [sample(z, s) for s, z in enumerate(logits)]
+    figures = token_figures(
+        logits, ids, seeds=[0, 1, 2], temperature=TEMPERATURE, thresholds=BFLOAT16
+    )
+    claimed: list[list[float] | None] = [[-40.0] * 41 for _ in range(3)]
+    stats = rollout_statistics_from_figures(figures, logits, ids, [0, 1, 2], claimed)
+    assert all(s.logprob_dispersion == s.dispersion_tokens == 41 for s in stats)
+
+
+def test_float32_rounding_of_a_near_certain_token_is_not_dispersion() -> None:
+    """A token with p ~ 1 has an honest interval of ~0 width: a worker's float32 rounding of
+    its log-probability (within the evaluation slack) must stay far from the cap."""
+    value = -1e-7
+    rounded = float(np.float32(value) + np.float32(2e-7))
+    y = logprob_dispersion([rounded], [value], [-16.0], [1e-4])
+    assert y[0] < 0.1

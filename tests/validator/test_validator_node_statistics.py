@@ -59,6 +59,20 @@ def evidence(ledger: Ledger, node_id: str) -> tuple[int, int, int, str] | None:
     return None if row is None else (row[0], row[1], row[2], row[3])
 
 
+def dispersion_of(ledger: Ledger, node_id: str) -> tuple[int, int, float]:
+    """(tokens, dispersion_tokens, logprob_dispersion) of a node's statistics row, read at once
+    (the worker may still be adding to it)."""
+    with ledger.engine.connect() as conn:
+        row = conn.execute(
+            select(
+                NodeStatistics.tokens,
+                NodeStatistics.dispersion_tokens,
+                NodeStatistics.logprob_dispersion,
+            ).where(NodeStatistics.node_id == node_id)
+        ).one()
+    return int(row[0]), int(row[1]), float(row[2])
+
+
 def state_reason(ledger: Ledger, node_id: str) -> str:
     with ledger.engine.connect() as conn:
         return str(conn.execute(select(Node.state_reason).where(Node.id == node_id)).scalar_one())
@@ -156,6 +170,11 @@ async def test_a_steering_worker_is_flagged_and_the_honest_one_is_not(
         assert honest_evidence[3] == "", honest_evidence
         assert ledger.node_state(honest.node_id) is not NodeState.EJECTED
         assert ledger.balance(honest.node_id, "slash") == 0
+        # Its reported log-probabilities were compared on every token, their dispersion well
+        # under the honest bound (the worker and validator run the same bf16 kernels here).
+        tokens, compared, dispersion = dispersion_of(ledger, honest.node_id)
+        assert compared == tokens > 0
+        assert dispersion / compared < BFLOAT16_POLICY.honest_dispersion
     finally:
         honest.request_stop()
         steering.request_stop()

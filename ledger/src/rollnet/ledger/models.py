@@ -526,6 +526,9 @@ class NodeStatistics(Base):
         ),
         CheckConstraint("logprob_variance >= 0", name="variance_non_negative"),
         CheckConstraint("eos_near_tie_losses >= 0 AND eos_near_tie_passes >= 0", name="eos_counts"),
+        CheckConstraint(
+            "dispersion_tokens >= 0 AND logprob_dispersion >= 0", name="dispersion_sums"
+        ),
     )
 
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
@@ -541,6 +544,9 @@ class NodeStatistics(Base):
     eos_near_tie_losses: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     eos_near_tie_passes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     eos_cusum: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    logprob_dispersion: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    dispersion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    dispersion_cusum: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     #: When a test flagged the node (NULL: never), and which (``near_tie``, ``logprob_low``...).
     flagged_at: Mapped[datetime | None]
     flagged_test: Mapped[str] = mapped_column(String(32), default="")

@@ -31,6 +31,9 @@ class StatisticsRow:
     eos_near_tie_losses: int = 0
     eos_near_tie_passes: int = 0
     eos_cusum: float = 0.0
+    logprob_dispersion: float = 0.0
+    dispersion_tokens: int = 0
+    dispersion_cusum: float = 0.0
     flagged_at: datetime | None = None
     flagged_test: str = ""
 
@@ -48,6 +51,9 @@ def _row(model: NodeStatistics) -> StatisticsRow:
         eos_near_tie_losses=model.eos_near_tie_losses,
         eos_near_tie_passes=model.eos_near_tie_passes,
         eos_cusum=model.eos_cusum,
+        logprob_dispersion=model.logprob_dispersion,
+        dispersion_tokens=model.dispersion_tokens,
+        dispersion_cusum=model.dispersion_cusum,
         flagged_at=model.flagged_at,
         flagged_test=model.flagged_test,
     )
@@ -85,6 +91,9 @@ def save_node_statistics(
     model.eos_near_tie_losses = row.eos_near_tie_losses
     model.eos_near_tie_passes = row.eos_near_tie_passes
     model.eos_cusum = row.eos_cusum
+    model.logprob_dispersion = row.logprob_dispersion
+    model.dispersion_tokens = row.dispersion_tokens
+    model.dispersion_cusum = row.dispersion_cusum
     model.flagged_at = row.flagged_at
     model.flagged_test = row.flagged_test
     model.updated_at = now

@@ -279,6 +279,8 @@ class RolloutStatistics(_message.Message):
     LOGPROB_VARIANCE_FIELD_NUMBER: _builtins.int
     EOS_NEAR_TIE_LOSSES_FIELD_NUMBER: _builtins.int
     EOS_NEAR_TIE_PASSES_FIELD_NUMBER: _builtins.int
+    LOGPROB_DISPERSION_FIELD_NUMBER: _builtins.int
+    DISPERSION_TOKENS_FIELD_NUMBER: _builtins.int
     tokens: _builtins.int
     """Completion tokens summarized."""
     near_tie_losses: _builtins.int
@@ -303,6 +305,16 @@ class RolloutStatistics(_message.Message):
     tolerances below the chosen token's: EOS passed over as a near-tie loser (counted here, not
     in near_tie_wins).
     """
+    logprob_dispersion: _builtins.float
+    """Sum over dispersion_tokens of min((d / (0.03 s + e))^2, 1): d the worker's reported
+    behaviour log-probability minus the validator's, s the half-width of the token's honest
+    log-probability interval (the error model's), e the float32 evaluation slack
+    (1e-6 + 2^-21 |validator's log-probability|). At least 0, at most dispersion_tokens.
+    """
+    dispersion_tokens: _builtins.int
+    """Tokens logprob_dispersion sums over: the rollout's completion tokens when the worker's
+    log-probabilities were compared, else 0 (then logprob_dispersion is 0).
+    """
     def __init__(
         self,
         *,
@@ -313,10 +325,12 @@ class RolloutStatistics(_message.Message):
         logprob_variance: _builtins.float = ...,
         eos_near_tie_losses: _builtins.int = ...,
         eos_near_tie_passes: _builtins.int = ...,
+        logprob_dispersion: _builtins.float = ...,
+        dispersion_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["eos_near_tie_losses", b"eos_near_tie_losses", "eos_near_tie_passes", b"eos_near_tie_passes", "logprob_excess", b"logprob_excess", "logprob_variance", b"logprob_variance", "near_tie_losses", b"near_tie_losses", "near_tie_wins", b"near_tie_wins", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispersion_tokens", b"dispersion_tokens", "eos_near_tie_losses", b"eos_near_tie_losses", "eos_near_tie_passes", b"eos_near_tie_passes", "logprob_dispersion", b"logprob_dispersion", "logprob_excess", b"logprob_excess", "logprob_variance", b"logprob_variance", "near_tie_losses", b"near_tie_losses", "near_tie_wins", b"near_tie_wins", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -864,6 +864,11 @@ def field_rules(config: CoordinatorConfig) -> dict[str, dict[str, Rule]]:
             "logprob_variance": Real(low=0),
             "eos_near_tie_losses": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
             "eos_near_tie_passes": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
+            # A sum of per-token values in [0, 1]: at most the tokens it sums over.
+            "logprob_dispersion": Real(
+                low=0, high=float(config.max_new_tokens), option="`max_new_tokens`"
+            ),
+            "dispersion_tokens": Whole(0, config.max_new_tokens, option="`max_new_tokens`"),
         },
         "rollnet.v1.ValidatedLogprobs": {
             # A log-probability: finite and at most 0; one per completion token, and a rollout

@@ -4,7 +4,8 @@ An ACCEPT verdict may carry, per rollout in batch order, the validator's ``Rollo
 (``SubmitVerdictRequest.rollout_statistics``): counts and sums over the rollout's completion tokens
 that only the validator's own prefill can compute. Validators are trusted; the coordinator checks
 only the shape (one entry per rollout, ``tokens`` equal to the rollout's completion length, the four
-near-tie counts together at most tokens) and refuses anything else as INVALID_FIELDS. It adds them
+near-tie counts together at most tokens, the dispersion at most its token count, which is 0 or
+tokens) and refuses anything else as INVALID_FIELDS. It adds them
 to the worker's row (``node_statistics``, one CUSUM update per verdict) and runs the sequential
 tests of :mod:`rollnet.sdk.proofs.statistics` with the policy of the network's compute dtype. A
 flagged worker is ejected in the same transaction, the test and its figures recorded as the state
@@ -73,6 +74,18 @@ def check_shape(
             "rollout the challenge did not draw)",
         )
         v.require(
+            entry.dispersion_tokens in (0, entry.tokens),
+            f"{FIELD}[{index}].dispersion_tokens",
+            f"{entry.dispersion_tokens}, but the entry summarizes {entry.tokens} tokens: the "
+            "dispersion is over all of them, or none (0: the log-probabilities not compared)",
+        )
+        v.require(
+            entry.logprob_dispersion <= entry.dispersion_tokens,
+            f"{FIELD}[{index}].logprob_dispersion",
+            f"{entry.logprob_dispersion}, but each of its {entry.dispersion_tokens} tokens adds "
+            "at most 1",
+        )
+        v.require(
             entry.tokens > 0 or (entry.logprob_excess == 0.0 and entry.logprob_variance == 0.0),
             f"{FIELD}[{index}]",
             "an entry of 0 tokens (a rollout the challenge did not draw) summarizes nothing: "
@@ -106,6 +119,9 @@ def _evidence(row: stored.StatisticsRow) -> NodeEvidence:
         eos_near_tie_losses=row.eos_near_tie_losses,
         eos_near_tie_passes=row.eos_near_tie_passes,
         eos_cusum=row.eos_cusum,
+        logprob_dispersion=row.logprob_dispersion,
+        dispersion_tokens=row.dispersion_tokens,
+        dispersion_cusum=row.dispersion_cusum,
     )
 
 
@@ -133,6 +149,8 @@ def record(
                 logprob_variance=e.logprob_variance,
                 eos_near_tie_losses=e.eos_near_tie_losses,
                 eos_near_tie_passes=e.eos_near_tie_passes,
+                logprob_dispersion=e.logprob_dispersion,
+                dispersion_tokens=e.dispersion_tokens,
             )
             for e in entries
         ],
@@ -155,6 +173,9 @@ def record(
             eos_near_tie_losses=evidence.eos_near_tie_losses,
             eos_near_tie_passes=evidence.eos_near_tie_passes,
             eos_cusum=evidence.eos_cusum,
+            logprob_dispersion=evidence.logprob_dispersion,
+            dispersion_tokens=evidence.dispersion_tokens,
+            dispersion_cusum=evidence.dispersion_cusum,
             flagged_at=now if newly else row.flagged_at,
             flagged_test=judgement.test if newly else row.flagged_test,
         ),

@@ -254,6 +254,8 @@ class JobOutcome:
                         logprob_variance=stats.logprob_variance,
                         eos_near_tie_losses=stats.eos_near_tie_losses,
                         eos_near_tie_passes=stats.eos_near_tie_passes,
+                        logprob_dispersion=stats.logprob_dispersion,
+                        dispersion_tokens=stats.dispersion_tokens,
                     )
                     for stats in self.rollout_statistics
                 ]
@@ -702,6 +704,8 @@ def _check_group(
         [p.logits for p in prefills],
         [s.claim.completion_ids for s in group],
         [s.claim.sampling_seed for s in group],
+        # The worker's behaviour log-probabilities: their dispersion around the validator's.
+        [list(s.rollout.behaviour_logprobs) for s in group],
     )
     for slot, report, summary in zip(group, reports, summaries, strict=True):
         slot.statistics = summary

@@ -4,7 +4,7 @@ A per-token check passes any token within tolerance, and on bf16 networks the ho
 as large as what a cheaper model or a steering worker changes. One token says little; a node's
 thousands of tokens say a lot. The validator condenses each accepted rollout into a few sums
 (:class:`RolloutStatistics`, computed from the prefill it already ran), the coordinator adds them
-up per node (:class:`NodeEvidence`), and four sequential tests decide whether the node's tokens
+up per node (:class:`NodeEvidence`), and five sequential tests decide whether the node's tokens
 still look like honest draws from the checkpoint (:func:`judge`):
 
 * **Near-tie losses.** With ``r = margin / tolerance`` per token (``margin`` the chosen token's
@@ -32,6 +32,17 @@ still look like honest draws from the checkpoint (:func:`judge`):
   drawn from ``p_t``; its sum drifts when the tokens come from another distribution (steering to
   unlikely tokens: negative; a sharper sampler such as T = 0.95 for 1.0: positive). Two one-sided
   tests on ``(S, V) = (sum x_t, sum Var_t)``.
+* **Log-probability dispersion.** Every token carries the worker's reported log-probability
+  ``lp_w`` and the validator's ``lp_v``; ``d = lp_w - lp_v`` is the worker's numeric discrepancy
+  on *every* token, not only near-ties. Per token ``Y = min((d / (c s + e))^2, 1)`` with ``s``
+  the half-width of the token's honest log-probability interval (the error model's, which
+  follows dtype, temperature and magnitude), ``c`` = :data:`DISPERSION_SCALE` and ``e`` the
+  float32 evaluation slack. A cheaper model (int8
+  weights, an fp8 KV cache, noisy weights) adds its own error to ``d``, and the worker cannot
+  shrink it without knowing ``lp_v``. ``Y`` is in ``[0, 1]``, so the binomial test's form holds
+  for its sums too: H0 ``E[Y] <= mu0``, H1 ``E[Y] = mu1``, ``llr = sum Y ln(mu1/mu0) + (n -
+  sum Y) ln((1 - mu1)/(1 - mu0))`` (``exp(llr)`` is convex in each ``Y``, so its mean is at most
+  the Bernoulli one, 1, when ``E[Y] <= mu0``).
 
 Each test is a CUSUM of log-likelihood ratios kept as one number per node and test (the coordinator
 stores it): ``C <- max(0, C + llr)``. All tests hold at every temperature the coordinator admits:
@@ -41,7 +52,7 @@ is derived, not guessed: ``C_n >= h`` means that for some restart point ``k`` th
 of updates ``k+1..n`` is at least ``e^h``; for a fixed ``k`` that ratio is a non-negative
 supermartingale with mean at most 1 under H0, so by Ville's inequality it ever reaches ``e^h`` with
 probability at most ``e^-h``; a union over at most ``K`` restart points (one per verdict; ``K`` <=
-tokens) gives ``P(flag) <= K e^-h``. Each policy sets ``h = ln(K m / alpha)`` for ``m`` = 4 CUSUMs,
+tokens) gives ``P(flag) <= K e^-h``. Each policy sets ``h = ln(K m / alpha)`` for ``m`` = 5 CUSUMs,
 ``K`` = 10^7 and ``alpha`` = 10^-6: an honest node is flagged with probability at most 10^-6 in its
 first 10^7 tokens. The binomial test's supermartingale property is exact given ``pi <= pi0`` (the
 calibrated honest rates, with margin); the log-probability test's is exact for Gaussian increments
@@ -52,6 +63,7 @@ measured rates.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Collection, Sequence
@@ -67,7 +79,12 @@ from rollnet.sdk.proofs.sampling import (
     check_seed,
     gumbel_noise_at,
 )
-from rollnet.sdk.proofs.thresholds import Thresholds
+from rollnet.sdk.proofs.thresholds import (
+    LOGPROB_EVALUATION_SLACK,
+    LOGPROB_RELATIVE_SLACK,
+    Thresholds,
+    softplus,
+)
 
 if TYPE_CHECKING:
     from rollnet.sdk.proofs.logit_figures import TokenFigures
@@ -75,6 +92,13 @@ if TYPE_CHECKING:
 NEAR_TIE_FLOOR = 0.1
 """``b``: band events have ``b < |margin| / tolerance <= 1``. Honest numeric noise rarely reaches
 it (the honest loss share is bounded by ``pi0``, measured across T = 0.001-2.0 per dtype)."""
+
+
+DISPERSION_SCALE = 0.03
+"""``c``: the dispersion statistic's unit, as a fraction of each token's honest log-probability
+half-width ``s``. Honest bf16 discrepancies are mostly under 0.03 ``s`` (medians 0.0003-0.009 over
+the calibration's variations), cheap substitutes' mostly above (int8 weights: median 0.028,
+1 % weight noise 0.049); ``docs/verification.md`` has the figures."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,39 @@ class RolloutStatistics:
     eos_near_tie_passes: int = 0
     """Tokens that are not EOS and not a band loss, where the best EOS score was ``b`` to 1
     tolerances below the chosen token's (not in ``near_tie_wins``)."""
+    logprob_dispersion: float = 0.0
+    """``sum_t min((d_t / (c s_t + e_t))^2, 1)`` over :attr:`dispersion_tokens`
+    (:func:`logprob_dispersion`): the worker's reported log-probabilities' spread around the
+    validator's."""
+    dispersion_tokens: int = 0
+    """Tokens the dispersion sums over: every token when the worker's log-probabilities were
+    compared, 0 when they were not."""
+
+
+def logprob_dispersion(
+    claimed: npt.ArrayLike,
+    logprobs: npt.ArrayLike,
+    others: npt.ArrayLike,
+    score_tolerances: npt.ArrayLike,
+) -> npt.NDArray[np.float64]:
+    """Per token ``Y = min((d / u)^2, 1)``: ``d`` the claimed minus the validator's
+    log-probability, ``u = c h + e`` its unit. ``h`` is the half-width of the honest interval
+    the error model gives (``softplus(L + delta)`` to ``softplus(L - delta)``, ``L`` =
+    ``others`` as in :class:`~rollnet.sdk.proofs.logit_figures.TokenFigures`, ``delta`` the
+    score tolerance), ``c`` = :data:`DISPERSION_SCALE`, and ``e`` the float32 evaluation slack
+    of :func:`~rollnet.sdk.proofs.thresholds.logprob_bounds`, not scaled by ``c``: the worker's
+    float32 ``log_softmax`` rounds by up to ``e`` whatever its model, so a near-certain token
+    (``h`` tiny) must not count that rounding as dispersion. A non-finite figure counts as the
+    cap, 1."""
+    values = np.asarray(logprobs, dtype=np.float64)
+    lengths = np.asarray(others, dtype=np.float64)
+    delta = np.asarray(score_tolerances, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        half = (softplus(lengths + delta) - softplus(lengths - delta)) / 2
+        slack = LOGPROB_EVALUATION_SLACK + LOGPROB_RELATIVE_SLACK * np.abs(values)
+        ratio = (np.asarray(claimed, dtype=np.float64) - values) / (DISPERSION_SCALE * half + slack)
+        squared = ratio * ratio
+    return np.where(np.isfinite(squared), np.minimum(squared, 1.0), 1.0)
 
 
 def _distribution_moments(
@@ -187,11 +244,15 @@ def rollout_statistics_from_figures(
     logits: Sequence[npt.ArrayLike],
     completion_ids: Sequence[Sequence[int]],
     seeds: Sequence[int],
+    claimed_logprobs: Sequence[Sequence[float] | None] | None = None,
 ) -> list[RolloutStatistics]:
     """:func:`rollout_statistics_batch` from the per-token figures of
     :func:`rollnet.sdk.proofs.logit_figures.token_figures` (the same sums), plus the EOS
-    columns of the logits the figures were computed from (EOS events). Raises ``ValueError``
-    when a rollout has a token outside the vocabulary, as it does."""
+    columns of the logits the figures were computed from (EOS events), and the dispersion of
+    each rollout's ``claimed_logprobs`` (the worker's behaviour log-probabilities, one per
+    completion token; None, or a list of another length: no dispersion for that rollout, whose
+    log-probability check fails anyway). Raises ``ValueError`` when a rollout has a token
+    outside the vocabulary, as it does."""
     if figures.out_of_vocabulary.any():
         raise ValueError("token id out of the vocabulary")
     if not len(logits) == len(completion_ids) == len(seeds) == figures.lengths.size:
@@ -205,7 +266,18 @@ def rollout_statistics_from_figures(
     eos_gaps = eos_score_gaps(
         arrays, ids, seed_rows, positions, figures.temperature, figures.eos_token_ids
     )
-    return _statistics(
+    compared = np.zeros(lengths.size, dtype=bool)
+    claimed = np.full(ids.size, np.nan)
+    for index, values in enumerate(claimed_logprobs or ()):
+        if values is not None and len(values) == lengths[index]:
+            compared[index] = True
+            claimed[starts[index] : starts[index + 1]] = np.asarray(values, dtype=np.float64)
+    rows = np.repeat(compared, lengths)
+    dispersion = np.zeros(ids.size, dtype=np.float64)
+    dispersion[rows] = logprob_dispersion(
+        claimed[rows], figures.logprobs[rows], figures.others[rows], figures.tolerances[rows]
+    )
+    statistics = _statistics(
         lengths,
         figures.margins,
         figures.tolerances,
@@ -214,6 +286,20 @@ def rollout_statistics_from_figures(
         eos_gaps,
         np.isin(ids, np.fromiter(figures.eos_token_ids, dtype=np.int64)),
     )
+    # Each rollout's own sum (no running-sum differences), at most its token count: the wire
+    # requires logprob_dispersion <= dispersion_tokens, which rounding must not break.
+    return [
+        dataclasses.replace(
+            s,
+            logprob_dispersion=min(
+                float(dispersion[starts[i] : starts[i + 1]].sum()), float(lengths[i])
+            ),
+            dispersion_tokens=int(lengths[i]),
+        )
+        if compared[i]
+        else s
+        for i, s in enumerate(statistics)
+    ]
 
 
 def eos_score_gaps(
@@ -297,7 +383,7 @@ def _statistics(
 # -- the per-node sequential tests ---------------------------------------------------------------
 
 
-TESTS = ("near_tie", "logprob_high", "logprob_low", "eos")
+TESTS = ("near_tie", "logprob_high", "logprob_low", "eos", "dispersion")
 """The per-node sequential tests, by the name a flag records."""
 
 
@@ -321,6 +407,11 @@ class StatisticsPolicy:
     alternative_eos_loss_rate: float = 0.2
     """``q1``: the EOS test's alternative. A steerer takes EOS at (nearly) every EOS event
     (share ~0.9); 0.2 keeps the drift positive down to a steerer taking ~5 % of them."""
+    honest_dispersion: float = 0.46
+    """``mu0``: the largest mean per-token dispersion ``Y`` of an honest node (the calibrated
+    worst honest variation, with a safety factor on the noise amplitude)."""
+    alternative_dispersion: float = 0.7
+    """``mu1``: the dispersion test's alternative."""
     false_flag_probability: float = 1e-6
     """``alpha``: at most this probability that an honest node is ever flagged within
     :attr:`horizon_tokens` of its tokens."""
@@ -333,6 +424,8 @@ class StatisticsPolicy:
             raise ValueError("need 0 < honest_loss_rate < alternative_loss_rate < 1")
         if not 0 < self.honest_eos_loss_rate < self.alternative_eos_loss_rate < 1:
             raise ValueError("need 0 < honest_eos_loss_rate < alternative_eos_loss_rate < 1")
+        if not 0 < self.honest_dispersion < self.alternative_dispersion < 1:
+            raise ValueError("need 0 < honest_dispersion < alternative_dispersion < 1")
         if not self.logprob_drift > 0:
             raise ValueError("logprob_drift must be > 0")
         if not 0 < self.false_flag_probability < 1 or self.horizon_tokens < 1:
@@ -342,7 +435,7 @@ class StatisticsPolicy:
 
     @property
     def flag_threshold(self) -> float:
-        """``h = ln(K m / alpha)`` for the ``m`` = 4 CUSUMs (see the module docs)."""
+        """``h = ln(K m / alpha)`` for the ``m`` = 5 CUSUMs (see the module docs)."""
         return math.log(self.horizon_tokens * len(TESTS) / self.false_flag_probability)
 
 
@@ -351,9 +444,12 @@ FLOAT32_POLICY = StatisticsPolicy(
     alternative_loss_rate=0.05,
     logprob_drift=0.05,
     min_tokens=1000,
+    honest_dispersion=0.1,
+    alternative_dispersion=0.5,
 )
 """For fp32 networks. Honest fp32 noise is ~1e-3 of the 1e-3 tolerance: no honest band loss was
-measured (``bench/node_statistics.py``; docs/verification.md has the counts)."""
+measured, and an honest mean dispersion ``Y`` of at most ~0.01 (every attack measured: above 0.98)
+(``bench/node_statistics.py``; docs/verification.md has the counts)."""
 
 BFLOAT16_POLICY = StatisticsPolicy(
     honest_loss_rate=0.002,
@@ -364,7 +460,9 @@ BFLOAT16_POLICY = StatisticsPolicy(
 """For bf16 networks. The most negative honest bf16 margin measured is 0.05 tolerances, half the
 band's floor, at T = 1 and 0.7 (``bench/node_statistics.py``): no honest band loss in ~7,700 band
 events, so ``pi0`` bounds the honest loss share with margin; the alternative is the share that
-steering and the cheap substitutes of the detection table produce (2-10%)."""
+steering and the cheap substitutes of the detection table produce (2-10%). Dispersion: the worst
+honest variation measured (eager attention) has a mean ``Y`` of 0.24, 0.45 at twice its noise
+amplitude, which ``mu0`` bounds; int8 weights and an fp8 KV cache reach 0.62-0.64."""
 
 
 def policy_for(dtype: str) -> StatisticsPolicy:
@@ -383,7 +481,7 @@ def policy_for(dtype: str) -> StatisticsPolicy:
 
 @dataclass(frozen=True)
 class NodeEvidence:
-    """A node's running sums and the four CUSUMs (what the coordinator stores per node)."""
+    """A node's running sums and the five CUSUMs (what the coordinator stores per node)."""
 
     tokens: int = 0
     near_tie_losses: int = 0
@@ -400,6 +498,10 @@ class NodeEvidence:
     """CUSUM of the log-probability test for a negative drift (unlikely tokens chosen)."""
     eos_cusum: float = 0.0
     """CUSUM of the EOS test's log-likelihood ratio (H1 ``q1`` vs H0 ``q0``)."""
+    logprob_dispersion: float = 0.0
+    dispersion_tokens: int = 0
+    dispersion_cusum: float = 0.0
+    """CUSUM of the dispersion test's log-likelihood ratio (H1 ``mu1`` vs H0 ``mu0``)."""
 
     def add(
         self, statistics: Sequence[RolloutStatistics], policy: StatisticsPolicy
@@ -412,15 +514,25 @@ class NodeEvidence:
         eos_passes = sum(s.eos_near_tie_passes for s in statistics)
         excess = math.fsum(s.logprob_excess for s in statistics)
         variance = math.fsum(s.logprob_variance for s in statistics)
-        counts = (tokens, losses, wins, eos_losses, eos_passes)
+        dispersion = math.fsum(s.logprob_dispersion for s in statistics)
+        compared = sum(s.dispersion_tokens for s in statistics)
+        counts = (tokens, losses, wins, eos_losses, eos_passes, compared)
         if min(counts) < 0 or losses + wins + eos_losses + eos_passes > tokens or variance < 0:
             raise ValueError("statistics out of range")
-        if not (math.isfinite(excess) and math.isfinite(variance)):
+        if not (math.isfinite(excess) and math.isfinite(variance) and math.isfinite(dispersion)):
             raise ValueError("statistics must be finite")
+        if not all(
+            0 <= s.logprob_dispersion <= s.dispersion_tokens <= s.tokens for s in statistics
+        ):
+            raise ValueError("need 0 <= logprob_dispersion <= dispersion_tokens <= tokens")
         pi0, pi1 = policy.honest_loss_rate, policy.alternative_loss_rate
         q0, q1 = policy.honest_eos_loss_rate, policy.alternative_eos_loss_rate
         near_tie_llr = losses * math.log(pi1 / pi0) + wins * math.log((1 - pi1) / (1 - pi0))
         eos_llr = eos_losses * math.log(q1 / q0) + eos_passes * math.log((1 - q1) / (1 - q0))
+        mu0, mu1 = policy.honest_dispersion, policy.alternative_dispersion
+        dispersion_llr = dispersion * math.log(mu1 / mu0) + (compared - dispersion) * math.log(
+            (1 - mu1) / (1 - mu0)
+        )
         theta = policy.logprob_drift
         tilt = theta * theta * variance / 2
         return NodeEvidence(
@@ -435,6 +547,9 @@ class NodeEvidence:
             logprob_high_cusum=max(0.0, self.logprob_high_cusum + theta * excess - tilt),
             logprob_low_cusum=max(0.0, self.logprob_low_cusum - theta * excess - tilt),
             eos_cusum=max(0.0, self.eos_cusum + eos_llr),
+            logprob_dispersion=self.logprob_dispersion + dispersion,
+            dispersion_tokens=self.dispersion_tokens + compared,
+            dispersion_cusum=max(0.0, self.dispersion_cusum + dispersion_llr),
         )
 
 
@@ -456,6 +571,7 @@ def judge(evidence: NodeEvidence, policy: StatisticsPolicy) -> NodeJudgement:
         "logprob_high": evidence.logprob_high_cusum,
         "logprob_low": evidence.logprob_low_cusum,
         "eos": evidence.eos_cusum,
+        "dispersion": evidence.dispersion_cusum,
     }
     test, statistic = max(cusums.items(), key=lambda item: item[1])
     flagged = evidence.tokens >= policy.min_tokens and statistic >= policy.flag_threshold
