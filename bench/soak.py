@@ -8,12 +8,21 @@ per process, the first third of the run against the last third (after ``--warmup
 least-squares slope per minute. Exits 1 when a process grew beyond the thresholds:
 
 - resident memory: last third's mean above the first third's by more than ``--max-rss-growth``
-  (a fraction) *and* by more than ``--max-rss-growth-mib`` (so small processes may wobble);
+  (a fraction) *and* by more than ``--max-rss-growth-mib`` (so small processes may wobble),
+  *and* still rising in the last third: at the last third's own slope, a run as long as the
+  measured window would grow by more than those thresholds again. Memory that rose and then
+  levelled off (a cache filling to its bound) is reported as a plateau, with the level it
+  reached and when, not as growth;
 - open file descriptors: last third's highest above the first third's highest by more than
   ``--max-fd-growth``.
 
+``--trace-memory FILE`` has the coordinator append tracemalloc reports to FILE every
+``--trace-interval`` seconds (``rollnet.reference.memory_trace``): the source lines and object
+types that grew since the first report and since the previous one.
+
     .venv/bin/python bench/soak.py                          # 30 minutes
     .venv/bin/python bench/soak.py --minutes 10 --interval 5
+    .venv/bin/python bench/soak.py --minutes 10 --trace-memory .data/soak/coordinator-memory.txt
 
 Linux only (/proc). Measures; asserts nothing about time.
 """
@@ -30,6 +39,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollnet.reference.memory_trace import MEMORY_TRACE_ENV, MEMORY_TRACE_INTERVAL_ENV
 
 ROLES = ("coordinator", "trainer", "worker", "validator", "relay", "adversary", "demo")
 
@@ -123,6 +134,12 @@ class Verdict:
     rss_first: float
     rss_last: float
     rss_slope: float
+    #: Least-squares slopes (MiB per minute) within the first and the last third.
+    rss_slope_first: float
+    rss_slope_last: float
+    #: Set when memory grew beyond the thresholds and then levelled off: (the last third's
+    #: highest RSS, seconds since the soak started when it first came within reach of it).
+    plateau: tuple[float, float] | None
     fds_first: int
     fds_last: int
     fds_slope: float
@@ -147,8 +164,23 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
     fds_first, fds_last = max(s.fds for s in first), max(s.fds for s in last)
     problems = []
     grown = rss_last - rss_first
+    slope_first = slope_per_minute([(s.at, s.rss_mib) for s in first])
+    slope_last = slope_per_minute([(s.at, s.rss_mib) for s in last])
+    plateau = None
     if grown > args.max_rss_growth * rss_first and grown > args.max_rss_growth_mib:
-        problems.append(f"memory +{grown:.1f} MiB ({100 * grown / rss_first:.0f}%)")
+        # Still rising at the end, or risen to a level it keeps? At the last third's own rate, a
+        # run as long as this window would grow beyond the thresholds again: still rising.
+        still = slope_last * (end - start) / 60
+        if still > args.max_rss_growth * rss_last and still > args.max_rss_growth_mib:
+            problems.append(
+                f"memory +{grown:.1f} MiB ({100 * grown / rss_first:.0f}%), still "
+                f"{slope_last:+.2f} MiB/min in the last third"
+            )
+        else:
+            level = max(s.rss_mib for s in last)
+            reach = level - max(args.max_rss_growth_mib / 4, 0.02 * level)
+            reached = next(s.at for s in window if s.rss_mib >= reach)
+            plateau = (level, reached)
     if fds_last - fds_first > args.max_fd_growth:
         problems.append(f"file descriptors +{fds_last - fds_first}")
     return Verdict(
@@ -156,6 +188,9 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
         rss_first,
         rss_last,
         slope_per_minute([(s.at, s.rss_mib) for s in window]),
+        slope_first,
+        slope_last,
+        plateau,
         fds_first,
         fds_last,
         slope_per_minute([(s.at, float(s.fds)) for s in window]),
@@ -200,11 +235,12 @@ def summarize(tracks: dict[int, Track], args: argparse.Namespace, ran: float) ->
     print(
         f"\nper process, after {args.warmup:.0f} s of its own warm-up: first third vs last "
         f"third of what is left of the {end / 60:.1f} min (RSS means, highest open-file "
-        "counts), least-squares slope per minute"
+        "counts), least-squares slope per minute over the window and within its first and "
+        "last thirds"
     )
     print(
         f"{'process':<28}{'samples':>8}{'RSS first':>11}{'RSS last':>10}{'MiB/min':>9}"
-        f"{'fds first':>11}{'fds last':>10}{'fds/min':>9}{'threads':>10}  verdict"
+        f"{'1st/3rd':>15}{'fds first':>11}{'fds last':>10}{'fds/min':>9}{'threads':>10}  verdict"
     )
     failed = 0
     skipped = []
@@ -214,18 +250,29 @@ def summarize(tracks: dict[int, Track], args: argparse.Namespace, ran: float) ->
             skipped.append(f"{track.label} ({len(track.samples)} samples)")
             continue
         failed += bool(verdict.problems)
+        if verdict.problems:
+            said = "GROWS: " + "; ".join(verdict.problems)
+        elif verdict.plateau is not None:
+            level, reached = verdict.plateau
+            said = (
+                f"ok, levels off: {level:.1f} MiB from {reached / 60:.1f} min "
+                f"(+{verdict.rss_last - verdict.rss_first:.1f} MiB first third to last)"
+            )
+        else:
+            said = "ok"
+        thirds = f"{verdict.rss_slope_first:+.2f}/{verdict.rss_slope_last:+.2f}"
         print(
             f"{track.label:<28}{len(track.samples):>8}{verdict.rss_first:>10.1f}M"
-            f"{verdict.rss_last:>9.1f}M{verdict.rss_slope:>+9.2f}{verdict.fds_first:>11}"
-            f"{verdict.fds_last:>10}{verdict.fds_slope:>+9.2f}"
-            f"{f'{verdict.threads_first}->{verdict.threads_last}':>10}  "
-            f"{'GROWS: ' + '; '.join(verdict.problems) if verdict.problems else 'ok'}"
+            f"{verdict.rss_last:>9.1f}M{verdict.rss_slope:>+9.2f}{thirds:>15}"
+            f"{verdict.fds_first:>11}{verdict.fds_last:>10}{verdict.fds_slope:>+9.2f}"
+            f"{f'{verdict.threads_first}->{verdict.threads_last}':>10}  {said}"
         )
     if skipped:
         print(f"not judged (not alive in both thirds): {', '.join(skipped)}")
     print(
         f"thresholds: memory +{100 * args.max_rss_growth:.0f}% and +{args.max_rss_growth_mib:g}"
-        f" MiB, open files +{args.max_fd_growth}; {failed} process(es) over them"
+        f" MiB and still rising in the last third, open files +{args.max_fd_growth}; "
+        f"{failed} process(es) over them"
     )
     return 1 if failed else 0
 
@@ -244,6 +291,15 @@ def main() -> int:
     parser.add_argument("--max-rss-growth", type=float, default=0.2, help="fraction (0.2)")
     parser.add_argument("--max-rss-growth-mib", type=float, default=32.0, help="MiB (32)")
     parser.add_argument("--max-fd-growth", type=int, default=16, help="descriptors (16)")
+    parser.add_argument(
+        "--trace-memory",
+        type=Path,
+        metavar="FILE",
+        help="have the coordinator append tracemalloc reports to FILE (costs it CPU)",
+    )
+    parser.add_argument(
+        "--trace-interval", type=float, default=60.0, help="seconds between those reports (60)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="the demo's honest workers")
     parser.add_argument("--validators", type=int, default=1, help="the demo's validators")
     parser.add_argument(
@@ -253,8 +309,16 @@ def main() -> int:
         help="where the demo's temporary data directory goes (default .data/soak)",
     )
     args = parser.parse_args()
-    if args.minutes <= 0 or args.interval <= 0:
-        parser.error("--minutes and --interval must be positive")
+    if args.minutes <= 0 or args.interval <= 0 or args.trace_interval <= 0:
+        parser.error("--minutes, --interval and --trace-interval must be positive")
+    environ = dict(os.environ)
+    if args.trace_memory is not None:
+        # Inherited by every process of the demo; only the coordinator reads it.
+        args.trace_memory = args.trace_memory.resolve()
+        args.trace_memory.parent.mkdir(parents=True, exist_ok=True)
+        args.trace_memory.write_text("")
+        environ[MEMORY_TRACE_ENV] = str(args.trace_memory)
+        environ[MEMORY_TRACE_INTERVAL_ENV] = f"{args.trace_interval:g}"
     args.work_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM (``make bench``'s timeout, a job that runs it in the background where SIGINT is
     # ignored) ends the soak as Ctrl-C does: through the finally below, which stops the demo.
@@ -281,7 +345,7 @@ def main() -> int:
         )
         log = Path(tmp, "demo.out")
         with open(log, "wb") as out:
-            demo = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            demo = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ)
         started = time.monotonic()
         try:
             tracks = sample_swarm(demo, args)
@@ -304,6 +368,8 @@ def main() -> int:
             if line.startswith(("reward:", "trainer:", "ledger"))
         ]
         print("the demo's summary: " + ("; ".join(said) if said else "none (see its logs)"))
+        if args.trace_memory is not None:
+            print(f"the coordinator's tracemalloc reports: {args.trace_memory}")
         return summarize(tracks, args, ran)
 
 
