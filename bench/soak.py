@@ -32,15 +32,22 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollnet.reference.memory_trace import MEMORY_TRACE_ENV, MEMORY_TRACE_INTERVAL_ENV
+from rollnet.reference.memory_trace import (
+    MEMORY_TRACE_COLLECT_ENV,
+    MEMORY_TRACE_ENV,
+    MEMORY_TRACE_FRAMES_ENV,
+    MEMORY_TRACE_INTERVAL_ENV,
+)
 
 ROLES = ("coordinator", "trainer", "worker", "validator", "relay", "adversary", "demo")
 
@@ -200,8 +207,27 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
     )
 
 
-def sample_swarm(demo: subprocess.Popen[bytes], args: argparse.Namespace) -> dict[int, Track]:
-    """Sample ``demo`` and its descendants every ``args.interval`` s for ``args.minutes``."""
+def blob_cache_mib(metrics_port: int) -> tuple[float, float] | None:
+    """The coordinator's blob cache, (held, bound) in MiB, from its metrics; None if unread."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    figures = dict(line.partition(" ")[::2] for line in text.splitlines() if line[:1] != "#")
+    try:
+        held = float(figures["rollnet_blob_cache_bytes"])
+        bound = float(figures["rollnet_blob_cache_limit_bytes"])
+    except (KeyError, ValueError):
+        return None
+    return held / 2**20, bound / 2**20
+
+
+def sample_swarm(
+    demo: subprocess.Popen[bytes], args: argparse.Namespace, blob_cache: list[tuple[float, float]]
+) -> dict[int, Track]:
+    """Sample ``demo`` and its descendants every ``args.interval`` s for ``args.minutes``; the
+    coordinator's blob cache (held, bound, MiB) is appended to ``blob_cache`` each minute."""
     tracks: dict[int, Track] = {}
     started = time.monotonic()
     stop_at = started + args.minutes * 60
@@ -219,10 +245,14 @@ def sample_swarm(demo: subprocess.Popen[bytes], args: argparse.Namespace) -> dic
         if time.monotonic() >= next_report:
             next_report += 60
             live = [t for t in tracks.values() if t.samples[-1].at == at]
+            cache = blob_cache_mib(args.metrics_port)
+            if cache is not None:
+                blob_cache.append(cache)
             print(
                 f"  {at / 60:5.1f} min: {len(live)} processes, "
                 f"{sum(t.samples[-1].rss_mib for t in live):,.0f} MiB resident, "
-                f"{sum(t.samples[-1].fds for t in live)} open files",
+                f"{sum(t.samples[-1].fds for t in live)} open files"
+                + (f", coordinator blob cache {cache[0]:.1f} MiB" if cache else ""),
                 flush=True,
             )
         time.sleep(max(0.0, args.interval - (time.monotonic() - started - at)))
@@ -300,6 +330,14 @@ def main() -> int:
     parser.add_argument(
         "--trace-interval", type=float, default=60.0, help="seconds between those reports (60)"
     )
+    parser.add_argument(
+        "--trace-frames", type=int, default=1, help="frames kept per traced allocation (1)"
+    )
+    parser.add_argument(
+        "--trace-collect",
+        action="store_true",
+        help="a full garbage collection before each report (what is left is reachable)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="the demo's honest workers")
     parser.add_argument("--validators", type=int, default=1, help="the demo's validators")
     parser.add_argument(
@@ -311,7 +349,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.minutes <= 0 or args.interval <= 0 or args.trace_interval <= 0:
         parser.error("--minutes, --interval and --trace-interval must be positive")
-    environ = dict(os.environ)
+    # The coordinator's metrics (its blob cache's fill and bound), on a port of our choosing.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        args.metrics_port = probe.getsockname()[1]
+    environ = {**os.environ, "ROLLNET_COORDINATOR_METRICS_LISTEN": f"127.0.0.1:{args.metrics_port}"}
     if args.trace_memory is not None:
         # Inherited by every process of the demo; only the coordinator reads it.
         args.trace_memory = args.trace_memory.resolve()
@@ -319,6 +361,8 @@ def main() -> int:
         args.trace_memory.write_text("")
         environ[MEMORY_TRACE_ENV] = str(args.trace_memory)
         environ[MEMORY_TRACE_INTERVAL_ENV] = f"{args.trace_interval:g}"
+        environ[MEMORY_TRACE_FRAMES_ENV] = str(args.trace_frames)
+        environ[MEMORY_TRACE_COLLECT_ENV] = "1" if args.trace_collect else ""
     args.work_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM (``make bench``'s timeout, a job that runs it in the background where SIGINT is
     # ignored) ends the soak as Ctrl-C does: through the finally below, which stops the demo.
@@ -347,8 +391,9 @@ def main() -> int:
         with open(log, "wb") as out:
             demo = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ)
         started = time.monotonic()
+        blob_cache: list[tuple[float, float]] = []
         try:
-            tracks = sample_swarm(demo, args)
+            tracks = sample_swarm(demo, args, blob_cache)
         finally:
             ran = time.monotonic() - started
             if demo.poll() is None:
@@ -368,6 +413,13 @@ def main() -> int:
             if line.startswith(("reward:", "trainer:", "ledger"))
         ]
         print("the demo's summary: " + ("; ".join(said) if said else "none (see its logs)"))
+        if blob_cache:
+            held, bound = blob_cache[-1]
+            print(
+                f"the coordinator's blob cache (recent rollout batches in memory): {held:.1f} MiB "
+                f"at the end, the most seen {max(h for h, _ in blob_cache):.1f} MiB, bound "
+                f"{bound:.0f} MiB"
+            )
         if args.trace_memory is not None:
             print(f"the coordinator's tracemalloc reports: {args.trace_memory}")
         return summarize(tracks, args, ran)

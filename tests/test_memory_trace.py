@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollnet.reference.memory_trace import (
+    MEMORY_TRACE_COLLECT_ENV,
     MEMORY_TRACE_ENV,
     MEMORY_TRACE_FRAMES_ENV,
     MEMORY_TRACE_INTERVAL_ENV,
@@ -31,9 +32,14 @@ def test_settings_come_from_the_environment_only_when_asked(tmp_path: Path) -> N
             MEMORY_TRACE_ENV: str(tmp_path / "trace.txt"),
             MEMORY_TRACE_INTERVAL_ENV: "2.5",
             MEMORY_TRACE_FRAMES_ENV: "4",
+            MEMORY_TRACE_COLLECT_ENV: "1",
         }
     )
-    assert settings == MemoryTraceSettings(tmp_path / "trace.txt", 2.5, 4)
+    assert settings == MemoryTraceSettings(tmp_path / "trace.txt", 2.5, 4, collect=True)
+    plain = MemoryTraceSettings.from_environment(
+        {MEMORY_TRACE_ENV: "trace.txt", MEMORY_TRACE_COLLECT_ENV: "0"}
+    )
+    assert plain == MemoryTraceSettings(Path("trace.txt"), 60.0, 1, collect=False)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,9 @@ MEMORY_TRACE_ENV = "ROLLNET_MEMORY_TRACE"
 MEMORY_TRACE_INTERVAL_ENV = "ROLLNET_MEMORY_TRACE_INTERVAL"
 #: Frames kept per allocation (default 1: grouped by source line; more shows who called it).
 MEMORY_TRACE_FRAMES_ENV = "ROLLNET_MEMORY_TRACE_FRAMES"
+#: Set (to anything but 0 or empty) to run a full garbage collection before each report: what
+#: is still there is reachable, not cyclic garbage the collector has yet to reach.
+MEMORY_TRACE_COLLECT_ENV = "ROLLNET_MEMORY_TRACE_COLLECT"
 DEFAULT_INTERVAL = 60.0
 #: Lines (or object types) listed per comparison.
 TOP = 20
@@ -54,6 +57,7 @@ class MemoryTraceSettings:
     path: Path
     interval: float = DEFAULT_INTERVAL
     frames: int = 1
+    collect: bool = False
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> MemoryTraceSettings | None:
@@ -70,7 +74,8 @@ class MemoryTraceSettings:
         frames = _number(environ, MEMORY_TRACE_FRAMES_ENV, 1, int)
         if not 1 <= frames <= 64:
             raise ValueError(f"{MEMORY_TRACE_FRAMES_ENV}: 1 to 64 frames, not {frames}")
-        return cls(Path(path), interval, frames)
+        collect = environ.get(MEMORY_TRACE_COLLECT_ENV, "") not in ("", "0")
+        return cls(Path(path), interval, frames, collect)
 
 
 def _number(environ: Mapping[str, str], name: str, default: N, kind: type[N]) -> N:
@@ -100,13 +105,22 @@ def object_counts() -> Counter[str]:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
 
 
+#: Traced memory by source line (or traceback): bytes and blocks.
+Sizes = dict[tracemalloc.Traceback, tuple[int, int]]
+
+
 @dataclass
 class MemoryTrace:
-    """Takes the snapshots and writes the reports (see the module's docstring)."""
+    """Takes the snapshots and writes the reports (see the module's docstring).
+
+    Only each snapshot's totals by source line are kept between reports, not the snapshot: a
+    snapshot holds a tuple per live allocation, which would add to the very memory and object
+    counts being reported.
+    """
 
     settings: MemoryTraceSettings
-    baseline: tracemalloc.Snapshot | None = None
-    previous: tracemalloc.Snapshot | None = None
+    baseline: Sizes | None = None
+    previous: Sizes = field(default_factory=dict)
     baseline_objects: Counter[str] = field(default_factory=Counter)
     previous_objects: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
@@ -118,32 +132,37 @@ class MemoryTrace:
             tracemalloc.start(self.settings.frames)
         self.started = time.monotonic()
 
+    def sizes(self) -> Sizes:
+        """Traced memory now, by source line (or traceback, with more than one frame)."""
+        key = "lineno" if self.settings.frames == 1 else "traceback"
+        snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORED)
+        return {s.traceback: (s.size, s.count) for s in snapshot.statistics(key)}
+
     def report(self) -> str:
         """Take a snapshot and write (and return) the next report; the first is the baseline."""
-        snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORED)
-        objects = object_counts()
+        collected = gc.collect() if self.settings.collect else None
+        objects = object_counts()  # first: the snapshot's own tuples are not counted
+        sizes = self.sizes()
         traced, peak = tracemalloc.get_traced_memory()
-        key = "lineno" if self.settings.frames == 1 else "traceback"
         lines = [
             f"== report {self.reports} at {time.monotonic() - self.started:.0f} s: "
             f"RSS {resident_mib():.1f} MiB, traced {traced / 2**20:.1f} MiB "
-            f"(peak {peak / 2**20:.1f}), {sum(objects.values())} objects, "
-            f"gc counts {gc.get_count()}, frozen {gc.get_freeze_count()}"
+            f"(peak {peak / 2**20:.1f}; tracing itself "
+            f"{tracemalloc.get_tracemalloc_memory() / 2**20:.1f}), "
+            f"{sum(objects.values())} objects, gc counts {gc.get_count()}, "
+            f"frozen {gc.get_freeze_count()}"
+            + ("" if collected is None else f", {collected} unreachable collected first")
         ]
         if self.baseline is None:
-            self.baseline, self.baseline_objects = snapshot, objects
+            self.baseline, self.baseline_objects = sizes, objects
             lines.append("(baseline: later reports compare with this one)")
         else:
             for title, before, objects_before in (
                 ("since the baseline", self.baseline, self.baseline_objects),
                 ("since the previous report", self.previous, self.previous_objects),
             ):
-                assert before is not None
                 lines.append(f"-- traced memory {title}, largest growth first:")
-                stats = snapshot.compare_to(before, key)
-                stats.sort(key=lambda s: s.size_diff, reverse=True)
-                for stat in stats[:TOP]:
-                    lines.extend(_stat_lines(stat))
+                lines.extend(_growth_lines(sizes, before))
                 lines.append(f"-- object counts {title}, largest change first:")
                 change = Counter(objects)
                 change.subtract(objects_before)
@@ -151,7 +170,7 @@ class MemoryTrace:
                 for name, diff in ranked[:TOP]:
                     if diff:
                         lines.append(f"  {diff:+9d} {name} (now {objects[name]})")
-        self.previous, self.previous_objects = snapshot, objects
+        self.previous, self.previous_objects = sizes, objects
         self.reports += 1
         text = "\n".join(lines) + "\n"
         with open(self.settings.path, "a", encoding="utf-8") as out:
@@ -166,12 +185,21 @@ class MemoryTrace:
             self.report()
 
 
-def _stat_lines(stat: tracemalloc.StatisticDiff) -> list[str]:
-    frames = list(stat.traceback)
-    head = f"  {stat.size_diff / 1024:+10.1f} KiB {stat.count_diff:+8d} blocks"
-    where = [f"{f.filename}:{f.lineno}" for f in frames]
-    lines = [f"{head}  (now {stat.size / 1024:.1f} KiB) {where[0] if where else '?'}"]
-    lines.extend(f"{'':>40}<- {w}" for w in where[1:])
+def _growth_lines(now: Sizes, before: Sizes) -> list[str]:
+    growth = []
+    for where in now.keys() | before.keys():
+        size, count = now.get(where, (0, 0))
+        size_before, count_before = before.get(where, (0, 0))
+        growth.append((size - size_before, count - count_before, size, where))
+    growth.sort(key=lambda item: item[0], reverse=True)
+    lines = []
+    for size_diff, count_diff, size, where in growth[:TOP]:
+        frames = [f"{f.filename}:{f.lineno}" for f in reversed(where)]  # the allocation first
+        head = (
+            f"  {size_diff / 1024:+10.1f} KiB {count_diff:+8d} blocks  (now {size / 1024:.1f} KiB)"
+        )
+        lines.append(f"{head} {frames[0] if frames else '?'}")
+        lines.extend(f"{'':>40}<- {frame}" for frame in frames[1:])
     return lines
 
 
