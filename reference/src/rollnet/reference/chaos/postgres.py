@@ -4,8 +4,8 @@ The machine's shared server must never be restarted (other work uses it), so a r
 ``restart_database`` gets a server of its own: ``initdb`` makes a cluster under the run's
 directory, ``pg_ctl`` starts it on a free port of 127.0.0.1 with its unix socket in the same
 directory, or under the system's temporary directory when that path would pass the 107 bytes a
-socket path may have (``fsync`` off: the cluster is thrown away, and a fast restart still replays its
-write-ahead log), and :meth:`PrivatePostgres.remove` stops it and deletes the cluster.
+socket path may have (``fsync`` off: the cluster is thrown away, and a fast restart still replays
+its write-ahead log), and :meth:`PrivatePostgres.remove` stops it and deletes the cluster.
 
 PostgreSQL refuses to run as root. When the harness is root it runs ``initdb``, ``pg_ctl`` and
 so the server as the ``postgres`` OS user (``runuser -u postgres --``): the cluster's directory
