@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rollnet.reference.cli import main
 from rollnet.reference.memory_trace import (
     MEMORY_TRACE_COLLECT_ENV,
     MEMORY_TRACE_ENV,
@@ -18,6 +19,7 @@ from rollnet.reference.memory_trace import (
     MEMORY_TRACE_INTERVAL_ENV,
     MemoryTrace,
     MemoryTraceSettings,
+    traced,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -56,6 +58,18 @@ def test_bad_settings_are_refused_by_name(name: str, value: str, said: str) -> N
         MemoryTraceSettings.from_environment({MEMORY_TRACE_ENV: "trace.txt", name: value})
 
 
+def test_the_coordinator_refuses_bad_settings_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MEMORY_TRACE_ENV, str(tmp_path / "trace.txt"))
+    monkeypatch.setenv(MEMORY_TRACE_INTERVAL_ENV, "-1")
+    assert main(["coordinator", "--data-dir", str(tmp_path / "data")]) == 2
+    said = capsys.readouterr().err
+    assert f"{MEMORY_TRACE_INTERVAL_ENV}: seconds in (0, 86400], not -1.0" in said
+    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "trace.txt").exists()
+
+
 class Hoarded:
     """A type of its own, so the report's object counts can be told apart."""
 
@@ -88,6 +102,15 @@ def test_a_report_names_the_line_and_type_that_grew(tmp_path: Path, untraced: No
     assert "+500 Hoarded (now 500)" in second
     assert (tmp_path / "trace.txt").read_text() == first + second
     assert len(hoard) == 500
+
+
+async def test_a_traced_run_reports_once_more_when_it_ends(tmp_path: Path, untraced: None) -> None:
+    async def work() -> None:
+        assert tracemalloc.is_tracing()  # started before the work
+
+    settings = MemoryTraceSettings(tmp_path / "trace.txt", interval=3600.0)
+    await traced(work(), settings)
+    assert (tmp_path / "trace.txt").read_text().startswith("== report 0 at ")
 
 
 def _args(**overrides: float) -> argparse.Namespace:

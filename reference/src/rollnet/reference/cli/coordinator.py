@@ -47,13 +47,13 @@ def run(args: argparse.Namespace) -> int:
     from rollnet.reference.logs import configure_logging
     from rollnet.reference.memory_trace import MemoryTraceSettings, traced
 
-    config = load_config(
-        args.data_dir, config_file=args.config, environ=environment(), flags=vars(args)
-    )
     try:
         trace = MemoryTraceSettings.from_environment(environment())
     except ValueError as error:
         raise CliError(str(error)) from None
+    config = load_config(
+        args.data_dir, config_file=args.config, environ=environment(), flags=vars(args)
+    )
     configure_logging(args.log_level)
     from rollnet.reference.envs.isolation import protect_paths
 
