@@ -7,6 +7,8 @@ memory, what tracemalloc traces in all, the source lines whose traced memory gre
 first report (the baseline, taken once start-up is over) and since the previous one, and the
 object counts by type that changed most. A structure that grows without bound shows as the same
 lines and types climbing report after report; one that fills to a bound climbs, then stays.
+With :data:`MEMORY_TRACE_COLLECT_ENV` set, a full collection runs before each report, so that
+cyclic garbage the collector has not reached yet is not mistaken for a leak.
 
 Tracing costs CPU (every allocation records its traceback) and memory (the traces): for finding
 a leak, not for production.
@@ -43,6 +45,7 @@ TOP = 20
 #: Allocations of the tracing itself and of the import machinery say nothing about a leak.
 _IGNORED = (
     tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, __file__),  # the totals kept between reports
     tracemalloc.Filter(False, linecache.__file__),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
