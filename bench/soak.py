@@ -8,12 +8,21 @@ per process, the first third of the run against the last third (after ``--warmup
 least-squares slope per minute. Exits 1 when a process grew beyond the thresholds:
 
 - resident memory: last third's mean above the first third's by more than ``--max-rss-growth``
-  (a fraction) *and* by more than ``--max-rss-growth-mib`` (so small processes may wobble);
+  (a fraction) *and* by more than ``--max-rss-growth-mib`` (so small processes may wobble),
+  *and* still rising in the last third: at the last third's own slope, a run as long as the
+  measured window would grow by more than those thresholds again. Memory that rose and then
+  levelled off (a cache filling to its bound) is reported as a plateau, with the level it
+  reached and when, not as growth;
 - open file descriptors: last third's highest above the first third's highest by more than
   ``--max-fd-growth``.
 
+``--trace-memory FILE`` has the coordinator append tracemalloc reports to FILE every
+``--trace-interval`` seconds (``rollnet.reference.memory_trace``): the source lines and object
+types that grew since the first report and since the previous one.
+
     .venv/bin/python bench/soak.py                          # 30 minutes
     .venv/bin/python bench/soak.py --minutes 10 --interval 5
+    .venv/bin/python bench/soak.py --minutes 10 --trace-memory .data/soak/coordinator-memory.txt
 
 Linux only (/proc). Measures; asserts nothing about time.
 """
@@ -23,13 +32,22 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollnet.reference.memory_trace import (
+    MEMORY_TRACE_COLLECT_ENV,
+    MEMORY_TRACE_ENV,
+    MEMORY_TRACE_FRAMES_ENV,
+    MEMORY_TRACE_INTERVAL_ENV,
+)
 
 ROLES = ("coordinator", "trainer", "worker", "validator", "relay", "adversary", "demo")
 
@@ -123,6 +141,12 @@ class Verdict:
     rss_first: float
     rss_last: float
     rss_slope: float
+    #: Least-squares slopes (MiB per minute) within the first and the last third.
+    rss_slope_first: float
+    rss_slope_last: float
+    #: Set when memory grew beyond the thresholds and then levelled off: (the last third's
+    #: highest RSS, seconds since the soak started when it first came within reach of it).
+    plateau: tuple[float, float] | None
     fds_first: int
     fds_last: int
     fds_slope: float
@@ -147,8 +171,23 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
     fds_first, fds_last = max(s.fds for s in first), max(s.fds for s in last)
     problems = []
     grown = rss_last - rss_first
+    slope_first = slope_per_minute([(s.at, s.rss_mib) for s in first])
+    slope_last = slope_per_minute([(s.at, s.rss_mib) for s in last])
+    plateau = None
     if grown > args.max_rss_growth * rss_first and grown > args.max_rss_growth_mib:
-        problems.append(f"memory +{grown:.1f} MiB ({100 * grown / rss_first:.0f}%)")
+        # Still rising at the end, or risen to a level it keeps? At the last third's own rate, a
+        # run as long as this window would grow beyond the thresholds again: still rising.
+        still = slope_last * (end - start) / 60
+        if still > args.max_rss_growth * rss_last and still > args.max_rss_growth_mib:
+            problems.append(
+                f"memory +{grown:.1f} MiB ({100 * grown / rss_first:.0f}%), still "
+                f"{slope_last:+.2f} MiB/min in the last third"
+            )
+        else:
+            level = max(s.rss_mib for s in last)
+            reach = level - max(args.max_rss_growth_mib / 4, 0.02 * level)
+            reached = next(s.at for s in window if s.rss_mib >= reach)
+            plateau = (level, reached)
     if fds_last - fds_first > args.max_fd_growth:
         problems.append(f"file descriptors +{fds_last - fds_first}")
     return Verdict(
@@ -156,6 +195,9 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
         rss_first,
         rss_last,
         slope_per_minute([(s.at, s.rss_mib) for s in window]),
+        slope_first,
+        slope_last,
+        plateau,
         fds_first,
         fds_last,
         slope_per_minute([(s.at, float(s.fds)) for s in window]),
@@ -165,8 +207,27 @@ def judge(track: Track, start: float, end: float, args: argparse.Namespace) -> V
     )
 
 
-def sample_swarm(demo: subprocess.Popen[bytes], args: argparse.Namespace) -> dict[int, Track]:
-    """Sample ``demo`` and its descendants every ``args.interval`` s for ``args.minutes``."""
+def blob_cache_mib(metrics_port: int) -> tuple[float, float] | None:
+    """The coordinator's blob cache, (held, bound) in MiB, from its metrics; None if unread."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    figures = dict(line.partition(" ")[::2] for line in text.splitlines() if line[:1] != "#")
+    try:
+        held = float(figures["rollnet_blob_cache_bytes"])
+        bound = float(figures["rollnet_blob_cache_limit_bytes"])
+    except (KeyError, ValueError):
+        return None
+    return held / 2**20, bound / 2**20
+
+
+def sample_swarm(
+    demo: subprocess.Popen[bytes], args: argparse.Namespace, blob_cache: list[tuple[float, float]]
+) -> dict[int, Track]:
+    """Sample ``demo`` and its descendants every ``args.interval`` s for ``args.minutes``; the
+    coordinator's blob cache (held, bound, MiB) is appended to ``blob_cache`` each minute."""
     tracks: dict[int, Track] = {}
     started = time.monotonic()
     stop_at = started + args.minutes * 60
@@ -184,10 +245,14 @@ def sample_swarm(demo: subprocess.Popen[bytes], args: argparse.Namespace) -> dic
         if time.monotonic() >= next_report:
             next_report += 60
             live = [t for t in tracks.values() if t.samples[-1].at == at]
+            cache = blob_cache_mib(args.metrics_port)
+            if cache is not None:
+                blob_cache.append(cache)
             print(
                 f"  {at / 60:5.1f} min: {len(live)} processes, "
                 f"{sum(t.samples[-1].rss_mib for t in live):,.0f} MiB resident, "
-                f"{sum(t.samples[-1].fds for t in live)} open files",
+                f"{sum(t.samples[-1].fds for t in live)} open files"
+                + (f", coordinator blob cache {cache[0]:.1f} MiB" if cache else ""),
                 flush=True,
             )
         time.sleep(max(0.0, args.interval - (time.monotonic() - started - at)))
@@ -200,11 +265,12 @@ def summarize(tracks: dict[int, Track], args: argparse.Namespace, ran: float) ->
     print(
         f"\nper process, after {args.warmup:.0f} s of its own warm-up: first third vs last "
         f"third of what is left of the {end / 60:.1f} min (RSS means, highest open-file "
-        "counts), least-squares slope per minute"
+        "counts), least-squares slope per minute over the window and within its first and "
+        "last thirds"
     )
     print(
         f"{'process':<28}{'samples':>8}{'RSS first':>11}{'RSS last':>10}{'MiB/min':>9}"
-        f"{'fds first':>11}{'fds last':>10}{'fds/min':>9}{'threads':>10}  verdict"
+        f"{'1st/3rd':>15}{'fds first':>11}{'fds last':>10}{'fds/min':>9}{'threads':>10}  verdict"
     )
     failed = 0
     skipped = []
@@ -214,18 +280,29 @@ def summarize(tracks: dict[int, Track], args: argparse.Namespace, ran: float) ->
             skipped.append(f"{track.label} ({len(track.samples)} samples)")
             continue
         failed += bool(verdict.problems)
+        if verdict.problems:
+            said = "GROWS: " + "; ".join(verdict.problems)
+        elif verdict.plateau is not None:
+            level, reached = verdict.plateau
+            said = (
+                f"ok, levels off: {level:.1f} MiB from {reached / 60:.1f} min "
+                f"(+{verdict.rss_last - verdict.rss_first:.1f} MiB first third to last)"
+            )
+        else:
+            said = "ok"
+        thirds = f"{verdict.rss_slope_first:+.2f}/{verdict.rss_slope_last:+.2f}"
         print(
             f"{track.label:<28}{len(track.samples):>8}{verdict.rss_first:>10.1f}M"
-            f"{verdict.rss_last:>9.1f}M{verdict.rss_slope:>+9.2f}{verdict.fds_first:>11}"
-            f"{verdict.fds_last:>10}{verdict.fds_slope:>+9.2f}"
-            f"{f'{verdict.threads_first}->{verdict.threads_last}':>10}  "
-            f"{'GROWS: ' + '; '.join(verdict.problems) if verdict.problems else 'ok'}"
+            f"{verdict.rss_last:>9.1f}M{verdict.rss_slope:>+9.2f}{thirds:>15}"
+            f"{verdict.fds_first:>11}{verdict.fds_last:>10}{verdict.fds_slope:>+9.2f}"
+            f"{f'{verdict.threads_first}->{verdict.threads_last}':>10}  {said}"
         )
     if skipped:
         print(f"not judged (not alive in both thirds): {', '.join(skipped)}")
     print(
         f"thresholds: memory +{100 * args.max_rss_growth:.0f}% and +{args.max_rss_growth_mib:g}"
-        f" MiB, open files +{args.max_fd_growth}; {failed} process(es) over them"
+        f" MiB and still rising in the last third, open files +{args.max_fd_growth}; "
+        f"{failed} process(es) over them"
     )
     return 1 if failed else 0
 
@@ -244,6 +321,23 @@ def main() -> int:
     parser.add_argument("--max-rss-growth", type=float, default=0.2, help="fraction (0.2)")
     parser.add_argument("--max-rss-growth-mib", type=float, default=32.0, help="MiB (32)")
     parser.add_argument("--max-fd-growth", type=int, default=16, help="descriptors (16)")
+    parser.add_argument(
+        "--trace-memory",
+        type=Path,
+        metavar="FILE",
+        help="have the coordinator append tracemalloc reports to FILE (costs it CPU)",
+    )
+    parser.add_argument(
+        "--trace-interval", type=float, default=60.0, help="seconds between those reports (60)"
+    )
+    parser.add_argument(
+        "--trace-frames", type=int, default=1, help="frames kept per traced allocation (1)"
+    )
+    parser.add_argument(
+        "--trace-collect",
+        action="store_true",
+        help="a full garbage collection before each report (what is left is reachable)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="the demo's honest workers")
     parser.add_argument("--validators", type=int, default=1, help="the demo's validators")
     parser.add_argument(
@@ -253,8 +347,22 @@ def main() -> int:
         help="where the demo's temporary data directory goes (default .data/soak)",
     )
     args = parser.parse_args()
-    if args.minutes <= 0 or args.interval <= 0:
-        parser.error("--minutes and --interval must be positive")
+    if args.minutes <= 0 or args.interval <= 0 or args.trace_interval <= 0:
+        parser.error("--minutes, --interval and --trace-interval must be positive")
+    # The coordinator's metrics (its blob cache's fill and bound), on a port of our choosing.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        args.metrics_port = probe.getsockname()[1]
+    environ = {**os.environ, "ROLLNET_COORDINATOR_METRICS_LISTEN": f"127.0.0.1:{args.metrics_port}"}
+    if args.trace_memory is not None:
+        # Inherited by every process of the demo; only the coordinator reads it.
+        args.trace_memory = args.trace_memory.resolve()
+        args.trace_memory.parent.mkdir(parents=True, exist_ok=True)
+        args.trace_memory.write_text("")
+        environ[MEMORY_TRACE_ENV] = str(args.trace_memory)
+        environ[MEMORY_TRACE_INTERVAL_ENV] = f"{args.trace_interval:g}"
+        environ[MEMORY_TRACE_FRAMES_ENV] = str(args.trace_frames)
+        environ[MEMORY_TRACE_COLLECT_ENV] = "1" if args.trace_collect else ""
     args.work_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM (``make bench``'s timeout, a job that runs it in the background where SIGINT is
     # ignored) ends the soak as Ctrl-C does: through the finally below, which stops the demo.
@@ -281,10 +389,11 @@ def main() -> int:
         )
         log = Path(tmp, "demo.out")
         with open(log, "wb") as out:
-            demo = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            demo = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ)
         started = time.monotonic()
+        blob_cache: list[tuple[float, float]] = []
         try:
-            tracks = sample_swarm(demo, args)
+            tracks = sample_swarm(demo, args, blob_cache)
         finally:
             ran = time.monotonic() - started
             if demo.poll() is None:
@@ -304,6 +413,15 @@ def main() -> int:
             if line.startswith(("reward:", "trainer:", "ledger"))
         ]
         print("the demo's summary: " + ("; ".join(said) if said else "none (see its logs)"))
+        if blob_cache:
+            held, bound = blob_cache[-1]
+            print(
+                f"the coordinator's blob cache (recent rollout batches in memory): {held:.1f} MiB "
+                f"at the end, the most seen {max(h for h, _ in blob_cache):.1f} MiB, bound "
+                f"{bound:.0f} MiB"
+            )
+        if args.trace_memory is not None:
+            print(f"the coordinator's tracemalloc reports: {args.trace_memory}")
         return summarize(tracks, args, ran)
 
 

@@ -48,7 +48,8 @@ async def test_the_cache_keeps_to_its_budget_and_large_blobs_stay_on_disk(tmp_pa
     store = BlobStore(tmp_path, max_bytes=1 << 20, cache_bytes=500, cache_blob_bytes=200)
     small = [await _store(store, bytes([i]) * 150) for i in range(5)]
     large = await _store(store, b"L" * 300)
-    assert store._cached_bytes <= 500
+    assert store.cache_limit == 500
+    assert store.cached_bytes == 3 * 150  # full: the two oldest evicted
     assert large not in store._cache
     assert small[-1] in store._cache
     assert small[0] not in store._cache  # evicted, oldest first

@@ -149,8 +149,13 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
                 "rollnet_event_loop_lag_seconds",
                 "rollnet_pull_batches",
                 "rollnet_pulls_batched",
+                "rollnet_blob_cache_bytes",
+                "rollnet_blob_cache_limit_bytes",
             )
         }
+        # The blob cache's fill and bound (what a soak's memory levels off at), read as stored.
+        assert figures["rollnet_blob_cache_bytes"] == coordinator.ctx.blobs.cached_bytes
+        assert figures["rollnet_blob_cache_limit_bytes"] == 64 << 20
         assert figures["rollnet_pull_batches"] == figures["rollnet_pulls_batched"] == 1
         assert figures["rollnet_db_commits"] >= 1
         assert figures["rollnet_db_write_calls"] >= figures["rollnet_db_commits"]

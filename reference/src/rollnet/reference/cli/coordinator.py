@@ -42,9 +42,15 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the configuration and serve until SIGTERM/SIGINT (errors: one line, exit 2)."""
+    from rollnet.reference.cli.errors import CliError
     from rollnet.reference.coordinator.server import serve_forever
     from rollnet.reference.logs import configure_logging
+    from rollnet.reference.memory_trace import MemoryTraceSettings, traced
 
+    try:
+        trace = MemoryTraceSettings.from_environment(environment())
+    except ValueError as error:
+        raise CliError(str(error)) from None
     config = load_config(
         args.data_dir, config_file=args.config, environ=environment(), flags=vars(args)
     )
@@ -54,5 +60,9 @@ def run(args: argparse.Namespace) -> int:
     # Demands for a verifiers environment have its taskset listed in a sandboxed child: the
     # coordinator's key and ledger stay out of it.
     protect_paths(config.data_dir, config.resolved_key_file)
-    asyncio.run(serve_forever(config))
+    if trace is None:
+        asyncio.run(serve_forever(config))
+    else:
+        # Diagnostics for soaks (docs/reliability.md): tracemalloc reports appended to a file.
+        asyncio.run(traced(serve_forever(config), trace))
     return 0

@@ -78,6 +78,16 @@ class BlobStore:
         self._cached_bytes = 0
         self._lock = threading.Lock()  # reads also run on worker threads
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of blobs held in memory now (at most :attr:`cache_limit`)."""
+        return self._cached_bytes
+
+    @property
+    def cache_limit(self) -> int:
+        """The most bytes of blobs held in memory (the cache fills up to this, then evicts)."""
+        return self._cache_limit
+
     def location_of(self, digest: bytes) -> str:
         """Where a blob is stored, relative to the store's root (``<hex[:2]>/<hex>``)."""
         name = digest.hex()

@@ -112,6 +112,17 @@ class CoordinatorMetrics:
             "Live nonces in the verifier's replay cache, all keys together",
             registry=self.registry,
         )
+        self.blob_cache_bytes = Gauge(
+            "rollnet_blob_cache_bytes",
+            "Bytes of recent small blobs (rollout batches) held in memory; they fill up to "
+            "rollnet_blob_cache_limit_bytes, then the oldest are evicted",
+            registry=self.registry,
+        )
+        self.blob_cache_limit_bytes = Gauge(
+            "rollnet_blob_cache_limit_bytes",
+            "The most bytes of blobs held in memory",
+            registry=self.registry,
+        )
         self.uploads_refused = Counter(
             "rollnet_uploads_refused_total",
             "Uploads refused before storing, by reason (quota, storage, role)",

@@ -534,6 +534,8 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
         database_lock=database_lock,
     )
     metrics.pending_upload_bytes.set_function(ctx.uploads.pending_bytes)
+    metrics.blob_cache_bytes.set_function(lambda: blobs.cached_bytes)
+    metrics.blob_cache_limit_bytes.set(blobs.cache_limit)
 
     keys = KeyDirectory(ctx)
     nonces = NonceLedger(ctx)
