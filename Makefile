@@ -84,10 +84,11 @@ test-fast: $(STAMP) ## the edit-test loop: everything but the slow and PostgreSQ
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not postgres"
 
 # Options for `make bench`, passed to scripts/bench_report.py: --only NAME..., --skip NAME...,
-# --set NAME="ARGS" (a benchmark's own arguments), --timeout S, --output PATH.
+# --set NAME="ARGS" (a benchmark's own arguments), --timeout S, --output PATH, --update (keep
+# the report's other benchmarks).
 BENCH_ARGS ?=
 
-bench: $(STAMP) ## every benchmark of bench/ (about 30-40 min), one report: docs/bench/latest.md
+bench: $(STAMP) ## every benchmark of bench/ (about 40 min), one report: docs/bench/latest.md
 	$(BIN)/python scripts/bench_report.py $(BENCH_ARGS)
 
 lint: $(STAMP) ## ruff, ruff format --check, mypy --strict, the import contracts

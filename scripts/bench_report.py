@@ -62,7 +62,7 @@ PLAN: dict[str, list[str]] = {
     "calibrate_temperature": ["--scale", "0.25"],
     "node_statistics": ["--scale", "0.25"],
     "honest_repeats": ["--prompts", "16", "--warm-start-steps", "100"],
-    "chaos": ["--db", "sqlite", "--budget", "120"],
+    "chaos": ["--db", "both", "--budget", "120"],
     "soak": ["--minutes", "5", "--interval", "5"],
 }
 
