@@ -515,3 +515,38 @@ async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
     await verifier(frozenset({GET_NODE})).verify(GET_NODE, fresh, body)  # not recorded here
     assert current_nonce().nonce == dict(fresh)[NONCE_HEADER]
     assert current_nonce().expires_at == int(dict(fresh)[TIMESTAMP_HEADER]) / 1000 + 60.0
+
+
+async def test_fresh_keys_from_one_ipv6_network_share_one_address_share() -> None:
+    """An IPv6 subscriber holds a /64 (2**64 addresses): its fresh keys count as one address."""
+    from rollnet.sdk.verifier import RequestVerifier, VerificationError, VerifierConfig
+
+    async def unknown(key: bytes) -> None:
+        return None
+
+    verifier = RequestVerifier(
+        VerifierConfig(
+            NETWORK_ID,
+            unknown,
+            {REGISTER: frozenset({common_pb2.ROLE_UNSPECIFIED})},
+            nonce_unregistered_per_address=2,
+        )
+    )
+    for host in ("2001:db8:1:2::1", "2001:db8:1:2::ffff"):
+        fresh = Identity.generate()
+        body = register_body(fresh)
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, f"ipv6:[{host}]:443")
+    fresh = Identity.generate()
+    body = register_body(fresh)
+    # Another address of the same /64, written as gRPC's URI form writes it.
+    peer = "ipv6:%5B2001:db8:1:2:abcd::7%5D:443"
+    with pytest.raises(VerificationError) as refused:
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, peer)
+    assert refused.value.reason == ErrorReason.RATE_LIMITED
+    assert refused.value.metadata == {"nonce_limit": "address"}
+    # Another /64, and an IPv4 peer (mapped or not), have shares of their own.
+    for peer in ("ipv6:[2001:db8:1:3::1]:443", "ipv6:[::ffff:192.0.2.1]:1", "ipv4:192.0.2.1:2"):
+        fresh = Identity.generate()
+        body = register_body(fresh)
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, peer)
+    assert verifier.nonces.unregistered_keys == 5

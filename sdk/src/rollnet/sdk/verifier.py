@@ -22,6 +22,7 @@ from __future__ import annotations
 import binascii
 import contextvars
 import inspect
+import ipaddress
 import logging
 import re
 import time
@@ -199,8 +200,8 @@ class VerifierConfig:
     may take them): their nonces are bounded by ``nonce_capacity_per_key`` alone, never by the
     shared pool or ``nonce_max_keys``, which other registered keys can fill."""
     nonce_unregistered_per_address: int | None = 256
-    """Most unregistered keys holding live nonces from one network address (the peer's IP
-    address, without the port): a flood from one address cannot fill the pool of
+    """Most unregistered keys holding live nonces from one network address (the peer's IPv4
+    address, or its IPv6 /64 network): a flood from one address cannot fill the pool of
     ``nonce_max_unregistered_keys`` alone (``None``: no per-address share)."""
     registration_methods: frozenset[str] = field(default_factory=_default_registration)
     """Methods an unknown key may call (its caller then has role ``ROLE_UNSPECIFIED``)."""
@@ -546,10 +547,28 @@ async def _parse(
 
 
 def _peer_address(peer: str | None) -> str | None:
-    """The network address of a gRPC peer string, without its port (``None`` when unknown)."""
+    """The network address of a gRPC peer string, without its port (``None`` when unknown).
+
+    An IPv6 peer counts as its /64 network (``ipv6:2001:db8::/64``): one subscriber is routed a
+    /64 at least, so a per-address share by full IPv6 address would allow 2**64 shares. An
+    IPv4-mapped IPv6 address counts as its IPv4 address.
+    """
     if not peer:
         return None
-    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    if not peer.startswith(("ipv4:", "ipv6:")):
+        return peer
+    host = peer[5:].rsplit(":", 1)[0]
+    host = host.replace("%5B", "[").replace("%5D", "]").replace("%5b", "[").replace("%5d", "]")
+    host = host.strip("[]").split("%", 1)[0]  # a zone index (fe80::1%eth0) is no address
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return peer.rsplit(":", 1)[0]
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv4Address):
+        return f"ipv4:{address}"
+    return f"ipv6:{ipaddress.IPv6Network((address, 64), strict=False)}"
 
 
 def _header(metadata: Any, name: str) -> str:
