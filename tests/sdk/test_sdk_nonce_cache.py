@@ -279,3 +279,37 @@ def test_bounds_are_checked() -> None:
         NonceCache(ttl=1.0, capacity=10, max_unregistered_keys=0)
     with pytest.raises(ValueError, match="ttl > 0"):
         NonceCache(ttl=0.0, capacity=10)
+
+
+def test_a_key_allow_listed_while_it_calls_on_takes_the_trusted_bounds() -> None:
+    """Trust follows the key from call to call: a validator allow-listed while it calls at least
+    once a window (so its partition never expires) is not held to the registered bounds, and
+    one whose role is revoked goes back to them, its nonces kept."""
+    now = [0.0]
+    cache = _bounded_cache(now, capacity=10, reserved_per_key=2, max_keys=2)
+    validator = _key(1)
+    assert cache.record(validator, "a" * 32)  # a registered worker still
+    for i in range(12):  # another key fills the shared pool
+        assert cache.record(_key(2), f"{i:032x}")
+    assert cache.shared_in_use == 10
+    for step in range(1, 6):  # allow-listed now: calls on, beyond its reserve
+        now[0] = step * 10.0
+        assert cache.record(validator, f"{step:032x}", trusted=True)
+    assert (cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (1, 1, 10)
+    assert not cache.record(validator, f"{5:032x}", trusted=True)  # its nonces stay
+    # Its role revoked: back to the registered bounds, with what it holds beyond its reserve.
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(validator, "b" * 32)
+    assert refused.value.limit == "shared"
+    assert (cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (0, 2, 14)
+    assert not cache.record(validator, "a" * 32)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(_key(3), "a" * 32)
+    assert refused.value.limit == "keys"
+    now[0] = 200.0  # every window closed: nothing left, counts back to zero
+    assert (len(cache), cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (
+        0,
+        0,
+        0,
+        0,
+    )

@@ -168,7 +168,8 @@ class NonceCache:
         once recorded as registered keeps its partition's bounds until that partition expires;
         an unregistered key's partition moves to the registered bounds on its first call as a
         registered key. ``trusted`` (with ``registered``): the key is bounded by the per-key
-        capacity alone; it is taken from the call that creates (or moves) the partition.
+        capacity alone; a registered partition follows it from call to call (a key allow-listed
+        or revoked while it calls on moves between the trusted and the registered bounds).
         Raises :class:`NonceCacheFull` when a bound would be exceeded; nothing is recorded then.
         """
         now = self._clock()
@@ -176,6 +177,13 @@ class NonceCache:
         partition = self._partitions.get(public_key)
         if partition is not None and nonce in partition.nonces:
             return False
+        if (
+            partition is not None
+            and registered
+            and partition.registered
+            and partition.trusted != trusted
+        ):
+            self._retrust(partition, trusted)
         held = 0 if partition is None else len(partition.nonces)
         promote = registered and partition is not None and not partition.registered
         as_registered = registered or (partition is not None and partition.registered)
@@ -286,6 +294,22 @@ class NonceCache:
                 else:
                     self._unregistered_keys -= 1
                     self._leave_address(partition)
+
+    def _retrust(self, partition: _Partition, trusted: bool) -> None:
+        """Move a registered key's partition to the bounds of its trust now (a key allow-listed,
+        or its role revoked, while it calls on, so its partition never expires)."""
+        beyond = max(0, len(partition.nonces) - self._reserved)
+        partition.trusted = trusted
+        if trusted:
+            self._registered_keys -= 1
+            self._trusted_keys += 1
+            self._shared_in_use -= beyond
+        else:
+            # What it holds was bounded by the per-key capacity: it may overfill the key bound
+            # or the shared pool for one window, which refuse calls beyond reserves meanwhile.
+            self._trusted_keys -= 1
+            self._registered_keys += 1
+            self._shared_in_use += beyond
 
     def _leave_address(self, partition: _Partition) -> None:
         address, partition.address = partition.address, None
