@@ -550,3 +550,39 @@ async def test_fresh_keys_from_one_ipv6_network_share_one_address_share() -> Non
         body = register_body(fresh)
         await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, peer)
     assert verifier.nonces.unregistered_keys == 5
+
+
+async def test_a_replay_at_the_windows_far_edge_is_refused() -> None:
+    """A call signed ``skew`` ahead of the server's clock is acceptable until ``2 * skew`` after
+    it arrived, that instant included: its nonce must still be remembered then (memory only,
+    no recorder)."""
+    from rollnet.sdk.verifier import KnownKey, RequestVerifier, VerificationError, VerifierConfig
+
+    identity = Identity.generate()
+    wall, mono = [1_000.0], [0.0]
+
+    async def resolve(key: bytes) -> KnownKey:
+        return KnownKey(identity.node_id, common_pb2.ROLE_WORKER)
+
+    verifier = RequestVerifier(
+        VerifierConfig(
+            NETWORK_ID,
+            resolve,
+            {GET_NODE: frozenset({common_pb2.ROLE_WORKER})},
+            skew=60.0,
+            clock=lambda: wall[0],
+            nonce_clock=lambda: mono[0],
+        )
+    )
+    body = get_node_body()
+    ahead = signed(identity, GET_NODE, body, clock=lambda: wall[0] + 60.0)
+    await verifier.verify(GET_NODE, ahead, body)
+    wall[0] += 120.0
+    mono[0] += 120.0
+    with pytest.raises(VerificationError) as replayed:
+        await verifier.verify(GET_NODE, ahead, body)
+    assert replayed.value.reason == ErrorReason.NONCE_REPLAYED
+    wall[0] += 0.001  # past the window: the signature is stale, whatever memory holds
+    with pytest.raises(VerificationError) as stale:
+        await verifier.verify(GET_NODE, ahead, body)
+    assert stale.value.reason == ErrorReason.TIMESTAMP_SKEW

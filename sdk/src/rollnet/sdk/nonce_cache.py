@@ -66,8 +66,9 @@ class NonceCache:
     """Nonces seen per key within the replay window; bounded, entries expire after ``ttl``.
 
     Expiry is measured on a monotonic clock from the moment a nonce is recorded. A verifier uses
-    ``ttl = 2 * skew`` because an accepted timestamp can lie up to ``skew`` in the future, so
-    the request stays acceptable for up to ``2 * skew`` after it arrives. See the module docs
+    ``ttl = 2 * skew`` (and a margin) because an accepted timestamp can lie up to ``skew`` in
+    the future, so the request stays acceptable for up to ``2 * skew`` after it arrives, that
+    instant included. See the module docs
     for the bounds; ``None`` for ``per_key_capacity`` means ``capacity``, for ``max_keys`` and
     the unregistered bounds it means no bound beyond the others.
     """

@@ -158,6 +158,11 @@ class VerificationError(Exception):
         self.metadata = dict(metadata or {})
 
 
+#: Seconds a nonce stays in memory past ``2 * skew`` after it was recorded: the window's both
+#: ends are accepted, and the signed timestamp is compared in whole milliseconds.
+NONCE_TTL_MARGIN = 1.0
+
+
 def _default_exempt() -> frozenset[str]:
     return EXEMPT_PREFIXES
 
@@ -209,6 +214,8 @@ class VerifierConfig:
     """Method path prefixes served without any signature (health, reflection)."""
     clock: Callable[[], float] = time.time
     """Unix time in seconds (tests inject a fixed one)."""
+    nonce_clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds, which the replay cache's entries expire by (tests inject one)."""
     max_message_bytes: int | None = None
     """Largest request message accepted (``None``: no cap beyond gRPC's own); a larger one is
     refused with RESOURCE_EXHAUSTED / ``MESSAGE_TOO_LARGE`` before its signature is checked."""
@@ -259,7 +266,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             raise ValueError(f"invalid network id {config.audience!r}")
         self.config = config
         self.nonces = NonceCache(
-            ttl=2 * config.skew,
+            # Both ends of the window are accepted (|skew| == window), the wall clock is read in
+            # whole milliseconds and may slew against the monotonic one: a margin past 2 * skew.
+            ttl=2 * config.skew + NONCE_TTL_MARGIN,
             capacity=config.nonce_capacity,
             per_key_capacity=config.nonce_capacity_per_key,
             reserved_per_key=config.nonce_reserved_per_key,
@@ -267,6 +276,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             max_unregistered_keys=config.nonce_max_unregistered_keys,
             unregistered_per_key=config.nonce_unregistered_per_key,
             unregistered_per_address=config.nonce_unregistered_per_address,
+            clock=config.nonce_clock,
         )
         self._wrappers = WrapperCache(self._wrap)
 
