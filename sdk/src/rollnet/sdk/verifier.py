@@ -557,23 +557,30 @@ async def _parse(
 
 
 def _peer_address(peer: str | None) -> str | None:
-    """The network address of a gRPC peer string, without its port (``None`` when unknown).
+    """The network address of a gRPC peer string, without its port (``None`` when unknown)."""
+    return network_of(peer) if peer else None
 
-    An IPv6 peer counts as its /64 network (``ipv6:2001:db8::/64``): one subscriber is routed a
-    /64 at least, so a per-address share by full IPv6 address would allow 2**64 shares. An
-    IPv4-mapped IPv6 address counts as its IPv4 address.
+
+def network_of(peer: str) -> str:
+    """The network a caller's address counts as, for per-address limits: ``ipv4:<address>``, or
+    ``ipv6:<network>/64`` (one subscriber is routed a /64 at least, so a limit per full IPv6
+    address would allow 2**64 of them); an IPv4-mapped IPv6 address counts as its IPv4 address.
+
+    ``peer``: a gRPC peer (``ipv4:203.0.113.7:51234``, ``ipv6:[2001:db8::1]:443``, its
+    ``%5B``-encoded form), one without its port, or a bare address; anything else (a Unix
+    socket) is returned as it is, less a gRPC peer's port.
     """
-    if not peer:
-        return None
-    if not peer.startswith(("ipv4:", "ipv6:")):
-        return peer
-    host = peer[5:].rsplit(":", 1)[0]
+    host = peer[5:] if peer.startswith(("ipv4:", "ipv6:")) else peer
     host = host.replace("%5B", "[").replace("%5D", "]").replace("%5b", "[").replace("%5d", "]")
-    host = host.strip("[]").split("%", 1)[0]  # a zone index (fe80::1%eth0) is no address
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:  # an IPv4 address and its port
+        host = host.rsplit(":", 1)[0]
+    host = host.split("%", 1)[0]  # a zone index (fe80::1%eth0) is no part of the address
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return peer.rsplit(":", 1)[0]
+        return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     if isinstance(address, ipaddress.IPv4Address):
