@@ -313,3 +313,26 @@ def test_a_key_allow_listed_while_it_calls_on_takes_the_trusted_bounds() -> None
         0,
         0,
     )
+
+
+def test_a_refusal_says_when_the_bound_frees_up() -> None:
+    """A key at its own bound is told to come back when its oldest nonce expires (not in a
+    second, to be refused again for the rest of the window); other bounds name the cache's
+    oldest nonce's expiry, the earliest anything frees up."""
+    now = [0.0]
+    cache = _bounded_cache(now, per_key_capacity=3, reserved_per_key=3, max_keys=1)
+    for step in range(3):
+        now[0] = 10.0 * step
+        assert cache.record(HONEST, f"{step:032x}")
+    now[0] = 25.0
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(HONEST, "f" * 32)
+    assert (refused.value.limit, refused.value.retry_after) == ("per_key", 95.0)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(_key(1), "f" * 32)
+    assert (refused.value.limit, refused.value.retry_after) == ("keys", 95.0)
+    now[0] = 120.0  # the oldest expired: one call more, then the next oldest
+    assert cache.record(HONEST, "f" * 32)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(HONEST, "e" * 32)
+    assert refused.value.retry_after == 10.0

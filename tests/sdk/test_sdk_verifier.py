@@ -455,6 +455,9 @@ async def test_trusted_roles_are_not_held_back_by_a_full_shared_pool(swarm: Swar
         await raw_call(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
     error = await expect_refusal(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
     assert error.metadata["nonce_limit"] == "per_key"
+    # Told to come back when its oldest nonce expires (most of the window), not in a second.
+    assert error.retry_after is not None
+    assert error.retry_after > 60.0
 
 
 async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:

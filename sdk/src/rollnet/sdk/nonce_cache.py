@@ -46,6 +46,9 @@ class NonceCacheFull(Exception):
         super().__init__(message)
         self.limit = limit
         self.message = message
+        #: Seconds until the nonce that frees this bound expires (this key's oldest for
+        #: ``per_key``, the cache's oldest otherwise: a lower bound); ``None`` when unknown.
+        self.retry_after: float | None = None
 
 
 class _Partition:
@@ -54,7 +57,8 @@ class _Partition:
     __slots__ = ("address", "nonces", "registered", "trusted")
 
     def __init__(self, registered: bool, trusted: bool, address: str | None) -> None:
-        self.nonces: set[str] = set()
+        #: Live nonces and when each expires, oldest first (insertion order is expiry order).
+        self.nonces: dict[str, float] = {}
         self.registered = registered
         #: Bounded by the per-key capacity alone (no shared pool, no key bound).
         self.trusted = trusted
@@ -194,60 +198,66 @@ class NonceCache:
             trusted if new_key or partition is None else partition.trusted
         )
         beyond = max(0, held - self._reserved)  # what this key holds beyond its reserve
-        if as_trusted:
-            if held >= self._per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
-                    "its most",
-                )
-        elif as_registered:
-            if new_key and self._max_keys is not None and self._registered_keys >= self._max_keys:
-                raise NonceCacheFull(
-                    "keys",
-                    f"{self._max_keys:,} keys are calling within the replay window "
-                    f"({self._ttl:g} s), the most this server remembers at once",
-                )
-            if held >= self._per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
-                    "its most",
-                )
-            # A promoted partition brings what it holds beyond its reserve onto the pool.
-            shared = self._shared_in_use + (beyond if promote else 0)
-            if held >= self._reserved and shared >= self._capacity:
-                raise NonceCacheFull(
-                    "shared",
-                    f"calls within the replay window ({self._ttl:g} s) fill this server's "
-                    f"shared replay cache; this key's reserved {self._reserved:,} are in use",
-                )
-        else:
-            limit = self._max_unregistered
-            if partition is None and limit is not None and self._unregistered_keys >= limit:
-                raise NonceCacheFull(
-                    "unregistered_keys",
-                    f"{limit:,} unregistered keys are registering within the replay window "
-                    f"({self._ttl:g} s), the most this server remembers at once",
-                )
-            share = self._per_address
-            if (
-                partition is None
-                and share is not None
-                and address is not None
-                and self._by_address[address] >= share
-            ):
-                raise NonceCacheFull(
-                    "address",
-                    f"{share:,} unregistered keys from {address} are registering within the "
-                    f"replay window ({self._ttl:g} s), the most from one address",
-                )
-            if held >= self._unregistered_per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this unregistered key made {held:,} calls within the replay window "
-                    f"({self._ttl:g} s), its most",
-                )
+        try:
+            if as_trusted:
+                if held >= self._per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                        "its most",
+                    )
+            elif as_registered:
+                max_keys = self._max_keys
+                if new_key and max_keys is not None and self._registered_keys >= max_keys:
+                    raise NonceCacheFull(
+                        "keys",
+                        f"{self._max_keys:,} keys are calling within the replay window "
+                        f"({self._ttl:g} s), the most this server remembers at once",
+                    )
+                if held >= self._per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                        "its most",
+                    )
+                # A promoted partition brings what it holds beyond its reserve onto the pool.
+                shared = self._shared_in_use + (beyond if promote else 0)
+                if held >= self._reserved and shared >= self._capacity:
+                    raise NonceCacheFull(
+                        "shared",
+                        f"calls within the replay window ({self._ttl:g} s) fill this server's "
+                        f"shared replay cache; this key's reserved {self._reserved:,} are in use",
+                    )
+            else:
+                limit = self._max_unregistered
+                if partition is None and limit is not None and self._unregistered_keys >= limit:
+                    raise NonceCacheFull(
+                        "unregistered_keys",
+                        f"{limit:,} unregistered keys are registering within the replay window "
+                        f"({self._ttl:g} s), the most this server remembers at once",
+                    )
+                share = self._per_address
+                if (
+                    partition is None
+                    and share is not None
+                    and address is not None
+                    and self._by_address[address] >= share
+                ):
+                    raise NonceCacheFull(
+                        "address",
+                        f"{share:,} unregistered keys from {address} are registering within the "
+                        f"replay window ({self._ttl:g} s), the most from one address",
+                    )
+                if held >= self._unregistered_per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this unregistered key made {held:,} calls within the replay window "
+                        f"({self._ttl:g} s), its most",
+                    )
+        except NonceCacheFull as full:
+            # A hint, not a promise: this key's oldest nonce for its own bound, else the oldest.
+            full.retry_after = self._wait(now, partition if full.limit == "per_key" else None)
+            raise
         if partition is None:
             partition = _Partition(as_registered, as_trusted, None if as_registered else address)
             self._partitions[public_key] = partition
@@ -271,7 +281,7 @@ class NonceCache:
                 self._shared_in_use += beyond
         if as_registered and not as_trusted and held >= self._reserved:
             self._shared_in_use += 1
-        partition.nonces.add(nonce)
+        partition.nonces[nonce] = now + self._ttl
         self._live += 1
         self._order.append((now + self._ttl, public_key, nonce))
         return True
@@ -284,7 +294,7 @@ class NonceCache:
             draws = partition.registered and not partition.trusted
             if draws and len(partition.nonces) > self._reserved:
                 self._shared_in_use -= 1
-            partition.nonces.remove(nonce)
+            del partition.nonces[nonce]
             self._live -= 1
             if not partition.nonces:
                 del partitions[key]
@@ -295,6 +305,14 @@ class NonceCache:
                 else:
                     self._unregistered_keys -= 1
                     self._leave_address(partition)
+
+    def _wait(self, now: float, partition: _Partition | None) -> float:
+        """Seconds until ``partition``'s oldest nonce expires (``None``: the cache's oldest)."""
+        if partition is not None and partition.nonces:
+            expires = next(iter(partition.nonces.values()))
+        else:
+            expires = self._order[0][0] if self._order else now
+        return max(0.0, expires - now)
 
     def _retrust(self, partition: _Partition, trusted: bool) -> None:
         """Move a registered key's partition to the bounds of its trust now (a key allow-listed,

@@ -148,7 +148,12 @@ class VerificationError(Exception):
     """A call failed verification; ``reason`` and ``code`` are what the client receives."""
 
     def __init__(
-        self, reason: ErrorReason, message: str, metadata: Mapping[str, str] | None = None
+        self,
+        reason: ErrorReason,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
@@ -156,6 +161,8 @@ class VerificationError(Exception):
         self.message = message
         #: ``ErrorInfo`` metadata of the refusal (which bound refused it, say).
         self.metadata = dict(metadata or {})
+        #: Seconds the caller should wait before retrying (``None``: no hint of its own).
+        self.retry_after = retry_after
 
 
 #: Seconds a nonce stays in memory past ``2 * skew`` after it was recorded: the window's both
@@ -338,7 +345,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             )
         except NonceCacheFull as full:
             raise VerificationError(
-                ErrorReason.RATE_LIMITED, full.message, metadata={"nonce_limit": full.limit}
+                ErrorReason.RATE_LIMITED,
+                full.message,
+                metadata={"nonce_limit": full.limit},
+                retry_after=full.retry_after,
             ) from None
         if not fresh:
             raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
@@ -406,7 +416,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
                 extra={"method": method, "reason": str(exc.reason), "peer": context.peer()},
             )
             retry_after = (
-                1.0 if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING) else None
+                # At least a second; a key at its own bound waits for its oldest nonce to expire.
+                max(1.0, exc.retry_after or 0.0)
+                if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING)
+                else None
             )
             await abort(
                 context,
