@@ -281,9 +281,10 @@ class NonceCache:
                 self._shared_in_use += beyond
         if as_registered and not as_trusted and held >= self._reserved:
             self._shared_in_use += 1
-        partition.nonces[nonce] = now + self._ttl
+        expires = now + self._ttl  # one float object, shared by both entries
+        partition.nonces[nonce] = expires
         self._live += 1
-        self._order.append((now + self._ttl, public_key, nonce))
+        self._order.append((expires, public_key, nonce))
         return True
 
     def _purge(self, now: float) -> None:
