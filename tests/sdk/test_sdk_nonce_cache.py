@@ -336,3 +336,38 @@ def test_a_refusal_says_when_the_bound_frees_up() -> None:
     with pytest.raises(NonceCacheFull) as refused:
         cache.record(HONEST, "e" * 32)
     assert refused.value.retry_after == 10.0
+
+
+def test_random_trust_changes_keep_the_counts_exact() -> None:
+    """Keys allow-listed and revoked at random while they call: replays are still refused, the
+    bounds hold less what demoted keys brought back, and once every window closed every count
+    is back to zero (no drift in the shared pool or the key counts)."""
+    rng = random.Random(2026)
+    now = [0.0]
+    cache = _bounded_cache(now, capacity=30, per_key_capacity=10, reserved_per_key=3, max_keys=6)
+    keys = [_key(i) for i in range(10)]
+    trust = dict.fromkeys(keys, False)
+    seen: dict[tuple[bytes, str], float] = {}
+    for step in range(20_000):
+        now[0] += rng.expovariate(1 / 0.05)
+        key = rng.choice(keys)
+        if rng.random() < 0.01:
+            trust[key] = not trust[key]
+        if seen and rng.random() < 0.3:
+            key, nonce = rng.choice(list(seen)[-200:])
+        else:
+            nonce = f"{step:032x}"
+        live = seen.get((key, nonce), -1.0) > now[0]
+        try:
+            fresh = cache.record(key, nonce, trusted=trust[key])
+        except NonceCacheFull:
+            assert not live, "a replay must be refused as a replay"
+            continue
+        assert fresh is not live
+        if fresh:
+            seen[(key, nonce)] = now[0] + 120.0
+        assert len(cache) <= 6 * 3 + 30 + 10 * 10
+    assert sum(1 for expiry in seen.values() if expiry > now[0]) == len(cache)
+    now[0] += 121.0
+    counts = (len(cache), cache.registered_keys, cache.trusted_keys, cache.shared_in_use)
+    assert counts == (0, 0, 0, 0)
