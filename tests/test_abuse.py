@@ -213,21 +213,35 @@ def test_registration_windows_of_quiet_addresses_are_forgotten() -> None:
     now = [0.0]
     limiter = RegistrationLimiter(2, max_addresses=100, clock=lambda: now[0])
     for i in range(100):
-        assert limiter.admit(f"2001:db8::{i:x}") is None
+        assert limiter.admit(f"2001:db8:{i:x}::1") is None
     assert len(limiter) == 100
     now[0] = 30.0
-    assert limiter.admit("2001:db8::1") is None
-    assert limiter.admit("2001:db8::1") is not None
+    assert limiter.admit("2001:db8:1::1") is None
+    assert limiter.admit("2001:db8:1::1") is not None
     # A minute on, a new address drops the quiet windows, not the one still open.
     now[0] = 61.0
-    assert limiter.admit("2001:db8::new") is None
+    assert limiter.admit("2001:db8:ffff::1") is None
     assert len(limiter) == 2
-    assert limiter.admit("2001:db8::1") is None
-    assert limiter.admit("2001:db8::1") is not None
+    assert limiter.admit("2001:db8:1::1") is None
+    assert limiter.admit("2001:db8:1::1") is not None
     # Many addresses active within one minute are all kept: the limit holds for each.
     for i in range(1_000):
         now[0] += 0.001
-        assert limiter.admit(f"198.51.100.{i}") is None
+        assert limiter.admit(f"10.{i // 256}.{i % 256}.1") is None
     assert len(limiter) == 1_002
-    assert limiter.admit("198.51.100.0") is None
-    assert limiter.admit("198.51.100.0") is not None
+    assert limiter.admit("10.0.0.1") is None
+    assert limiter.admit("10.0.0.1") is not None
+
+
+def test_registrations_from_one_ipv6_network_share_one_window() -> None:
+    """An IPv6 subscriber holds a /64: every address of it counts as one (as the servicer passes
+    it, a gRPC peer less its port); an IPv4-mapped address counts as its IPv4 address."""
+    limiter = RegistrationLimiter(2, clock=lambda: 0.0)
+    assert limiter.admit("ipv6:[2001:db8:7:7::1]") is None
+    assert limiter.admit("ipv6:[2001:db8:7:7::2]") is None
+    assert limiter.admit("ipv6:%5B2001:db8:7:7:ffff::3%5D") is not None
+    assert limiter.admit("ipv6:[2001:db8:7:8::1]") is None
+    assert limiter.admit("ipv4:192.0.2.9") is None
+    assert limiter.admit("ipv4:192.0.2.9") is None
+    assert limiter.admit("ipv6:[::ffff:192.0.2.9]") is not None
+    assert len(limiter) == 3

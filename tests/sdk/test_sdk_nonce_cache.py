@@ -279,3 +279,95 @@ def test_bounds_are_checked() -> None:
         NonceCache(ttl=1.0, capacity=10, max_unregistered_keys=0)
     with pytest.raises(ValueError, match="ttl > 0"):
         NonceCache(ttl=0.0, capacity=10)
+
+
+def test_a_key_allow_listed_while_it_calls_on_takes_the_trusted_bounds() -> None:
+    """Trust follows the key from call to call: a validator allow-listed while it calls at least
+    once a window (so its partition never expires) is not held to the registered bounds, and
+    one whose role is revoked goes back to them, its nonces kept."""
+    now = [0.0]
+    cache = _bounded_cache(now, capacity=10, reserved_per_key=2, max_keys=2)
+    validator = _key(1)
+    assert cache.record(validator, "a" * 32)  # a registered worker still
+    for i in range(12):  # another key fills the shared pool
+        assert cache.record(_key(2), f"{i:032x}")
+    assert cache.shared_in_use == 10
+    for step in range(1, 6):  # allow-listed now: calls on, beyond its reserve
+        now[0] = step * 10.0
+        assert cache.record(validator, f"{step:032x}", trusted=True)
+    assert (cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (1, 1, 10)
+    assert not cache.record(validator, f"{5:032x}", trusted=True)  # its nonces stay
+    # Its role revoked: back to the registered bounds, with what it holds beyond its reserve.
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(validator, "b" * 32)
+    assert refused.value.limit == "shared"
+    assert (cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (0, 2, 14)
+    assert not cache.record(validator, "a" * 32)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(_key(3), "a" * 32)
+    assert refused.value.limit == "keys"
+    now[0] = 200.0  # every window closed: nothing left, counts back to zero
+    assert (len(cache), cache.trusted_keys, cache.registered_keys, cache.shared_in_use) == (
+        0,
+        0,
+        0,
+        0,
+    )
+
+
+def test_a_refusal_says_when_the_bound_frees_up() -> None:
+    """A key at its own bound is told to come back when its oldest nonce expires (not in a
+    second, to be refused again for the rest of the window); other bounds name the cache's
+    oldest nonce's expiry, the earliest anything frees up."""
+    now = [0.0]
+    cache = _bounded_cache(now, per_key_capacity=3, reserved_per_key=3, max_keys=1)
+    for step in range(3):
+        now[0] = 10.0 * step
+        assert cache.record(HONEST, f"{step:032x}")
+    now[0] = 25.0
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(HONEST, "f" * 32)
+    assert (refused.value.limit, refused.value.retry_after) == ("per_key", 95.0)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(_key(1), "f" * 32)
+    assert (refused.value.limit, refused.value.retry_after) == ("keys", 95.0)
+    now[0] = 120.0  # the oldest expired: one call more, then the next oldest
+    assert cache.record(HONEST, "f" * 32)
+    with pytest.raises(NonceCacheFull) as refused:
+        cache.record(HONEST, "e" * 32)
+    assert refused.value.retry_after == 10.0
+
+
+def test_random_trust_changes_keep_the_counts_exact() -> None:
+    """Keys allow-listed and revoked at random while they call: replays are still refused, the
+    bounds hold less what demoted keys brought back, and once every window closed every count
+    is back to zero (no drift in the shared pool or the key counts)."""
+    rng = random.Random(2026)
+    now = [0.0]
+    cache = _bounded_cache(now, capacity=30, per_key_capacity=10, reserved_per_key=3, max_keys=6)
+    keys = [_key(i) for i in range(10)]
+    trust = dict.fromkeys(keys, False)
+    seen: dict[tuple[bytes, str], float] = {}
+    for step in range(20_000):
+        now[0] += rng.expovariate(1 / 0.05)
+        key = rng.choice(keys)
+        if rng.random() < 0.01:
+            trust[key] = not trust[key]
+        if seen and rng.random() < 0.3:
+            key, nonce = rng.choice(list(seen)[-200:])
+        else:
+            nonce = f"{step:032x}"
+        live = seen.get((key, nonce), -1.0) > now[0]
+        try:
+            fresh = cache.record(key, nonce, trusted=trust[key])
+        except NonceCacheFull:
+            assert not live, "a replay must be refused as a replay"
+            continue
+        assert fresh is not live
+        if fresh:
+            seen[(key, nonce)] = now[0] + 120.0
+        assert len(cache) <= 6 * 3 + 30 + 10 * 10
+    assert sum(1 for expiry in seen.values() if expiry > now[0]) == len(cache)
+    now[0] += 121.0
+    counts = (len(cache), cache.registered_keys, cache.trusted_keys, cache.shared_in_use)
+    assert counts == (0, 0, 0, 0)

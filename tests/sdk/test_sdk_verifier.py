@@ -455,6 +455,9 @@ async def test_trusted_roles_are_not_held_back_by_a_full_shared_pool(swarm: Swar
         await raw_call(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
     error = await expect_refusal(swarm, GET_NODE, body, signed(swarm.operator, GET_NODE, body))
     assert error.metadata["nonce_limit"] == "per_key"
+    # Told to come back when its oldest nonce expires (most of the window), not in a second.
+    assert error.retry_after is not None
+    assert error.retry_after > 60.0
 
 
 async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
@@ -515,3 +518,74 @@ async def test_nonce_recorder_refuses_what_it_recorded_before() -> None:
     await verifier(frozenset({GET_NODE})).verify(GET_NODE, fresh, body)  # not recorded here
     assert current_nonce().nonce == dict(fresh)[NONCE_HEADER]
     assert current_nonce().expires_at == int(dict(fresh)[TIMESTAMP_HEADER]) / 1000 + 60.0
+
+
+async def test_fresh_keys_from_one_ipv6_network_share_one_address_share() -> None:
+    """An IPv6 subscriber holds a /64 (2**64 addresses): its fresh keys count as one address."""
+    from rollnet.sdk.verifier import RequestVerifier, VerificationError, VerifierConfig
+
+    async def unknown(key: bytes) -> None:
+        return None
+
+    verifier = RequestVerifier(
+        VerifierConfig(
+            NETWORK_ID,
+            unknown,
+            {REGISTER: frozenset({common_pb2.ROLE_UNSPECIFIED})},
+            nonce_unregistered_per_address=2,
+        )
+    )
+    for host in ("2001:db8:1:2::1", "2001:db8:1:2::ffff"):
+        fresh = Identity.generate()
+        body = register_body(fresh)
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, f"ipv6:[{host}]:443")
+    fresh = Identity.generate()
+    body = register_body(fresh)
+    # Another address of the same /64, written as gRPC's URI form writes it.
+    peer = "ipv6:%5B2001:db8:1:2:abcd::7%5D:443"
+    with pytest.raises(VerificationError) as refused:
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, peer)
+    assert refused.value.reason == ErrorReason.RATE_LIMITED
+    assert refused.value.metadata == {"nonce_limit": "address"}
+    # Another /64, and an IPv4 peer (mapped or not), have shares of their own.
+    for peer in ("ipv6:[2001:db8:1:3::1]:443", "ipv6:[::ffff:192.0.2.1]:1", "ipv4:192.0.2.1:2"):
+        fresh = Identity.generate()
+        body = register_body(fresh)
+        await verifier.verify(REGISTER, signed(fresh, REGISTER, body), body, peer)
+    assert verifier.nonces.unregistered_keys == 5
+
+
+async def test_a_replay_at_the_windows_far_edge_is_refused() -> None:
+    """A call signed ``skew`` ahead of the server's clock is acceptable until ``2 * skew`` after
+    it arrived, that instant included: its nonce must still be remembered then (memory only,
+    no recorder)."""
+    from rollnet.sdk.verifier import KnownKey, RequestVerifier, VerificationError, VerifierConfig
+
+    identity = Identity.generate()
+    wall, mono = [1_000.0], [0.0]
+
+    async def resolve(key: bytes) -> KnownKey:
+        return KnownKey(identity.node_id, common_pb2.ROLE_WORKER)
+
+    verifier = RequestVerifier(
+        VerifierConfig(
+            NETWORK_ID,
+            resolve,
+            {GET_NODE: frozenset({common_pb2.ROLE_WORKER})},
+            skew=60.0,
+            clock=lambda: wall[0],
+            nonce_clock=lambda: mono[0],
+        )
+    )
+    body = get_node_body()
+    ahead = signed(identity, GET_NODE, body, clock=lambda: wall[0] + 60.0)
+    await verifier.verify(GET_NODE, ahead, body)
+    wall[0] += 120.0
+    mono[0] += 120.0
+    with pytest.raises(VerificationError) as replayed:
+        await verifier.verify(GET_NODE, ahead, body)
+    assert replayed.value.reason == ErrorReason.NONCE_REPLAYED
+    wall[0] += 0.001  # past the window: the signature is stale, whatever memory holds
+    with pytest.raises(VerificationError) as stale:
+        await verifier.verify(GET_NODE, ahead, body)
+    assert stale.value.reason == ErrorReason.TIMESTAMP_SKEW

@@ -46,6 +46,9 @@ class NonceCacheFull(Exception):
         super().__init__(message)
         self.limit = limit
         self.message = message
+        #: Seconds until the nonce that frees this bound expires (this key's oldest for
+        #: ``per_key``, the cache's oldest otherwise: a lower bound); ``None`` when unknown.
+        self.retry_after: float | None = None
 
 
 class _Partition:
@@ -54,7 +57,8 @@ class _Partition:
     __slots__ = ("address", "nonces", "registered", "trusted")
 
     def __init__(self, registered: bool, trusted: bool, address: str | None) -> None:
-        self.nonces: set[str] = set()
+        #: Live nonces and when each expires, oldest first (insertion order is expiry order).
+        self.nonces: dict[str, float] = {}
         self.registered = registered
         #: Bounded by the per-key capacity alone (no shared pool, no key bound).
         self.trusted = trusted
@@ -66,8 +70,9 @@ class NonceCache:
     """Nonces seen per key within the replay window; bounded, entries expire after ``ttl``.
 
     Expiry is measured on a monotonic clock from the moment a nonce is recorded. A verifier uses
-    ``ttl = 2 * skew`` because an accepted timestamp can lie up to ``skew`` in the future, so
-    the request stays acceptable for up to ``2 * skew`` after it arrives. See the module docs
+    ``ttl = 2 * skew`` (and a margin) because an accepted timestamp can lie up to ``skew`` in
+    the future, so the request stays acceptable for up to ``2 * skew`` after it arrives, that
+    instant included. See the module docs
     for the bounds; ``None`` for ``per_key_capacity`` means ``capacity``, for ``max_keys`` and
     the unregistered bounds it means no bound beyond the others.
     """
@@ -168,7 +173,8 @@ class NonceCache:
         once recorded as registered keeps its partition's bounds until that partition expires;
         an unregistered key's partition moves to the registered bounds on its first call as a
         registered key. ``trusted`` (with ``registered``): the key is bounded by the per-key
-        capacity alone; it is taken from the call that creates (or moves) the partition.
+        capacity alone; a registered partition follows it from call to call (a key allow-listed
+        or revoked while it calls on moves between the trusted and the registered bounds).
         Raises :class:`NonceCacheFull` when a bound would be exceeded; nothing is recorded then.
         """
         now = self._clock()
@@ -176,6 +182,13 @@ class NonceCache:
         partition = self._partitions.get(public_key)
         if partition is not None and nonce in partition.nonces:
             return False
+        if (
+            partition is not None
+            and registered
+            and partition.registered
+            and partition.trusted != trusted
+        ):
+            self._retrust(partition, trusted)
         held = 0 if partition is None else len(partition.nonces)
         promote = registered and partition is not None and not partition.registered
         as_registered = registered or (partition is not None and partition.registered)
@@ -185,60 +198,66 @@ class NonceCache:
             trusted if new_key or partition is None else partition.trusted
         )
         beyond = max(0, held - self._reserved)  # what this key holds beyond its reserve
-        if as_trusted:
-            if held >= self._per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
-                    "its most",
-                )
-        elif as_registered:
-            if new_key and self._max_keys is not None and self._registered_keys >= self._max_keys:
-                raise NonceCacheFull(
-                    "keys",
-                    f"{self._max_keys:,} keys are calling within the replay window "
-                    f"({self._ttl:g} s), the most this server remembers at once",
-                )
-            if held >= self._per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
-                    "its most",
-                )
-            # A promoted partition brings what it holds beyond its reserve onto the pool.
-            shared = self._shared_in_use + (beyond if promote else 0)
-            if held >= self._reserved and shared >= self._capacity:
-                raise NonceCacheFull(
-                    "shared",
-                    f"calls within the replay window ({self._ttl:g} s) fill this server's "
-                    f"shared replay cache; this key's reserved {self._reserved:,} are in use",
-                )
-        else:
-            limit = self._max_unregistered
-            if partition is None and limit is not None and self._unregistered_keys >= limit:
-                raise NonceCacheFull(
-                    "unregistered_keys",
-                    f"{limit:,} unregistered keys are registering within the replay window "
-                    f"({self._ttl:g} s), the most this server remembers at once",
-                )
-            share = self._per_address
-            if (
-                partition is None
-                and share is not None
-                and address is not None
-                and self._by_address[address] >= share
-            ):
-                raise NonceCacheFull(
-                    "address",
-                    f"{share:,} unregistered keys from {address} are registering within the "
-                    f"replay window ({self._ttl:g} s), the most from one address",
-                )
-            if held >= self._unregistered_per_key:
-                raise NonceCacheFull(
-                    "per_key",
-                    f"this unregistered key made {held:,} calls within the replay window "
-                    f"({self._ttl:g} s), its most",
-                )
+        try:
+            if as_trusted:
+                if held >= self._per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                        "its most",
+                    )
+            elif as_registered:
+                max_keys = self._max_keys
+                if new_key and max_keys is not None and self._registered_keys >= max_keys:
+                    raise NonceCacheFull(
+                        "keys",
+                        f"{self._max_keys:,} keys are calling within the replay window "
+                        f"({self._ttl:g} s), the most this server remembers at once",
+                    )
+                if held >= self._per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this key made {held:,} calls within the replay window ({self._ttl:g} s), "
+                        "its most",
+                    )
+                # A promoted partition brings what it holds beyond its reserve onto the pool.
+                shared = self._shared_in_use + (beyond if promote else 0)
+                if held >= self._reserved and shared >= self._capacity:
+                    raise NonceCacheFull(
+                        "shared",
+                        f"calls within the replay window ({self._ttl:g} s) fill this server's "
+                        f"shared replay cache; this key's reserved {self._reserved:,} are in use",
+                    )
+            else:
+                limit = self._max_unregistered
+                if partition is None and limit is not None and self._unregistered_keys >= limit:
+                    raise NonceCacheFull(
+                        "unregistered_keys",
+                        f"{limit:,} unregistered keys are registering within the replay window "
+                        f"({self._ttl:g} s), the most this server remembers at once",
+                    )
+                share = self._per_address
+                if (
+                    partition is None
+                    and share is not None
+                    and address is not None
+                    and self._by_address[address] >= share
+                ):
+                    raise NonceCacheFull(
+                        "address",
+                        f"{share:,} unregistered keys from {address} are registering within the "
+                        f"replay window ({self._ttl:g} s), the most from one address",
+                    )
+                if held >= self._unregistered_per_key:
+                    raise NonceCacheFull(
+                        "per_key",
+                        f"this unregistered key made {held:,} calls within the replay window "
+                        f"({self._ttl:g} s), its most",
+                    )
+        except NonceCacheFull as full:
+            # A hint, not a promise: this key's oldest nonce for its own bound, else the oldest.
+            full.retry_after = self._wait(now, partition if full.limit == "per_key" else None)
+            raise
         if partition is None:
             partition = _Partition(as_registered, as_trusted, None if as_registered else address)
             self._partitions[public_key] = partition
@@ -262,9 +281,10 @@ class NonceCache:
                 self._shared_in_use += beyond
         if as_registered and not as_trusted and held >= self._reserved:
             self._shared_in_use += 1
-        partition.nonces.add(nonce)
+        expires = now + self._ttl  # one float object, shared by both entries
+        partition.nonces[nonce] = expires
         self._live += 1
-        self._order.append((now + self._ttl, public_key, nonce))
+        self._order.append((expires, public_key, nonce))
         return True
 
     def _purge(self, now: float) -> None:
@@ -275,7 +295,7 @@ class NonceCache:
             draws = partition.registered and not partition.trusted
             if draws and len(partition.nonces) > self._reserved:
                 self._shared_in_use -= 1
-            partition.nonces.remove(nonce)
+            del partition.nonces[nonce]
             self._live -= 1
             if not partition.nonces:
                 del partitions[key]
@@ -286,6 +306,30 @@ class NonceCache:
                 else:
                     self._unregistered_keys -= 1
                     self._leave_address(partition)
+
+    def _wait(self, now: float, partition: _Partition | None) -> float:
+        """Seconds until ``partition``'s oldest nonce expires (``None``: the cache's oldest)."""
+        if partition is not None and partition.nonces:
+            expires = next(iter(partition.nonces.values()))
+        else:
+            expires = self._order[0][0] if self._order else now
+        return max(0.0, expires - now)
+
+    def _retrust(self, partition: _Partition, trusted: bool) -> None:
+        """Move a registered key's partition to the bounds of its trust now (a key allow-listed,
+        or its role revoked, while it calls on, so its partition never expires)."""
+        beyond = max(0, len(partition.nonces) - self._reserved)
+        partition.trusted = trusted
+        if trusted:
+            self._registered_keys -= 1
+            self._trusted_keys += 1
+            self._shared_in_use -= beyond
+        else:
+            # What it holds was bounded by the per-key capacity: it may overfill the key bound
+            # or the shared pool for one window, which refuse calls beyond reserves meanwhile.
+            self._trusted_keys -= 1
+            self._registered_keys += 1
+            self._shared_in_use += beyond
 
     def _leave_address(self, partition: _Partition) -> None:
         address, partition.address = partition.address, None

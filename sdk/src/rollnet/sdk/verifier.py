@@ -22,6 +22,7 @@ from __future__ import annotations
 import binascii
 import contextvars
 import inspect
+import ipaddress
 import logging
 import re
 import time
@@ -147,7 +148,12 @@ class VerificationError(Exception):
     """A call failed verification; ``reason`` and ``code`` are what the client receives."""
 
     def __init__(
-        self, reason: ErrorReason, message: str, metadata: Mapping[str, str] | None = None
+        self,
+        reason: ErrorReason,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
@@ -155,6 +161,13 @@ class VerificationError(Exception):
         self.message = message
         #: ``ErrorInfo`` metadata of the refusal (which bound refused it, say).
         self.metadata = dict(metadata or {})
+        #: Seconds the caller should wait before retrying (``None``: no hint of its own).
+        self.retry_after = retry_after
+
+
+#: Seconds a nonce stays in memory past ``2 * skew`` after it was recorded: the window's both
+#: ends are accepted, and the signed timestamp is compared in whole milliseconds.
+NONCE_TTL_MARGIN = 1.0
 
 
 def _default_exempt() -> frozenset[str]:
@@ -199,8 +212,8 @@ class VerifierConfig:
     may take them): their nonces are bounded by ``nonce_capacity_per_key`` alone, never by the
     shared pool or ``nonce_max_keys``, which other registered keys can fill."""
     nonce_unregistered_per_address: int | None = 256
-    """Most unregistered keys holding live nonces from one network address (the peer's IP
-    address, without the port): a flood from one address cannot fill the pool of
+    """Most unregistered keys holding live nonces from one network address (the peer's IPv4
+    address, or its IPv6 /64 network): a flood from one address cannot fill the pool of
     ``nonce_max_unregistered_keys`` alone (``None``: no per-address share)."""
     registration_methods: frozenset[str] = field(default_factory=_default_registration)
     """Methods an unknown key may call (its caller then has role ``ROLE_UNSPECIFIED``)."""
@@ -208,6 +221,8 @@ class VerifierConfig:
     """Method path prefixes served without any signature (health, reflection)."""
     clock: Callable[[], float] = time.time
     """Unix time in seconds (tests inject a fixed one)."""
+    nonce_clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds, which the replay cache's entries expire by (tests inject one)."""
     max_message_bytes: int | None = None
     """Largest request message accepted (``None``: no cap beyond gRPC's own); a larger one is
     refused with RESOURCE_EXHAUSTED / ``MESSAGE_TOO_LARGE`` before its signature is checked."""
@@ -258,7 +273,9 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             raise ValueError(f"invalid network id {config.audience!r}")
         self.config = config
         self.nonces = NonceCache(
-            ttl=2 * config.skew,
+            # Both ends of the window are accepted (|skew| == window), the wall clock is read in
+            # whole milliseconds and may slew against the monotonic one: a margin past 2 * skew.
+            ttl=2 * config.skew + NONCE_TTL_MARGIN,
             capacity=config.nonce_capacity,
             per_key_capacity=config.nonce_capacity_per_key,
             reserved_per_key=config.nonce_reserved_per_key,
@@ -266,6 +283,7 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             max_unregistered_keys=config.nonce_max_unregistered_keys,
             unregistered_per_key=config.nonce_unregistered_per_key,
             unregistered_per_address=config.nonce_unregistered_per_address,
+            clock=config.nonce_clock,
         )
         self._wrappers = WrapperCache(self._wrap)
 
@@ -327,7 +345,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
             )
         except NonceCacheFull as full:
             raise VerificationError(
-                ErrorReason.RATE_LIMITED, full.message, metadata={"nonce_limit": full.limit}
+                ErrorReason.RATE_LIMITED,
+                full.message,
+                metadata={"nonce_limit": full.limit},
+                retry_after=full.retry_after,
             ) from None
         if not fresh:
             raise VerificationError(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")
@@ -395,7 +416,10 @@ class RequestVerifier(grpc.aio.ServerInterceptor):
                 extra={"method": method, "reason": str(exc.reason), "peer": context.peer()},
             )
             retry_after = (
-                1.0 if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING) else None
+                # At least a second; a key at its own bound waits for its oldest nonce to expire.
+                max(1.0, exc.retry_after or 0.0)
+                if exc.reason in (ErrorReason.RATE_LIMITED, ErrorReason.NOT_SERVING)
+                else None
             )
             await abort(
                 context,
@@ -547,9 +571,34 @@ async def _parse(
 
 def _peer_address(peer: str | None) -> str | None:
     """The network address of a gRPC peer string, without its port (``None`` when unknown)."""
-    if not peer:
-        return None
-    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return network_of(peer) if peer else None
+
+
+def network_of(peer: str) -> str:
+    """The network a caller's address counts as, for per-address limits: ``ipv4:<address>``, or
+    ``ipv6:<network>/64`` (one subscriber is routed a /64 at least, so a limit per full IPv6
+    address would allow 2**64 of them); an IPv4-mapped IPv6 address counts as its IPv4 address.
+
+    ``peer``: a gRPC peer (``ipv4:203.0.113.7:51234``, ``ipv6:[2001:db8::1]:443``, its
+    ``%5B``-encoded form), one without its port, or a bare address; anything else (a Unix
+    socket) is returned as it is, less a gRPC peer's port.
+    """
+    host = peer[5:] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    host = host.replace("%5B", "[").replace("%5D", "]").replace("%5b", "[").replace("%5d", "]")
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:  # an IPv4 address and its port
+        host = host.rsplit(":", 1)[0]
+    host = host.split("%", 1)[0]  # a zone index (fe80::1%eth0) is no part of the address
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv4Address):
+        return f"ipv4:{address}"
+    return f"ipv6:{ipaddress.IPv6Network((address, 64), strict=False)}"
 
 
 def _header(metadata: Any, name: str) -> str:

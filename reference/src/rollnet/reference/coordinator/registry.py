@@ -41,7 +41,7 @@ from rollnet.sdk.dtypes import compute_dtype_value
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import node_id_from_public_key
 from rollnet.sdk.methods import method_path
-from rollnet.sdk.verifier import current_nonce
+from rollnet.sdk.verifier import current_nonce, network_of
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 GET_NODE = method_path("NodeService", "GetNode")
@@ -81,7 +81,10 @@ class RegistrationLimiter:
         return len(self._seen)
 
     def admit(self, ip: str) -> float | None:
-        """None when admitted, else the seconds until the next slot frees up."""
+        """None when admitted, else the seconds until the next slot frees up.
+
+        ``ip``: the caller's address (or gRPC peer); an IPv6 one counts as its /64 network."""
+        ip = network_of(ip)
         now = self.clock()
         if ip not in self._seen and len(self._seen) >= self._scan_at:
             self._forget_quiet(now)
