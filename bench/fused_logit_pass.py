@@ -23,11 +23,9 @@ trained model's shape: a Gaussian bulk, std 2, and four plausible tokens ~28 abo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,16 +59,6 @@ def _load() -> str:
     return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-@contextlib.contextmanager
-def _every_column_noise() -> Iterator[None]:
-    saved = logit_figures._MIN_SAMPLE
-    logit_figures._MIN_SAMPLE = sys.maxsize
-    try:
-        yield
-    finally:
-        logit_figures._MIN_SAMPLE = saved
-
-
 def _measure_bounds(
     vocab: int, shape: str, args: argparse.Namespace, rng: np.random.Generator
 ) -> None:
@@ -96,7 +84,7 @@ def _measure_bounds(
         )
 
     def every_column() -> None:
-        with _every_column_noise():
+        with logit_figures.without_noise_bounds():
             run("every_column")
 
     best = _best_of(

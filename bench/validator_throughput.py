@@ -44,13 +44,11 @@ shape on one core takes 2–4 minutes with one small job:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -296,7 +294,7 @@ def physical_limit(
             raise SystemExit(f"honest job {index} was rejected: {outcome.reject_reason}")
 
     def every_column(index: int) -> None:
-        with every_column_noise():
+        with logit_figures.without_noise_bounds():
             end_to_end(index)
 
     variants = {
@@ -322,18 +320,6 @@ def physical_limit(
         for name, (wall, cpu) in spent.items():
             best[name] = (min(best[name][0], wall / len(jobs)), min(best[name][1], cpu / len(jobs)))
     return best
-
-
-@contextlib.contextmanager
-def every_column_noise() -> Iterator[None]:
-    """The logits pass without its noise bounds (every column's seeded noise, as before
-    them): the same figures, for the side-by-side cost."""
-    saved = logit_figures._MIN_SAMPLE
-    logit_figures._MIN_SAMPLE = sys.maxsize
-    try:
-        yield
-    finally:
-        logit_figures._MIN_SAMPLE = saved
 
 
 def load_average() -> str:
