@@ -286,7 +286,9 @@ class RolloutFingerprint(Base):
     __table_args__ = (
         _length_is("tokens_blake3", HASH_LENGTH),
         _length_is("completion_blake3", HASH_LENGTH),
-        Index(None, "tokens_blake3"),
+        # With the log-probability: a likely rollout is a copy only of an improbable original
+        # of the same tokens, found by one range probe however often the tokens recur.
+        Index(None, "tokens_blake3", "logprob_sum"),
         Index(None, "completion_blake3"),
     )
 

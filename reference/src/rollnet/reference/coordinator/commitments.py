@@ -236,7 +236,7 @@ class CommitmentDesk:
             if task is None:
                 return refused_or_repeated(session)
             check_terms(task)
-            found = copies.find_copies(prints, fingerprints.find_originals(session, prints))
+            found = copies.find_copies(prints, copies.originals(session, prints))
             if found:
                 raise _Copied(found)  # rolls the submission back; the lease is taken below
             artifacts.record_blob(

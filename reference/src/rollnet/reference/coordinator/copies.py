@@ -21,6 +21,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
+from rollnet.ledger import fingerprints as index
 from rollnet.ledger.fingerprints import Fingerprint, Original
 from rollnet.sdk.proofs import tokens_digest
 from rollnet.v1 import rollout_pb2
@@ -30,6 +33,9 @@ COPY_LOGPROB_MAX = -20.0
 #: Stands in for the log-probability of a rollout whose behaviour log-probs are missing or
 #: malformed: nothing says it is likely, so a repeat of it is a copy.
 _UNKNOWN_LOGPROB = -1e9
+#: Originals read from the copy index per rollout of a commitment, at most. Each one read makes
+#: its rollout a copy, so this bounds only how many the refusal can name and count.
+ORIGINALS_PER_ROLLOUT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,16 @@ def fingerprint(index: int, rollout: rollout_pb2.Rollout) -> Fingerprint:
 def fingerprints(batch: rollout_pb2.RolloutBatch) -> list[Fingerprint]:
     """The fingerprint of every rollout of ``batch``, in order."""
     return [fingerprint(index, rollout) for index, rollout in enumerate(batch.rollouts)]
+
+
+def originals(session: Session, prints: Sequence[Fingerprint]) -> list[Original]:
+    """The indexed rollouts that ``prints`` repeat improbably (what :func:`find_copies` needs)."""
+    return index.find_originals(
+        session,
+        prints,
+        improbable=COPY_LOGPROB_MAX,
+        limit=ORIGINALS_PER_ROLLOUT * max(len(prints), 1),
+    )
 
 
 def find_copies(prints: Sequence[Fingerprint], originals: Sequence[Original]) -> list[Copy]:
