@@ -56,6 +56,15 @@ async def test_the_cache_keeps_to_its_budget_and_large_blobs_stay_on_disk(tmp_pa
     for i, digest in enumerate(small):
         assert store.read_range(digest, 0, 0) == (150, bytes([i]) * 150)
     assert store.read_range(large, 290, 0) == (300, b"L" * 10)
+    # An operator's 0 keeps nothing in memory; reads come from the files.
+    none = BlobStore(tmp_path / "none", max_bytes=1 << 20, cache_bytes=0)
+    empty = await _store(none, b"")
+    first = await _store(none, b"x" * 10)
+    assert none.cached_bytes == 0
+    assert not none._cache
+    assert none.read_range(first, 0, 0) == (10, b"x" * 10)
+    assert none.read_range(empty, 0, 0) == (0, b"")
+    assert not none._cache
 
 
 @pytest.mark.parametrize("cache_blob_bytes", [1 << 20, 4], ids=["gathered", "streamed"])

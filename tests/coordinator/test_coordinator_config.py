@@ -93,6 +93,10 @@ def test_unknown_key_and_bad_values_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tls_cert and tls_key"):
         load_config(tmp_path, flags=_flags(tls_cert="cert.pem"))
 
+    # The blob cache's bound; 0 keeps no blob in memory.
+    assert load_config(tmp_path).blob_cache_bytes == 64 << 20
+    assert load_config(tmp_path, flags=_flags(blob_cache_bytes="0")).blob_cache_bytes == 0
+
     # The compute dtype from every source, and from code (with_overrides) too.
     with pytest.raises(ConfigError, match=f"{ENV_PREFIX}COMPUTE_DTYPE: .*'fp16' is not a"):
         load_config(tmp_path, environ={f"{ENV_PREFIX}COMPUTE_DTYPE": "fp16"})

@@ -322,6 +322,8 @@ class BlobStore:
     def _remember(self, digest: bytes, data: bytes, *, stored_only: bool = False) -> None:
         """Cache ``data``; with ``stored_only``, only if the blob is still stored (a read that
         raced with :meth:`detach` must not bring the blob back)."""
+        if not self._cache_limit or len(data) > self._cache_limit:
+            return  # no cache (an operator's 0), or larger than all of it
         with self._lock:
             if digest in self._cache:
                 return

@@ -99,6 +99,10 @@ class CoordinatorConfig:
     #: 8 threads leased 100 cycles/s where 3 leased 155.
     database_write_threads: int = 0
     max_blob_bytes: int = 512 * 1024 * 1024
+    #: Recent small blobs (rollout batches) kept in memory as well, in bytes: a batch is read
+    #: back by the challenge and validation right after its upload. The coordinator's memory
+    #: rises by up to this much after start-up, then levels off (docs/reliability.md, "Soak").
+    blob_cache_bytes: int = 64 * 1024 * 1024
     #: A worker's uploads that no commitment references yet, in bytes (see coordinator.uploads).
     upload_quota_bytes: int = 1024 * 1024 * 1024
     #: Uploads are refused (STORAGE_FULL) when they would leave less free space than this.
@@ -302,6 +306,11 @@ OPTIONS: tuple[Option, ...] = (
         "PostgreSQL write threads (0: CPU cores + 1, at most 8)",
     ),
     Option("max_blob_bytes", _positive_int, "largest blob upload, bytes"),
+    Option(
+        "blob_cache_bytes",
+        _non_negative_int,
+        "recent rollout batches also kept in memory, bytes (0: none)",
+    ),
     Option(
         "upload_quota_bytes",
         _positive_int,

@@ -518,7 +518,11 @@ async def start_coordinator(config: CoordinatorConfig, *, migrate: bool = True) 
     try:
         engine = await open_database(config, migrate=migrate)
         identity = load_or_create_identity(config)
-        blobs = BlobStore(config.blob_dir, max_bytes=config.max_blob_bytes)
+        blobs = BlobStore(
+            config.blob_dir,
+            max_bytes=config.max_blob_bytes,
+            cache_bytes=config.blob_cache_bytes,
+        )
         blobs.remove_partials()
     except BaseException:
         if database_lock is not None:
