@@ -181,3 +181,79 @@ async def test_a_delta_that_does_not_rebuild_the_file_falls_back_to_the_shards(
         second / "model.safetensors"
     ).read_bytes()
     assert store.delta_files == 0
+
+
+async def test_the_trainer_publishes_deltas_and_keeps_its_origin_bounded(
+    tmp_path: Path, coordinator: Coordinator, trainer: Identity
+) -> None:
+    """The trainer's publishing (``publish_step``): each step a delta against the step the
+    coordinator held before, every blob in the origin directory, and only the newest
+    checkpoints' blobs kept there; a node following the steps through the origin applies the
+    deltas."""
+    from rollnet.reference.checkpoint_publishing import PublishedCheckpoint
+    from rollnet.reference.relay import RelayConfig, start_relay
+    from rollnet.reference.trainer.publish import checkpoint_dir, publish_step
+    from rollnet.sdk.checkpoints import manifest_blobs
+
+    data_dir = tmp_path / "trainer"
+    weights = bytearray(os.urandom(200_000))
+    for step in range(4):
+        weights[1000 + step] ^= 0xFF
+        model_dir(checkpoint_dir(data_dir, step), bytes(weights))
+    publisher = await registered_client(coordinator.address, trainer, common_pb2.ROLE_TRAINER)
+    origin = tmp_path / "origin"
+    results: list[PublishedCheckpoint] = []
+    try:
+        for step in range(4):
+            results.append(
+                await publish_step(
+                    publisher,
+                    trainer,
+                    data_dir,
+                    step,
+                    NETWORK_ID,
+                    published=step - 1 if step else None,
+                    origin_dir=origin,
+                    origin_keep=2,
+                )
+            )
+        # Without a base directory, or with deltas off, the files go whole only.
+        (data_dir / "checkpoints" / "step-5").mkdir()
+        model_dir(checkpoint_dir(data_dir, 6), bytes(weights))
+        no_base = await publish_step(publisher, trainer, data_dir, 6, NETWORK_ID, published=5)
+        model_dir(checkpoint_dir(data_dir, 7), bytes(weights))
+        off = await publish_step(
+            publisher, trainer, data_dir, 7, NETWORK_ID, published=6, deltas=False
+        )
+    finally:
+        await publisher.close()
+
+    def weights_of(result: PublishedCheckpoint) -> checkpoint_pb2.CheckpointFile:
+        return next(f for f in result.manifest.files if f.path == "model.safetensors")
+
+    assert not weights_of(results[0]).HasField("delta")
+    assert [weights_of(r).delta.base_step for r in results[1:]] == [0, 1, 2]
+    assert all(
+        weights_of(r).delta.content.size * 20 < weights_of(r).content.size for r in results[1:]
+    )
+    assert not weights_of(no_base).HasField("delta")
+    assert not weights_of(off).HasField("delta")
+    # The origin holds the newest two checkpoints' records and exactly their blobs.
+    assert sorted(p.name for p in (origin / "checkpoints").iterdir()) == [
+        "step-2.pb",
+        "step-3.pb",
+    ]
+    kept = {ref.blake3.hex() for r in results[2:] for _, ref in manifest_blobs(r.manifest)}
+    assert {p.name for p in (origin / "blobs").iterdir()} == kept
+    relay = await start_relay(RelayConfig(data_dir=origin))
+    try:
+        store = CheckpointStore(tmp_path / "node", network_id=NETWORK_ID)
+        async with RelayShards([relay.url]) as shards:
+            await store.ensure(results[2].checkpoint, shards)
+            directory = await store.ensure(results[3].checkpoint, shards)
+    finally:
+        await relay.close()
+    assert (directory / "model.safetensors").read_bytes() == (
+        checkpoint_dir(data_dir, 3) / "model.safetensors"
+    ).read_bytes()
+    assert store.delta_files == 1

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ def spawn_trainer(
     log: Path,
     *,
     processes: int = 1,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """``rollnet trainer`` as a process (one torch thread), output appended to ``log``; with
     ``processes > 1`` under ``torchrun`` (FSDP2 on CPU, gloo). In a session of its own, so that
@@ -85,6 +87,7 @@ def spawn_trainer(
         "1",
         "--log-level",
         "INFO",
+        *extra,
     ]
     return subprocess.Popen(args, stdout=handle, stderr=handle, env=env, start_new_session=True)
 

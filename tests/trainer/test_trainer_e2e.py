@@ -4,7 +4,8 @@ and a validator, killed with SIGKILL in the middle of its run and started again.
 The trainer publishes checkpoint 0, then trains step after step on validated GRPO groups and
 publishes each new checkpoint. After the SIGKILL it resumes from its committed state: every step
 1..N appears exactly once in metrics.jsonl and on the coordinator, no rollout is trained on twice,
-and only the last ``max_off_policy_steps + 1`` checkpoints stay on disk.
+and only the last ``max_off_policy_steps + 1`` checkpoints stay on disk (one more in the origin
+directory it writes for ``rollnet relay --origin``).
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
     node, generator = in_process_worker(address, tmp_path / "worker")
     check = in_process_validator(address, tmp_path / "validator", checker)
     running = [asyncio.create_task(node.run()), asyncio.create_task(check.run())]
+    origin = tmp_path / "origin"
+    extra = ("--origin-dir", str(origin))
     process = spawn_trainer(
-        address, trainer_key, tiny_model, data_dir, config, log, processes=processes
+        address, trainer_key, tiny_model, data_dir, config, log, processes=processes, extra=extra
     )
     try:
         await wait_until(
@@ -96,7 +99,14 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
         killed_at = _committed_step(data_dir)
         assert killed_at < STEPS
         process = spawn_trainer(
-            address, trainer_key, tiny_model, data_dir, config, log, processes=processes
+            address,
+            trainer_key,
+            tiny_model,
+            data_dir,
+            config,
+            log,
+            processes=processes,
+            extra=extra,
         )
         exit_code = await asyncio.to_thread(process.wait, 180)
         assert exit_code == 0, log.read_text()[-3000:]
@@ -134,5 +144,11 @@ async def test_trainer_steps_publishes_and_resumes_after_sigkill(
     # bf16 checkpoints, only the newest kept (max_off_policy_steps 0)
     assert sorted(p.name for p in (data_dir / "checkpoints").iterdir()) == [f"step-{STEPS}"]
     assert published == list(range(STEPS + 1))
+    # The origin directory (rollnet relay --origin) holds the newest two checkpoints: the one
+    # kept and the one before, which nodes may still be fetching.
+    assert sorted(p.name for p in (origin / "checkpoints").iterdir()) == [
+        f"step-{STEPS - 1}.pb",
+        f"step-{STEPS}.pb",
+    ]
     header = (data_dir / "checkpoints" / f"step-{STEPS}" / "model.safetensors").read_bytes()
     assert b'"BF16"' in header[:4096]

@@ -20,16 +20,18 @@ import os
 import struct
 import tempfile
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import blake3
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import DecodeError
 
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.sdk.broadcast.delta import encode_delta
-from rollnet.sdk.checkpoints import checkpoint_path_violations
+from rollnet.sdk.checkpoints import checkpoint_path_violations, manifest_blobs
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.v1 import blob_service_pb2, checkpoint_pb2, checkpoint_service_pb2, common_pb2
 
@@ -195,6 +197,61 @@ def write_origin_blob(origin_dir: Path, data: bytes, digest: bytes | None = None
     return digest
 
 
+def origin_checkpoint_path(origin_dir: Path, step: int) -> Path:
+    """Where an origin directory keeps the signed checkpoint of ``step`` (what its blobs belong
+    to: :func:`prune_origin` goes by it)."""
+    return origin_dir / "checkpoints" / f"step-{step}.pb"
+
+
+def write_origin_checkpoint(origin_dir: Path, checkpoint: checkpoint_pb2.Checkpoint) -> Path:
+    """Record ``checkpoint`` (signed manifest) in an origin directory, beside its blobs."""
+    path = origin_checkpoint_path(origin_dir, checkpoint.step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(checkpoint.SerializeToString(deterministic=True))
+    os.replace(tmp, path)
+    return path
+
+
+def prune_origin(origin_dir: Path, keep: int) -> list[int]:
+    """Delete the blobs of all but the newest ``keep`` checkpoints recorded in ``origin_dir``
+    (:func:`write_origin_checkpoint`), except blobs a kept checkpoint names too, and then their
+    records; returns the steps pruned. Blobs no record names (a publish in progress) are left
+    alone. An origin the trainer writes every step would otherwise grow by a checkpoint a step."""
+    if keep < 1:
+        raise ValueError("keep must be at least 1")
+    records: list[tuple[int, Path]] = []
+    for path in (origin_dir / "checkpoints").glob("step-*.pb"):
+        with suppress(ValueError):
+            records.append((int(path.name.removeprefix("step-").removesuffix(".pb")), path))
+    records.sort()
+    if len(records) <= keep:
+        return []
+
+    def digests(path: Path) -> set[str] | None:
+        try:
+            checkpoint = checkpoint_pb2.Checkpoint.FromString(path.read_bytes())
+            manifest = checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest)
+        except (OSError, DecodeError):
+            return None
+        return {ref.blake3.hex() for _, ref in manifest_blobs(manifest)}
+
+    kept: set[str] = set()
+    for _, path in records[-keep:]:
+        kept |= digests(path) or set()
+    pruned = []
+    for step, path in records[:-keep]:
+        named = digests(path)
+        if named is None:
+            continue  # unreadable: leave it (and its blobs) to the operator
+        for digest in named - kept:
+            with suppress(FileNotFoundError):
+                (origin_dir / "blobs" / digest).unlink()
+        path.unlink(missing_ok=True)  # after the blobs: an interrupted prune is done again
+        pruned.append(step)
+    return pruned
+
+
 BlobSink = Callable[[bytes, bytes], Awaitable[bool]]
 """Stores one blob (a shard), given with its BLAKE3 digest; returns whether it was already
 stored."""
@@ -345,7 +402,8 @@ async def publish_model_dir(
     directory at the same step builds the identical manifest, which the coordinator accepts
     again (its shards are already stored). ``delta_base``: see
     :func:`build_manifest`. ``origin_dir``: also write every blob there, for
-    ``rollnet relay --origin DIR``.
+    ``rollnet relay --origin DIR``, and the signed checkpoint once the coordinator took it
+    (:func:`write_origin_checkpoint`; :func:`prune_origin` drops old ones).
     """
 
     async def sink(data: bytes, digest: bytes) -> bool:
@@ -373,6 +431,8 @@ async def publish_model_dir(
             manifest=manifest_bytes, signature=sign_manifest(identity, manifest_bytes)
         )
     )
+    if origin_dir is not None:
+        await asyncio.to_thread(write_origin_checkpoint, origin_dir, published.checkpoint)
     return PublishedCheckpoint(
         checkpoint=published.checkpoint,
         manifest=manifest,

@@ -76,6 +76,19 @@ def register(subparsers: Any) -> None:
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default INFO)",
     )
+    parser.add_argument(
+        "--origin-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write each checkpoint's blobs to DIR (serve them with rollnet relay --origin "
+        "DIR; the blobs of old checkpoints are deleted; docs/broadcast.md)",
+    )
+    parser.add_argument(
+        "--no-deltas",
+        action="store_true",
+        help="publish full checkpoints only, no deltas against the step before",
+    )
     node_options.add_reward_time_limit(parser)
     node_options.add_reward_isolation(parser)
     node_options.add_argument(parser)
@@ -134,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         network_id=args.network_id,
         reward_isolation=args.reward_isolation,
         reward_time_limit_s=args.reward_time_limit,
+        publish_deltas=not args.no_deltas,
+        origin_dir=args.origin_dir,
     )
     trainer = Trainer(settings, identity, metrics=metrics)
     try:

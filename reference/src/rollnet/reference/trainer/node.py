@@ -37,7 +37,12 @@ import torch
 from rollnet.reference.trainer.config import TrainerConfig
 from rollnet.reference.trainer.intake import Group, RolloutIntake
 from rollnet.reference.trainer.metrics import TrainerMetrics, append_jsonl, read_jsonl
-from rollnet.reference.trainer.publish import checkpoint_dir, export_checkpoint, prune_checkpoints
+from rollnet.reference.trainer.publish import (
+    checkpoint_dir,
+    export_checkpoint,
+    prune_checkpoints,
+    publish_step,
+)
 from rollnet.reference.trainer.state import (
     TrainerState,
     commit,
@@ -79,6 +84,10 @@ class TrainerSettings:
     tls: TlsConfig | None = None
     reward_isolation: str = "auto"
     reward_time_limit_s: float = 10.0
+    publish_deltas: bool = True
+    """Also publish each checkpoint as a delta against the one before (docs/broadcast.md)."""
+    origin_dir: Path | None = None
+    """Write every checkpoint's blobs here too, for ``rollnet relay --origin DIR``."""
 
 
 @dataclass
@@ -182,8 +191,6 @@ class Trainer:
     async def _ensure_published(self, step: int) -> None:
         """Publish checkpoint ``step`` unless the coordinator has it; refuse to go on when the
         coordinator is ahead (another trainer, or this one's state was lost)."""
-        from rollnet.reference.checkpoint_publishing import publish_model_dir
-
         client = self.session.client
         latest = await self.session.call(
             "get_latest_checkpoint", lambda: client.checkpoints.get_latest_checkpoint()
@@ -205,15 +212,30 @@ class Trainer:
             )
         published = await self.session.call(
             "publish_checkpoint",
-            lambda: publish_model_dir(
-                client, self.identity, directory, step, self.settings.network_id
+            lambda: publish_step(
+                client,
+                self.identity,
+                self.settings.data_dir,
+                step,
+                self.settings.network_id,
+                published=have,
+                deltas=self.settings.publish_deltas,
+                origin_dir=self.settings.origin_dir,
+                # One step more than the trainer keeps: nodes may still be fetching it.
+                origin_keep=self.config.keep_checkpoints + 1,
             ),
         )
+        deltas = [f for f in published.manifest.files if f.HasField("delta")]
         log_event(
             log,
             logging.INFO,
             "checkpoint_published",
-            {"step": step, "bytes": published.bytes_uploaded},
+            {
+                "step": step,
+                "bytes": published.bytes_uploaded,
+                "delta_files": len(deltas),
+                "delta_bytes": sum(f.delta.content.size for f in deltas),
+            },
         )
 
     # ------------------------------------------------------------------ the stream

@@ -2,18 +2,32 @@
 published with a signed manifest, and only the last ``max_off_policy_steps + 1`` kept.
 
 bf16 halves what every worker downloads and, since an RL step changes few weights by more than
-a bf16 rounding step, consecutive checkpoints share most of their bytes (docs/trainer.md).
+a bf16 rounding step, consecutive checkpoints share most of their bytes (docs/trainer.md): each
+step is also published as a lossless delta against the step the coordinator held before
+(docs/broadcast.md), and with an origin directory its blobs are written there for
+``rollnet relay --origin DIR``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["TOKENIZER_FILES", "checkpoint_dir", "export_checkpoint", "prune_checkpoints"]
+if TYPE_CHECKING:
+    from rollnet.reference.checkpoint_publishing import PublishedCheckpoint
+    from rollnet.sdk import Identity, RollnetClient
+
+__all__ = [
+    "TOKENIZER_FILES",
+    "checkpoint_dir",
+    "export_checkpoint",
+    "prune_checkpoints",
+    "publish_step",
+]
 
 #: Files copied from the starting model directory into every published checkpoint.
 TOKENIZER_FILES = (
@@ -72,3 +86,45 @@ def prune_checkpoints(data_dir: Path, newest: int, keep: int) -> list[int]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(step)
     return sorted(removed)
+
+
+async def publish_step(
+    client: RollnetClient,
+    identity: Identity,
+    data_dir: Path,
+    step: int,
+    network_id: str,
+    *,
+    published: int | None,
+    deltas: bool = True,
+    origin_dir: Path | None = None,
+    origin_keep: int = 2,
+) -> PublishedCheckpoint:
+    """Publish ``checkpoint_dir(data_dir, step)`` as checkpoint ``step``.
+
+    ``published``: the newest step the coordinator holds. With ``deltas``, each file is also
+    described as a delta against that step's file when its directory is still here and the
+    delta is less than half the file: the nodes that hold that step (every node that kept up)
+    then fetch only what changed, and late joiners the full files. ``origin_dir``: every blob
+    and the signed checkpoint are written there too, and only the newest ``origin_keep``
+    checkpoints' blobs are kept (:func:`~rollnet.reference.checkpoint_publishing.prune_origin`).
+    """
+    from rollnet.reference.checkpoint_publishing import DeltaBase, prune_origin, publish_model_dir
+
+    base = None
+    if deltas and published is not None and published < step:
+        previous = checkpoint_dir(data_dir, published)
+        if (previous / "config.json").is_file():
+            base = DeltaBase(published, previous)
+    result = await publish_model_dir(
+        client,
+        identity,
+        checkpoint_dir(data_dir, step),
+        step,
+        network_id,
+        delta_base=base,
+        origin_dir=origin_dir,
+    )
+    if origin_dir is not None:
+        await asyncio.to_thread(prune_origin, origin_dir, origin_keep)
+    return result
