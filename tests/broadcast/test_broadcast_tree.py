@@ -247,6 +247,99 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
         await upstream.close()
 
 
+async def test_an_interrupted_file_of_many_shards_resumes_with_the_shards_missing(
+    tmp_path: Path,
+) -> None:
+    """A large file is many shards: those written before the interruption are checked on
+    disk and kept, the one in transit resumes with Range, and only what never arrived is
+    asked for."""
+    import asyncio
+
+    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+    from rollnet.v1 import checkpoint_pb2
+
+    upstream = await GatedUpstream().start()
+    try:
+        pieces = [os.urandom(256 * 1024) for _ in range(4)]
+        for piece in pieces[:3]:
+            upstream.add(piece)
+        last = upstream.add(pieces[3], gated=True)
+        whole = b"".join(pieces)
+        trainer = Identity.generate()
+        files = [
+            checkpoint_pb2.CheckpointFile(
+                path="model.safetensors", content=_ref(whole), shards=[_ref(p) for p in pieces]
+            )
+        ]
+        data = checkpoint_pb2.CheckpointManifest(
+            step=4, network_id=NETWORK_ID, files=files
+        ).SerializeToString()
+        checkpoint = checkpoint_pb2.Checkpoint(
+            manifest=data,
+            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
+            trainer_public_key=trainer.public_key,
+            step=4,
+        )
+        root, partial = tmp_path / "ckpt", tmp_path / "ckpt" / ".relay-partial"
+        store = CheckpointStore(root, network_id=NETWORK_ID)
+        shards = RelayShards([upstream.url], partial_dir=partial)
+        task = asyncio.create_task(store.ensure(checkpoint, shards))
+
+        def three_written() -> bool:
+            log = next((root / ".partial-step-4").glob("*.written"), None)
+            return log is not None and len(log.read_text().split()) == 3
+
+        await wait_until(three_written)
+        await wait_until(lambda: shards.received_bytes >= 3 * len(pieces[0]) + len(pieces[3]) // 2)
+        task.cancel()  # the process is interrupted
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await shards.aclose()
+        upstream.requests.clear()
+        upstream.gate.set()
+        # A new process, the same directories.
+        store = CheckpointStore(root, network_id=NETWORK_ID)
+        async with RelayShards([upstream.url], partial_dir=partial) as shards:
+            directory = await store.ensure(checkpoint, shards)
+        assert (directory / "model.safetensors").read_bytes() == whole
+        # Three shards came from the disk; of the fourth only the half that never arrived.
+        assert store.bytes_resumed == 3 * len(pieces[0])
+        assert upstream.requests == [(last, f"bytes={len(pieces[3]) // 2}-")]
+        # Nothing of the partial download is left behind.
+        assert sorted(p.name for p in root.iterdir()) == [".relay-partial", "step-4"]
+        assert sorted(os.listdir(directory)) == [".manifest.pb", "model.safetensors"]
+    finally:
+        await upstream.close()
+
+
+async def test_a_kept_shard_that_no_longer_matches_is_fetched_again(tmp_path: Path) -> None:
+    """Shards an interrupted download logged as written are checked before they are kept."""
+    import blake3
+
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(4 * SHARD))
+    origin_dir = tmp_path / "origin"
+    checkpoint = await publish_to_origin(origin_dir, source, 1, trainer, shard_size=SHARD)
+    weights = next(f for f in checkpoint_files(checkpoint) if f.path == "model.safetensors")
+    partial = tmp_path / "client" / ".partial-step-1"
+    partial.mkdir(parents=True)
+    stem = "." + blake3.blake3(b"model.safetensors" + weights.content.blake3).hexdigest()[:32]
+    good = (source / "model.safetensors").read_bytes()
+    damaged = bytearray(good)
+    damaged[SHARD + 7] ^= 1  # shard 1 damaged on disk; shards 0 and 2 intact
+    (partial / f"{stem}.part").write_bytes(bytes(damaged))
+    (partial / f"{stem}.written").write_text("0\n1\n2\nbogus\n99\n")
+    server = await start_relay(RelayConfig(data_dir=origin_dir))
+    try:
+        store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
+        async with RelayShards([server.url]) as shards:
+            directory = await store.ensure(checkpoint, shards)
+    finally:
+        await server.close()
+    assert (directory / "model.safetensors").read_bytes() == good
+    assert store.bytes_resumed == weights.shards[0].size + weights.shards[2].size
+
+
 @pytest.mark.slow
 async def test_a_chain_of_real_steps_as_deltas_and_a_late_joiner(
     tmp_path: Path, relays: list[RelayServer]

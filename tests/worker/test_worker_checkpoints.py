@@ -4,6 +4,7 @@ shard and every file check out; versions beyond ``keep`` are pruned; downloads r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,19 @@ async def test_keeps_newest_versions_only(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         await store.ensure(make_checkpoint(source, trainer, step, FILES), source)
     assert store.steps() == [2, 3]
+
+
+async def test_downloads_given_up_on_older_steps_are_removed(tmp_path: Path) -> None:
+    """A step whose download was interrupted and never finished (the node moved on) leaves no
+    partial directory behind once every kept step is newer; a newer one's stays."""
+    source, trainer = MemoryShards(), Identity.generate()
+    for step in (1, 5):
+        (tmp_path / f".partial-step-{step}").mkdir(parents=True)
+        (tmp_path / f".partial-step-{step}" / "config.json").write_bytes(b"{")
+    store = CheckpointStore(tmp_path, network_id=NETWORK_ID, keep=2)
+    for step in (2, 3):
+        await store.ensure(make_checkpoint(source, trainer, step, FILES), source)
+    assert sorted(os.listdir(tmp_path)) == [".partial-step-5", "step-2", "step-3"]
 
 
 async def test_interrupted_download_resumes_file_by_file(tmp_path: Path) -> None:

@@ -397,6 +397,8 @@ class CheckpointStore:
         """Files this store fetched whole."""
         self.bytes_read_back = 0
         """Bytes read back from files to hash them (shards that arrived far out of order)."""
+        self.bytes_resumed = 0
+        """Shard bytes an interrupted download had written, checked and kept (not fetched)."""
         self._locks: dict[int, asyncio.Lock] = {}
 
     def take_relay_reports(self, limit: int) -> list[node_service_pb2.RelayReport]:
@@ -466,24 +468,55 @@ class CheckpointStore:
             async with limit:
                 return await fetch_checked(source, shard)
 
+        async def kept(
+            descriptor: int, index: int, shard: common_pb2.BlobRef, offset: int
+        ) -> bytes | None:
+            # A shard an earlier attempt wrote: used only if its bytes on disk still match.
+            async with limit:
+                data = await asyncio.to_thread(os.pread, descriptor, shard.size, offset)
+                if len(data) != shard.size:
+                    return None
+                if await asyncio.to_thread(_digest_of_bytes, data) != shard.blake3:
+                    return None
+            self.bytes_resumed += len(data)
+            return data
+
         async def assemble(
-            shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
+            shards: Sequence[common_pb2.BlobRef],
+            path: Path,
+            *,
+            count: bool,
+            written: Path | None = None,
         ) -> bytes:
             # Shards are written at their offsets as they arrive, so a file never sits in memory
             # whole; the whole file's digest is computed on the way (returned; the caller
-            # compares it).
+            # compares it). ``written``: a log of the shards already written to ``path``, kept
+            # across interruptions, so the next attempt fetches only the others.
             offsets = []
             position = 0
             for shard in shards:
                 offsets.append(position)
                 position += shard.size
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            done = _written_shards(written, len(shards)) if written is not None else set()
+            flags = os.O_RDWR | os.O_CREAT | (0 if done else os.O_TRUNC)
+            descriptor = os.open(path, flags, 0o644)
+            log_descriptor = (
+                None
+                if written is None
+                else os.open(written, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            )
             file_digest = _FileDigest(shards, descriptor, hold=self.concurrency)
             try:
 
                 async def place(index: int, shard: common_pb2.BlobRef, offset: int) -> None:
-                    data = await fetch(shard)
-                    await asyncio.to_thread(os.pwrite, descriptor, data, offset)
+                    data = None
+                    if index in done:
+                        data = await kept(descriptor, index, shard, offset)
+                    if data is None:
+                        data = await fetch(shard)
+                        await asyncio.to_thread(os.pwrite, descriptor, data, offset)
+                        if log_descriptor is not None:
+                            os.write(log_descriptor, f"{index}\n".encode())
                     if count:
                         advance(len(data))
                     await file_digest.add(index, data)
@@ -497,17 +530,25 @@ class CheckpointStore:
                 os.ftruncate(descriptor, sum(s.size for s in shards))
             finally:
                 os.close(descriptor)
+                if log_descriptor is not None:
+                    os.close(log_descriptor)
             self.bytes_read_back += file_digest.read_back
             return file_digest.digest()
 
         async def full(item: checkpoint_pb2.CheckpointFile, target: Path) -> None:
-            tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
-            try:
-                if await assemble(item.shards, tmp, count=True) != item.content.blake3:
-                    raise CheckpointVerificationError(f"{item.path}: file digest does not match")
-                os.replace(tmp, target)
-            finally:
+            # Named after the file (path and content), not at random: when the download is
+            # interrupted the shards written so far stay, and the next attempt fetches only the
+            # rest. A digest, so the name stays short whatever the path.
+            stem = "." + _digest_of_bytes(item.path.encode() + item.content.blake3).hex()[:32]
+            tmp = target.with_name(f"{stem}.part")
+            written = target.with_name(f"{stem}.written")
+            digest = await assemble(item.shards, tmp, count=True, written=written)
+            if digest != item.content.blake3:
                 tmp.unlink(missing_ok=True)
+                written.unlink(missing_ok=True)
+                raise CheckpointVerificationError(f"{item.path}: file digest does not match")
+            os.replace(tmp, target)
+            written.unlink(missing_ok=True)
 
         async def one(item: checkpoint_pb2.CheckpointFile) -> None:
             target = partial / item.path
@@ -591,18 +632,44 @@ class CheckpointStore:
             tmp.unlink(missing_ok=True)
 
     def prune(self, *, protect: int | None = None) -> list[int]:
-        """Delete all but the newest ``keep`` steps (never ``protect``); returns deleted steps."""
+        """Delete all but the newest ``keep`` steps (never ``protect``), and the partial
+        downloads of steps older than every step kept that no download is working on (a step
+        given up, never to be finished); returns deleted steps."""
         steps = self.steps()
         doomed = [s for s in steps[: max(0, len(steps) - self.keep)] if s != protect]
         for step in doomed:
             shutil.rmtree(self.root / f"{_STEP_PREFIX}{step}", ignore_errors=True)
+        kept = [s for s in steps if s not in doomed]
+        if kept:
+            for entry in self.root.glob(f".partial-{_STEP_PREFIX}*"):
+                try:
+                    step = int(entry.name.removeprefix(f".partial-{_STEP_PREFIX}"))
+                except ValueError:
+                    continue
+                lock = self._locks.get(step)
+                if step < kept[0] and (lock is None or not lock.locked()):
+                    shutil.rmtree(entry, ignore_errors=True)
         return doomed
 
 
 class _Assemble(Protocol):
     async def __call__(
-        self, shards: Sequence[common_pb2.BlobRef], path: Path, *, count: bool
+        self,
+        shards: Sequence[common_pb2.BlobRef],
+        path: Path,
+        *,
+        count: bool,
+        written: Path | None = None,
     ) -> bytes: ...
+
+
+def _written_shards(log_path: Path, shards: int) -> set[int]:
+    """Indices an earlier attempt logged as written (each is checked again before use)."""
+    try:
+        text = log_path.read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        return set()
+    return {int(line) for line in text.split() if line.isdigit() and int(line) < shards}
 
 
 class _FileDigest:
