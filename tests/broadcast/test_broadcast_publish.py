@@ -257,3 +257,73 @@ async def test_the_trainer_publishes_deltas_and_keeps_its_origin_bounded(
         checkpoint_dir(data_dir, 3) / "model.safetensors"
     ).read_bytes()
     assert store.delta_files == 1
+
+
+async def test_a_relay_watching_a_coordinator_that_is_down_waits_for_it(
+    tmp_path: Path, sqlite_url: str, trainer: Identity
+) -> None:
+    """``rollnet relay --coordinator``: a coordinator not yet up (or gone for a while) is
+    retried, each failure counted, and prefetching starts once it answers."""
+    from coordinator_testing import register
+
+    from rollnet.reference.checkpoint_publishing import publish_model_dir
+    from rollnet.reference.relay import RelayConfig, start_relay, watch_coordinator
+    from rollnet.sdk.checkpoints import manifest_blobs
+    from rollnet.sdk.retry import RetryPolicy
+    from rollnet.sdk.testing import connect, free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    origin_dir = tmp_path / "origin"
+    (origin_dir / "blobs").mkdir(parents=True)
+    origin = await start_relay(RelayConfig(data_dir=origin_dir))
+    relay = await start_relay(RelayConfig(data_dir=tmp_path / "relay", upstreams=[origin.url]))
+    watcher = connect(address, Identity.generate())
+    task = asyncio.create_task(
+        watch_coordinator(
+            relay.cache, watcher, network_id=NETWORK_ID, retry_after=0.05, max_retry_after=0.5
+        )
+    )
+
+    def errors() -> float:
+        return relay.metrics.registry.get_sample_value("rollnet_relay_watch_errors_total") or 0.0
+
+    coordinator = None
+    try:
+        await wait_until(lambda: errors() >= 2, what="the watch to fail and be retried")
+        assert not task.done()
+        coordinator = await start_coordinator(
+            coordinator_config(
+                tmp_path / "coordinator", sqlite_url, trainers=[trainer], listen=address
+            )
+        )
+        # Channels to one address share their connection state in gRPC: the publisher, too,
+        # rides out the back-off the watcher's failures left.
+        publisher = connect(address, trainer, retry=RetryPolicy(max_attempts=30, max_backoff=1.0))
+        try:
+            await register(publisher, trainer, common_pb2.ROLE_TRAINER)
+            published = await publish_model_dir(
+                publisher,
+                trainer,
+                model_dir(tmp_path / "model", os.urandom(50_000)),
+                1,
+                NETWORK_ID,
+                origin_dir=origin_dir,
+            )
+        finally:
+            await publisher.close()
+        wanted = {ref.blake3.hex() for _, ref in manifest_blobs(published.manifest)}
+        await wait_until(
+            lambda: all(relay.cache.path(d) is not None for d in wanted),
+            within=60,
+            what="the relay to prefetch the checkpoint",
+        )
+        assert relay.cache.steps[1] == wanted
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await watcher.close()
+        await relay.close()
+        await origin.close()
+        if coordinator is not None:
+            await coordinator.stop(grace=0.5)

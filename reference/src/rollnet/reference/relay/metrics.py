@@ -46,6 +46,11 @@ class RelayMetrics:
         self.prefetched = Counter(
             "rollnet_relay_prefetched_blobs", "Blobs fetched ahead of requests", registry=r
         )
+        self.watch_errors = Counter(
+            "rollnet_relay_watch_errors",
+            "Times watching the coordinator's checkpoints failed (retried)",
+            registry=r,
+        )
         self.inflight = Gauge(
             "rollnet_relay_inflight_fetches", "Upstream fetches in progress", registry=r
         )

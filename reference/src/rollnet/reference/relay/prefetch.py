@@ -69,13 +69,41 @@ async def prefetch_checkpoints(
         log.info("relay_prefetched", extra={"step": manifest.step, "blobs": len(digests)})
 
 
-async def watch_coordinator(cache: BlobCache, client: RollnetClient, *, network_id: str) -> None:
+async def watch_coordinator(
+    cache: BlobCache,
+    client: RollnetClient,
+    *,
+    network_id: str,
+    retry_after: float = 1.0,
+    max_retry_after: float = 30.0,
+) -> None:
     """Register the relay's key (signing ``client``'s calls) and prefetch every checkpoint the
     coordinator announces, from the newest on, until cancelled. From then on the versions kept
-    follow the signed manifests, not clients' hints."""
+    follow the signed manifests, not clients' hints.
+
+    A coordinator that cannot be reached, refuses the key or ends the stream does not end the
+    watch: each failure is logged (``relay_watch_failed``) and counted
+    (``rollnet_relay_watch_errors_total``), and the watch starts again after ``retry_after``
+    seconds, doubling up to ``max_retry_after`` while it keeps failing, after the last step
+    prefetched."""
     cache.hints_trusted = False
-    await register_relay(client)
-    await prefetch_checkpoints(cache, client.checkpoints.watch(0), network_id=network_id)
+    delay = retry_after
+    while True:
+        seen = max(cache.steps, default=0)
+        try:
+            await register_relay(client)
+            await prefetch_checkpoints(cache, client.checkpoints.watch(seen), network_id=network_id)
+            error: str = "the coordinator ended the stream"
+        except Exception as failure:  # whatever it was, the relay keeps serving and retries
+            error = str(failure) or type(failure).__name__
+            if not isinstance(failure, RollnetError):
+                log.warning("relay_watch_error", exc_info=True)
+        if max(cache.steps, default=0) > seen:
+            delay = retry_after  # it worked for a while: start the back-off again
+        cache.metrics.watch_errors.inc()
+        log.warning("relay_watch_failed", extra={"error": error, "retry_in_s": delay})
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, max_retry_after)
 
 
 def refuses_unknown_role(error: RollnetError) -> bool:
