@@ -121,6 +121,53 @@ async def test_a_leaf_gets_bytes_before_the_origin_has_sent_the_last(
         await upstream.close()
 
 
+async def test_a_client_under_the_second_level_gets_bytes_before_the_origin_finishes(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    """The issue's topology (origin -> 2 relays -> 1 second-level relay -> client) and a
+    checkpoint of several shards: the client holds bytes while the origin has not finished
+    sending a single shard, the last one included."""
+    import asyncio
+
+    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+    from rollnet.v1 import checkpoint_pb2
+
+    upstream = await GatedUpstream().start()
+    try:
+        pieces = [os.urandom(512 * 1024) for _ in range(4)]
+        for piece in pieces:
+            upstream.add(piece, gated=True)
+        whole = b"".join(pieces)
+        trainer = Identity.generate()
+        files = [
+            checkpoint_pb2.CheckpointFile(
+                path="model.safetensors", content=_ref(whole), shards=[_ref(p) for p in pieces]
+            )
+        ]
+        data = checkpoint_pb2.CheckpointManifest(
+            step=1, network_id=NETWORK_ID, files=files
+        ).SerializeToString()
+        checkpoint = checkpoint_pb2.Checkpoint(
+            manifest=data,
+            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
+            trainer_public_key=trainer.public_key,
+            step=1,
+        )
+        first = [await relay(relays, tmp_path / f"r{i}", upstream.url) for i in range(2)]
+        second = await relay(relays, tmp_path / "r2", first[0].url, first[1].url)
+        store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
+        async with RelayShards([second.url]) as shards:
+            task = asyncio.create_task(store.ensure(checkpoint, shards))
+            await wait_until(lambda: shards.received_bytes > 0)
+            assert upstream.finished == set()  # not one shard, so not the last, fully sent
+            upstream.gate.set()
+            directory = await task
+        assert (directory / "model.safetensors").read_bytes() == whole
+        assert upstream.finished == {_ref(p).blake3.hex() for p in pieces}
+    finally:
+        await upstream.close()
+
+
 async def test_a_relay_killed_mid_transfer_and_the_client_finishes_elsewhere(
     tmp_path: Path, relays: list[RelayServer]
 ) -> None:
