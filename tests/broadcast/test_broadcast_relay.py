@@ -115,6 +115,22 @@ async def test_the_limit_per_address(
     assert sample(server, "rollnet_relay_rate_limited_total") == 1
 
 
+def test_an_ipv6_client_is_limited_by_its_slash_64() -> None:
+    """One subscriber holds a /64: new addresses in it share one bucket, as at the
+    coordinator; other networks and IPv4 addresses have their own."""
+    from rollnet.reference.relay.server import RateLimiter
+
+    limiter = RateLimiter(0.001, 2)
+    assert limiter.admit("2001:db8:0:1::1") == 0.0
+    assert limiter.admit("2001:db8:0:1::2") == 0.0
+    assert limiter.admit("2001:db8:0:1:ffff:ffff:ffff:ffff") > 0
+    assert limiter.admit("2001:db8:0:2::1") == 0.0
+    assert limiter.admit("::ffff:192.0.2.7") == 0.0  # IPv4-mapped: the IPv4 address's bucket
+    assert limiter.admit("192.0.2.7") == 0.0
+    assert limiter.admit("192.0.2.7") > 0
+    assert limiter.admit("192.0.2.8") == 0.0
+
+
 async def test_only_the_newest_versions_are_kept(
     tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
 ) -> None:

@@ -5,9 +5,9 @@ A relay is a pull-through cache of immutable, content-addressed blobs (checkpoin
 deltas). A stored blob is sent with ``sendfile`` (``Range`` and conditional requests included);
 a blob still arriving from upstream is streamed from its partial file as it grows (see
 :mod:`rollnet.reference.relay.cache`). In origin mode (``upstreams`` empty) the relay serves
-the blobs its directory holds and nothing else. Each client address gets a token bucket of
-requests (``rate_limit`` per second, ``burst`` at once); past it the answer is ``429`` with
-``Retry-After``.
+the blobs its directory holds and nothing else. Each client address (an IPv6 one: its /64)
+gets a token bucket of requests (``rate_limit`` per second, ``burst`` at once); past it the
+answer is ``429`` with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rollnet.reference.relay.cache import BlobCache, BlobUnavailable
 from rollnet.reference.relay.metrics import RelayMetrics
 from rollnet.sdk.broadcast.client import BLOB_PATH
+from rollnet.sdk.verifier import network_of
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,10 @@ class _Bucket:
 
 
 class RateLimiter:
-    """A token bucket per client address."""
+    """A token bucket per client address; an IPv6 address counts as its /64 network (one
+    subscriber is routed a /64 at least, so buckets per full address would let one client
+    take 2**64 of them), as at the coordinator
+    (:func:`~rollnet.sdk.verifier.network_of`)."""
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate = rate
@@ -81,6 +85,7 @@ class RateLimiter:
         """0 when a request from ``address`` may go ahead, else seconds until it may."""
         if self.rate <= 0:
             return 0.0
+        address = network_of(address)
         now = time.monotonic()
         bucket = self._buckets.get(address)
         if bucket is None:
