@@ -201,6 +201,27 @@ async def test_a_lying_upstream_does_not_poison_the_relay(
     assert not any((tmp_path / "r" / "partial").iterdir())
 
 
+async def test_an_upstream_claiming_another_size_stores_nothing(
+    tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
+) -> None:
+    """A blob a signed manifest sizes (a relay watching the coordinator), or one larger than
+    the relay's cap, is refused when the upstream claims another size, before a byte is
+    written: a hostile upstream cannot fill the disk with a blob that could never match."""
+    data = os.urandom(10_000)
+    digest = upstream.add(data)
+    huge = upstream.add(os.urandom(5_000))
+    server = await relay(relays, tmp_path / "r", upstream.url, max_bytes=4_000)
+    server.cache.note_step(1, [digest], {digest: 9_999})
+    assert (await get(f"{server.url}/v1/blobs/{digest}"))[0] == 502
+    assert (await get(f"{server.url}/v1/blobs/{huge}"))[0] == 502
+    assert sample(server, "rollnet_relay_upstream_bytes_total") == 0
+    assert server.cache.path(digest) is None
+    # The size the manifest signs is taken.
+    server.cache.note_step(1, [digest], {digest: len(data)})
+    server.cache.max_bytes = 0
+    assert (await get(f"{server.url}/v1/blobs/{digest}"))[:2] == (200, data)
+
+
 async def test_a_dead_upstream_is_skipped(
     tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
 ) -> None:

@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -128,6 +128,10 @@ class BlobCache:
         self.trusted = trusted
         self.fetches: dict[str, Fetch] = {}
         self.steps: dict[int, set[str]] = {}
+        self.sizes: dict[str, int] = {}
+        """Blob sizes the signed manifests of kept steps give (a relay watching the
+        coordinator): an upstream that claims another size is refused before a byte is
+        stored, so it cannot fill the disk with a blob that could never match."""
         self.hints_trusted = True
         """Whether clients' ``?step=`` hints decide which versions are kept. A relay that
         watches the coordinator learns steps from signed manifests and turns this off, so a
@@ -202,9 +206,14 @@ class BlobCache:
             total -= self._stored[digest]
             self._evict(digest)
 
-    def note_step(self, step: int, digests: Sequence[str]) -> None:
-        """Tie ``digests`` to checkpoint ``step``, and drop the blobs of steps no longer kept."""
+    def note_step(
+        self, step: int, digests: Sequence[str], sizes: Mapping[str, int] | None = None
+    ) -> None:
+        """Tie ``digests`` to checkpoint ``step``, and drop the blobs of steps no longer kept.
+        ``sizes``: the blobs' sizes, from a signed manifest (:attr:`sizes`)."""
         self.steps.setdefault(step, set()).update(digests)
+        if sizes:
+            self.sizes.update(sizes)
         kept = sorted(self.steps)[-self.keep_versions :]
         doomed = [s for s in self.steps if s not in kept]
         if not doomed:
@@ -212,6 +221,7 @@ class BlobCache:
         keep = set().union(*(self.steps[s] for s in kept))
         for old in doomed:
             for digest in self.steps.pop(old) - keep:
+                self.sizes.pop(digest, None)
                 if digest not in self.fetches:
                     self._evict(digest)
         self.metrics.stored_bytes.set(self.stored_bytes())
@@ -307,6 +317,11 @@ class BlobCache:
             if response.status not in (200, 206):
                 raise BlobUnavailable(f"{upstream} answered HTTP {response.status}")
             total = _total_size(response, fetch.received)
+            signed = self.sizes.get(fetch.digest)
+            if signed is not None and total != signed:
+                raise BlobUnavailable(f"{upstream} says {total} bytes, the manifest {signed}")
+            if self.max_bytes and total > self.max_bytes:
+                raise BlobUnavailable(f"{upstream} says {total} bytes, over the relay's cap")
             if fetch.size is None:
                 async with fetch.changed:
                     fetch.size = total

@@ -44,8 +44,9 @@ async def prefetch_checkpoints(
         except CheckpointVerificationError as error:
             log.warning("relay_prefetch_refused", extra={"error": str(error)})
             continue
-        digests = list(dict.fromkeys(ref.blake3.hex() for _, ref in manifest_blobs(manifest)))
-        cache.note_step(manifest.step, digests)
+        sizes = {ref.blake3.hex(): ref.size for _, ref in manifest_blobs(manifest)}
+        digests = list(sizes)
+        cache.note_step(manifest.step, digests, sizes)
         limit = asyncio.Semaphore(concurrency)
 
         async def one(digest: str, limit: asyncio.Semaphore = limit) -> None:
