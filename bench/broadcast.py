@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 _MIB = 1024 * 1024
+_SHARDCAST_SHARD = 50_000_000  # shardcast 0.3.2's SHARDCAST_SHARD_SIZE default
 _PYTHON = sys.executable
 _RELAY = [_PYTHON, "-m", "rollnet.reference.cli", "relay"]
 
@@ -547,6 +548,13 @@ def main() -> int:
         shardcast_origin(args.client_dir, args.port, sys.stdin)
         return 0
 
+    if not args.no_shardcast and args.mib * _MIB <= _SHARDCAST_SHARD:
+        # Seen at --mib 32: a version of one shard sends shardcast's clients into its shard
+        # discovery, asking for shards 2-10 that do not exist, until the bench's deadline.
+        parser.error(
+            f"shardcast cuts {_SHARDCAST_SHARD:,} B shards and its clients never finish a "
+            "version of one shard: give a larger --mib (128 was seen to work) or --no-shardcast"
+        )
     with tempfile.TemporaryDirectory(prefix="rollnet-broadcast-", dir=args.workdir) as scratch:
         root = Path(scratch)
         size = args.mib * _MIB
