@@ -539,7 +539,7 @@ class CheckpointStore:
             # Named after the file (path and content), not at random: when the download is
             # interrupted the shards written so far stay, and the next attempt fetches only the
             # rest. A digest, so the name stays short whatever the path.
-            stem = "." + _digest_of_bytes(item.path.encode() + item.content.blake3).hex()[:32]
+            stem = "." + blake3.blake3(item.path.encode() + item.content.blake3).hexdigest()[:32]
             tmp = target.with_name(f"{stem}.part")
             written = target.with_name(f"{stem}.written")
             digest = await assemble(item.shards, tmp, count=True, written=written)
