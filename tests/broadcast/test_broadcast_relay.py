@@ -222,6 +222,30 @@ async def test_an_upstream_claiming_another_size_stores_nothing(
     assert (await get(f"{server.url}/v1/blobs/{digest}"))[:2] == (200, data)
 
 
+async def test_an_upstream_killed_mid_transfer_is_resumed_from_the_next(
+    tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
+) -> None:
+    """A relay whose upstream dies while a blob streams through it resumes the blob from its
+    next upstream with Range; its client, already receiving, gets the whole blob."""
+    data = os.urandom(2 * 1024 * 1024)
+    digest = upstream.add(data, gated=True)
+    spare = await GatedUpstream().start()
+    try:
+        spare.add(data)
+        server = await relay(relays, tmp_path / "r", upstream.url, spare.url)
+        request = asyncio.create_task(get(f"{server.url}/v1/blobs/{digest}"))
+        await wait_until(lambda: sample(server, "rollnet_relay_upstream_bytes_total") > 0)
+        assert upstream._runner is not None
+        await upstream._runner.cleanup()  # killed: the half-sent response is cut off
+        status, body, _ = await request
+        assert (status, body == data) == (200, True)
+        assert spare.requests == [(digest, f"bytes={len(data) // 2}-")]
+        assert sample(server, "rollnet_relay_upstream_bytes_total") == len(data)
+        assert sample(server, "rollnet_relay_upstream_errors_total") == 1
+    finally:
+        await spare.close()
+
+
 async def test_a_dead_upstream_is_skipped(
     tmp_path: Path, upstream: GatedUpstream, relays: list[RelayServer]
 ) -> None:
