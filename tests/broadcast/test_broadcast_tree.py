@@ -194,6 +194,53 @@ async def test_a_relay_killed_mid_transfer_and_the_client_finishes_elsewhere(
         await upstream.close()
 
 
+async def test_a_relay_that_trickles_bytes_is_left_for_a_faster_one(tmp_path: Path) -> None:
+    """A relay sending just enough to beat the read timeout cannot hold a shard: past
+    ``slow_after`` at under ``slow_share`` of the best measured bandwidth the client resumes
+    from another relay with Range, and samples the slow one less."""
+    import asyncio
+
+    from aiohttp import web
+
+    data = os.urandom(1024 * 1024)
+    fast = await GatedUpstream().start()
+    fast.add(data)
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = len(data)
+        await response.prepare(request)
+        for offset in range(0, len(data), 1024):  # 1 KiB every 50 ms: about 20 KiB/s
+            await response.write(data[offset : offset + 1024])
+            await asyncio.sleep(0.05)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/blobs/{digest}", trickle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.Server)
+    slow = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with RelayShards([slow, fast.url], slow_after=0.5) as shards:
+            shards.health[fast.url].bandwidth = 50e6  # measured on earlier shards
+            shards.health[fast.url].failures = 1e6  # the slow relay is asked first
+            got = await asyncio.wait_for(shards.fetch_shard(_ref(data)), timeout=20)
+        assert got == data
+        [(_, resumed)] = fast.requests
+        assert resumed is not None
+        assert resumed.startswith("bytes=")
+        assert int(resumed.removeprefix("bytes=").rstrip("-")) > 0
+        assert shards.health[slow].failures >= 1
+        assert 0 < shards.health[slow].bandwidth < 0.05 * 50e6
+    finally:
+        await fast.close()
+        await runner.cleanup()
+
+
 async def test_a_corrupted_shard_is_refetched_and_its_relay_reported(
     tmp_path: Path, relays: list[RelayServer]
 ) -> None:

@@ -119,6 +119,8 @@ class RelayShards:
         read_timeout: float = 60.0,
         on_bad_shard: Callable[[BadShardReport], None] | None = None,
         rng: random.Random | None = None,
+        slow_after: float = 30.0,
+        slow_share: float = 0.05,
     ) -> None:
         urls = [url.rstrip("/") for url in relays if url.strip()]
         if not urls:
@@ -138,6 +140,12 @@ class RelayShards:
         """Shard bytes received from relays so far (all attempts)."""
         self.first_byte_at: float | None = None
         """``time.time()`` when the first shard byte arrived (progress lines, benchmarks)."""
+        self.slow_after = slow_after
+        self.slow_share = slow_share
+        """A transfer still running after ``slow_after`` seconds at less than ``slow_share`` of
+        the best bandwidth measured among the relays is given up and resumed elsewhere with
+        ``Range``: a relay that trickles bytes (just fast enough for the read timeout) cannot
+        hold a shard. Relative, so a node whose own link is slow is not affected."""
         self._rng = rng or random.Random()
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout, sock_read=read_timeout
@@ -272,6 +280,7 @@ class RelayShards:
             elif response.status != 200:
                 raise _RelayRefused(f"HTTP {response.status}")
             buffer.sources.add(relay.url)
+            floor = self.slow_share * max(h.bandwidth for h in self.health.values())
             async for chunk in response.content.iter_any():
                 if buffer.size + len(chunk) > shard.size:
                     raise _RelayRefused("sent more bytes than the shard has")
@@ -280,6 +289,11 @@ class RelayShards:
                 self.received_bytes += len(chunk)
                 buffer.append(chunk)
                 received += len(chunk)
+                elapsed = time.monotonic() - began
+                if floor and elapsed > self.slow_after and received / elapsed < floor:
+                    relay.bytes_received += received
+                    relay.bandwidth = received / elapsed  # measured now: sampled less from here
+                    raise _RelayRefused(f"{received / elapsed:,.0f} B/s, too slow")
         relay.bytes_received += received
         elapsed = max(time.monotonic() - began, 1e-6)
         if received >= 64 * 1024:
