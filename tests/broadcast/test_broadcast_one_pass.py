@@ -1,6 +1,6 @@
 """Each byte of a checkpoint is read once by the publisher and hashed once per digest it feeds,
-with storing overlapped with hashing; a client hashes each shard once (as it arrives) and the
-whole file on the way, not by reading it back."""
+with storing overlapped with hashing; a client hashes each shard once (as it arrives) and never
+the whole file: the signed manifest lists every shard of it, in order, with digest and size."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ async def test_a_client_hashes_each_shard_once_and_never_reads_a_file_back(
     async with RelayShards([origin.url]) as shards:
         directory = await store.ensure(checkpoint, shards)
         received = shards.received_bytes
-    assert rehashed == []  # the store trusted RelayShards' check and hashed files on the way
+    assert rehashed == []  # the store trusted RelayShards' check and hashed no file whole
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (directory / name).read_bytes() == (source / name).read_bytes()
     assert received == sum(f.stat().st_size for f in source.iterdir())
@@ -221,13 +221,86 @@ async def test_shards_far_out_of_order_still_give_the_right_file(tmp_path: Path)
     assert (directory / "model.safetensors").read_bytes() == (
         source / "model.safetensors"
     ).read_bytes()
-    # 12 shards after the first: 4 held in memory, the rest read back when their turn came.
-    assert 0 < store.bytes_read_back < (source / "model.safetensors").stat().st_size
 
 
-async def test_a_wrong_file_digest_is_still_refused(tmp_path: Path) -> None:
-    """A manifest whose file digest is not the file's (signed, so only a broken trainer could
-    make one) is refused although every shard matches."""
+_BLAKE3 = blake3.blake3
+
+
+class CountingBlake3:
+    """``blake3.blake3`` counting the bytes it hashes."""
+
+    AUTO = _BLAKE3.AUTO
+    hashed = 0
+
+    def __init__(self, data: bytes = b"", **options: object) -> None:
+        self._inner = _BLAKE3(**options)  # type: ignore[arg-type]
+        self.update(data)
+
+    def update(self, data: bytes) -> None:
+        CountingBlake3.hashed += len(data)
+        self._inner.update(data)
+
+    def digest(self) -> bytes:
+        return bytes(self._inner.digest())
+
+    def hexdigest(self) -> str:
+        return str(self._inner.hexdigest())
+
+
+async def test_a_file_whose_shards_verify_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store hashes each shard once and never a whole file: shard digests and layout are
+    signed, so verified shards make the file the publisher hashed."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(6 * SHARD + 17))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    blobs = {
+        bytes.fromhex(path.name): path.read_bytes()
+        for path in (tmp_path / "origin" / "blobs").iterdir()
+    }
+    monkeypatch.setattr(blake3, "blake3", CountingBlake3)  # the store's too
+    CountingBlake3.hashed = 0
+    directory = await CheckpointStore(tmp_path / "client", network_id=NETWORK_ID).ensure(
+        checkpoint, Served(blobs)
+    )
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (directory / name).read_bytes() == (source / name).read_bytes()
+    shard_bytes = sum(f.stat().st_size for f in source.iterdir())
+    # Each shard once (a source that does not check), plus the short names of partial files.
+    assert shard_bytes <= CountingBlake3.hashed < shard_bytes + 4096
+
+
+async def test_a_shard_with_a_bad_digest_is_refused_though_the_file_is_not_hashed(
+    tmp_path: Path,
+) -> None:
+    """One wrong shard among right ones (the file is never hashed whole): refused."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(4 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    blobs = {
+        bytes.fromhex(path.name): path.read_bytes()
+        for path in (tmp_path / "origin" / "blobs").iterdir()
+    }
+    weights = next(
+        item
+        for item in store_module.verify_checkpoint(checkpoint, network_id=NETWORK_ID).files
+        if item.path == "model.safetensors"
+    )
+    third = weights.shards[2].blake3
+    blobs[third] = blobs[third][:-1] + bytes([blobs[third][-1] ^ 1])
+    with pytest.raises(CheckpointVerificationError, match=third.hex()):
+        await CheckpointStore(tmp_path / "client", network_id=NETWORK_ID).ensure(
+            checkpoint, Served(blobs)
+        )
+    assert not (tmp_path / "client" / "step-1").exists()
+
+
+async def test_a_file_is_its_signed_shards(tmp_path: Path) -> None:
+    """A manifest whose file digest is not its shards' concatenation can only come from a broken
+    trainer (it is signed). The store writes the signed shards, every one checked, and does not
+    hash the file to compare (what a wrong whole-file digest still breaks is the file's use as a
+    delta base: a delta applied to it fails its own check and the full shards are fetched)."""
     trainer = Identity.generate()
     source = model_dir(tmp_path / "model", os.urandom(3 * SHARD))
 
@@ -238,10 +311,19 @@ async def test_a_wrong_file_digest_is_still_refused(tmp_path: Path) -> None:
         return False
 
     manifest, _ = await build_manifest(source, 1, NETWORK_ID, sink, shard_size=SHARD)
-    for item in manifest.files:
-        item.content.blake3 = bytes(32)
+    weights = next(item for item in manifest.files if item.path == "model.safetensors")
+    weights.content.blake3 = bytes(32)
     checkpoint = publishing.signed_checkpoint(trainer, manifest)
-    with pytest.raises(CheckpointVerificationError, match="file digest does not match"):
-        await CheckpointStore(tmp_path / "client", network_id=NETWORK_ID).ensure(
-            checkpoint, Served(blobs)
+    directory = await CheckpointStore(tmp_path / "client", network_id=NETWORK_ID).ensure(
+        checkpoint, Served(blobs)
+    )
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (directory / name).read_bytes() == (source / name).read_bytes()
+    # Where the manifest itself says what the digest is (a file of one shard is that shard, an
+    # empty file has the empty digest), a wrong one is refused before anything is fetched.
+    config = next(item for item in manifest.files if item.path == "config.json")
+    config.content.blake3 = bytes(32)
+    with pytest.raises(CheckpointVerificationError, match=r"config\.json: file digest"):
+        await CheckpointStore(tmp_path / "other", network_id=NETWORK_ID).ensure(
+            publishing.signed_checkpoint(trainer, manifest), Served(blobs)
         )

@@ -99,7 +99,14 @@ async def test_refuses_what_does_not_check_out(tmp_path: Path, tamper: str) -> N
     if tamper == "unsafe_path":
         files = {"../escape.txt": b"boom"}
     checkpoint = make_checkpoint(
-        source, trainer, 1, files, network="other-net" if tamper == "network" else NETWORK_ID
+        source,
+        trainer,
+        1,
+        files,
+        network="other-net" if tamper == "network" else NETWORK_ID,
+        # A file of one shard: the manifest then says what the file's digest must be (the
+        # store checks shards, not files, so a multi-shard file's digest is not compared).
+        shard=64 if tamper == "bad_file_digest" else 5,
     )
     if tamper == "signature":
         checkpoint.signature = Identity.generate().sign(CHECKPOINT_DOMAIN + checkpoint.manifest)

@@ -8,9 +8,12 @@ verbatim in ``Checkpoint.manifest``. Nothing is trusted before it is checked:
 * :func:`verify_checkpoint` checks the trainer's signature, the network id, the step and that
   the file paths follow the canonical path rule (:func:`checkpoint_path_violations`, the rule the
   coordinator applies at ``PublishCheckpoint``; docs/protocol.md, "Checkpoint file paths");
-* :class:`CheckpointStore` downloads each shard, checks its BLAKE3 digest and size, checks each
-  whole file's digest, and only then renames the directory into place, so a directory it returns
-  is always complete and verified. It keeps the newest ``keep`` versions (``async_level + 1``).
+* :class:`CheckpointStore` downloads each shard, checks its BLAKE3 digest and size, writes it at
+  its offset, and only then renames the directory into place, so a directory it returns is always
+  complete and verified. A file assembled from shards is not hashed again as a whole: the signed
+  manifest lists its shards in order with their digests and sizes, and their concatenation is the
+  file (docs/broadcast.md, "Threat model"). It keeps the newest ``keep`` versions
+  (``async_level + 1``).
   A file whose manifest entry carries a delta against a step the store holds is rebuilt from
   that step's file and the (much smaller) delta (:mod:`rollnet.sdk.broadcast.delta`); the result
   must match the signed digest, else the full shards are fetched.
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
 
 
 _STEP_PREFIX = "step-"
+_EMPTY_DIGEST = blake3.blake3(b"").digest()
 _MANIFEST_NAME = ".manifest.pb"
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,29 @@ class CheckedShardSource(Protocol):
     async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """The shard's bytes, already checked against ``shard``'s digest and size; raises
         when no bytes that match could be had."""
+
+
+@runtime_checkable
+class _ChunkedShardSource(Protocol):
+    """A :class:`CheckedShardSource` that can hand a checked shard over as the pieces it arrived
+    in (their concatenation is the shard), so the store writes them with one ``pwritev`` instead
+    of joining them into one buffer first (:class:`~rollnet.sdk.broadcast.RelayShards`)."""
+
+    async def fetch_checked_chunks(self, shard: common_pb2.BlobRef) -> list[bytes]:
+        """The shard's bytes in pieces, already checked against ``shard``'s digest and size."""
+
+
+async def fetch_checked_chunks(source: ShardSource, shard: common_pb2.BlobRef) -> list[bytes]:
+    """Like :func:`fetch_checked`, as the pieces the shard arrived in (one piece when
+    ``source`` cannot give pieces)."""
+    if isinstance(source, _ChunkedShardSource):
+        chunks = await source.fetch_checked_chunks(shard)
+        if sum(len(chunk) for chunk in chunks) != shard.size:
+            raise CheckpointVerificationError(
+                f"shard {shard.blake3.hex()} does not match its digest and size"
+            )
+        return chunks
+    return [await fetch_checked(source, shard)]
 
 
 async def fetch_checked(source: ShardSource, shard: common_pb2.BlobRef) -> bytes:
@@ -151,13 +178,17 @@ class FallbackShards:
     async def fetch_checked_shard(self, shard: common_pb2.BlobRef) -> bytes:
         """The shard from ``primary``, else from ``fallback``; each checked once, so wrong
         bytes from ``primary`` also send the request to ``fallback``."""
+        return b"".join(await self.fetch_checked_chunks(shard))
+
+    async def fetch_checked_chunks(self, shard: common_pb2.BlobRef) -> list[bytes]:
+        """The same, in the pieces the shard arrived in (no join: the store writes them)."""
         try:
-            return await fetch_checked(self.primary, shard)
+            return await fetch_checked_chunks(self.primary, shard)
         except Exception as error:  # whatever failed among the relays, the fallback may serve
             log.warning(
                 "relay_shard_fallback", extra={"blake3": shard.blake3.hex(), "error": str(error)}
             )
-            return await fetch_checked(self.fallback, shard)
+            return await fetch_checked_chunks(self.fallback, shard)
 
 
 def verify_checkpoint(
@@ -198,6 +229,12 @@ def verify_checkpoint(
     for item in manifest.files:
         if sum(s.size for s in item.shards) != item.content.size:
             raise CheckpointVerificationError(f"{item.path}: shard sizes do not add up")
+        # The file is its shards' concatenation (the store checks each shard, not the file):
+        # where that says what the file's digest is, the signed one must agree.
+        if (len(item.shards) == 1 and item.shards[0] != item.content) or (
+            not item.shards and item.content.blake3 != _EMPTY_DIGEST
+        ):
+            raise CheckpointVerificationError(f"{item.path}: file digest is not its shards'")
         if item.HasField("delta") and (
             sum(s.size for s in item.delta.shards) != item.delta.content.size
             or item.delta.base_step >= manifest.step
@@ -395,8 +432,6 @@ class CheckpointStore:
         """Files this store built by applying a delta."""
         self.full_files = 0
         """Files this store fetched whole."""
-        self.bytes_read_back = 0
-        """Bytes read back from files to hash them (shards that arrived far out of order)."""
         self.bytes_resumed = 0
         """Shard bytes an interrupted download had written, checked and kept (not fetched)."""
         self._locks: dict[int, asyncio.Lock] = {}
@@ -464,22 +499,20 @@ class CheckpointStore:
             done += size
             self._report(done, total)
 
-        async def fetch(shard: common_pb2.BlobRef) -> bytes:
+        async def fetch(shard: common_pb2.BlobRef) -> list[bytes]:
             async with limit:
-                return await fetch_checked(source, shard)
+                return await fetch_checked_chunks(source, shard)
 
-        async def kept(
-            descriptor: int, index: int, shard: common_pb2.BlobRef, offset: int
-        ) -> bytes | None:
+        async def kept(descriptor: int, index: int, shard: common_pb2.BlobRef, offset: int) -> bool:
             # A shard an earlier attempt wrote: used only if its bytes on disk still match.
             async with limit:
                 data = await asyncio.to_thread(os.pread, descriptor, shard.size, offset)
                 if len(data) != shard.size:
-                    return None
+                    return False
                 if await asyncio.to_thread(_digest_of_bytes, data) != shard.blake3:
-                    return None
+                    return False
             self.bytes_resumed += len(data)
-            return data
+            return True
 
         async def assemble(
             shards: Sequence[common_pb2.BlobRef],
@@ -487,11 +520,12 @@ class CheckpointStore:
             *,
             count: bool,
             written: Path | None = None,
-        ) -> bytes:
+        ) -> None:
             # Shards are written at their offsets as they arrive, so a file never sits in memory
-            # whole; the whole file's digest is computed on the way (returned; the caller
-            # compares it). ``written``: a log of the shards already written to ``path``, kept
-            # across interruptions, so the next attempt fetches only the others.
+            # whole. Each is checked against its signed digest and size before it is written,
+            # and the signed list tiles the file (sizes add up: verify_checkpoint), so the file
+            # is not hashed again. ``written``: a log of the shards already written to ``path``,
+            # kept across interruptions, so the next attempt fetches only the others.
             offsets = []
             position = 0
             for shard in shards:
@@ -505,21 +539,18 @@ class CheckpointStore:
                 if written is None
                 else os.open(written, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             )
-            file_digest = _FileDigest(shards, descriptor, hold=self.concurrency)
             try:
 
                 async def place(index: int, shard: common_pb2.BlobRef, offset: int) -> None:
-                    data = None
-                    if index in done:
-                        data = await kept(descriptor, index, shard, offset)
-                    if data is None:
-                        data = await fetch(shard)
-                        await asyncio.to_thread(os.pwrite, descriptor, data, offset)
+                    resumed = index in done and await kept(descriptor, index, shard, offset)
+                    if not resumed:
+                        chunks = await fetch(shard)
+                        await asyncio.to_thread(_write_chunks, descriptor, chunks, offset)
+                        del chunks  # the shard's memory goes before the next one arrives
                         if log_descriptor is not None:
                             os.write(log_descriptor, f"{index}\n".encode())
                     if count:
-                        advance(len(data))
-                    await file_digest.add(index, data)
+                        advance(shard.size)
 
                 await asyncio.gather(
                     *(
@@ -532,8 +563,6 @@ class CheckpointStore:
                 os.close(descriptor)
                 if log_descriptor is not None:
                     os.close(log_descriptor)
-            self.bytes_read_back += file_digest.read_back
-            return file_digest.digest()
 
         async def full(item: checkpoint_pb2.CheckpointFile, target: Path) -> None:
             # Named after the file (path and content), not at random: when the download is
@@ -542,11 +571,7 @@ class CheckpointStore:
             stem = "." + blake3.blake3(item.path.encode() + item.content.blake3).hexdigest()[:32]
             tmp = target.with_name(f"{stem}.part")
             written = target.with_name(f"{stem}.written")
-            digest = await assemble(item.shards, tmp, count=True, written=written)
-            if digest != item.content.blake3:
-                tmp.unlink(missing_ok=True)
-                written.unlink(missing_ok=True)
-                raise CheckpointVerificationError(f"{item.path}: file digest does not match")
+            await assemble(item.shards, tmp, count=True, written=written)
             os.replace(tmp, target)
             written.unlink(missing_ok=True)
 
@@ -616,11 +641,9 @@ class CheckpointStore:
         delta_file = target.with_name(f".{secrets.token_hex(8)}.delta")
         tmp = target.with_name(f".{secrets.token_hex(8)}.tmp")
         try:
-            if (
-                await assemble(item.delta.shards, delta_file, count=False)
-                != item.delta.content.blake3
-            ):
-                raise CheckpointVerificationError(f"{item.path}: delta digest does not match")
+            # The delta's shards are checked like a file's; what it rebuilds is checked whole
+            # below (the base and the delta's instructions are not covered by the shard digests).
+            await assemble(item.delta.shards, delta_file, count=False)
             await asyncio.to_thread(apply_delta, base, delta_file, tmp, size=item.content.size)
             if await asyncio.to_thread(_digest_of, tmp) != item.content.blake3:
                 raise CheckpointVerificationError(
@@ -660,7 +683,7 @@ class _Assemble(Protocol):
         *,
         count: bool,
         written: Path | None = None,
-    ) -> bytes: ...
+    ) -> None: ...
 
 
 def _written_shards(log_path: Path, shards: int) -> set[int]:
@@ -672,56 +695,28 @@ def _written_shards(log_path: Path, shards: int) -> set[int]:
     return {int(line) for line in text.split() if line.isdigit() and int(line) < shards}
 
 
-class _FileDigest:
-    """A file's BLAKE3, computed from its shards as they arrive (each shard's bytes are hashed
-    into it once, in order, while later shards are still in transit), so the file is not read
-    back to be hashed after the last shard. A shard that arrives before its predecessors is held
-    in memory until they have come, up to ``hold`` of them; one past that is read back from the
-    file (``descriptor``) when its turn comes. A file of one shard is that shard: its checked
-    digest is the file's."""
+def _write_chunks(descriptor: int, chunks: Sequence[bytes], offset: int) -> None:
+    """Write ``chunks`` one after another at ``offset`` with ``pwritev`` (at most ``_IOV_MAX``
+    pieces a call), without a copy joining them first."""
+    pieces = [memoryview(chunk) for chunk in chunks if chunk]
+    first = 0
+    while first < len(pieces):
+        written = os.pwritev(descriptor, pieces[first : first + _IOV_MAX], offset)
+        if not written:
+            raise OSError(f"pwritev wrote nothing at offset {offset}")
+        offset += written
+        # Skip what was written: usually the whole batch; a short write leaves a tail.
+        while written:
+            if written >= len(pieces[first]):
+                written -= len(pieces[first])
+                first += 1
+            else:
+                pieces[first] = pieces[first][written:]
+                written = 0
 
-    def __init__(self, shards: Sequence[common_pb2.BlobRef], descriptor: int, *, hold: int) -> None:
-        self._sizes = [shard.size for shard in shards]
-        self._offsets = [sum(self._sizes[:index]) for index in range(len(shards))]
-        self._descriptor = descriptor
-        self._single = shards[0].blake3 if len(shards) == 1 else None
-        self._hold = max(1, hold)
-        self._hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        self._next = 0
-        self._held: dict[int, bytes] = {}
-        self._written: set[int] = set()
-        self._feeding = asyncio.Lock()
-        self.read_back = 0
-        """Bytes read back from the file because their shard came too far out of order."""
 
-    async def add(self, index: int, data: bytes) -> None:
-        """Shard ``index`` arrived (checked) with ``data`` and is written to the file."""
-        if self._single is not None:
-            return
-        self._written.add(index)
-        if index == self._next or len(self._held) < self._hold:
-            self._held[index] = data
-        async with self._feeding:  # one feeder at a time keeps the order
-            while self._next in self._written:
-                chunk = self._held.pop(self._next, None)
-                if chunk is None:
-                    chunk = await asyncio.to_thread(
-                        os.pread,
-                        self._descriptor,
-                        self._sizes[self._next],
-                        self._offsets[self._next],
-                    )
-                    self.read_back += len(chunk)
-                await asyncio.to_thread(self._hasher.update, chunk)
-                self._next += 1
-
-    def digest(self) -> bytes:
-        """The file's digest (once every shard was added)."""
-        if self._single is not None:
-            return self._single
-        if self._next != len(self._sizes):
-            raise RuntimeError("the file's digest was asked for before its last shard")
-        return bytes(self._hasher.digest())
+_IOV_MAX = 1024
+"""Pieces one ``pwritev`` takes at most (Linux's ``IOV_MAX``)."""
 
 
 def _digest_of_bytes(data: bytes) -> bytes:

@@ -214,6 +214,11 @@ class RelayShards:
         """The shard's bytes, checked against its digest and size as they arrived (a
         :class:`~rollnet.sdk.checkpoints.CheckedShardSource`: the store does not hash them
         again)."""
+        return b"".join(await self.fetch_checked_chunks(shard))
+
+    async def fetch_checked_chunks(self, shard: common_pb2.BlobRef) -> list[bytes]:
+        """The same, as the pieces the bytes arrived in (their concatenation is the shard): the
+        store writes them with one ``pwritev``, so a shard is never copied into one buffer."""
         digest = shard.blake3.hex()
         buffer = _Partial(self.partial_dir, digest, shard.size)
         tried: set[str] = set()
@@ -233,9 +238,9 @@ class RelayShards:
                     continue
                 if buffer.digest() == shard.blake3:
                     relay.successes += 1
-                    data = buffer.contents()
+                    chunks = buffer.chunks()
                     buffer.discard()
-                    return data
+                    return chunks
                 if buffer.sources == {relay.url}:
                     self._report(relay, shard, "served bytes that do not match the shard digest")
                 last_error = f"{relay.url}: digest mismatch"
@@ -317,7 +322,7 @@ class _Partial:
     def __init__(self, directory: Path | None, digest: str, size: int) -> None:
         self.sources: set[str] = set()
         self._hasher = blake3.blake3()
-        self._chunks: list[bytes] = []  # joined once at the end: no zero-fill, no regrowth
+        self._chunks: list[bytes] = []  # written as they came (pwritev)
         self._path = None if directory is None else directory / f"{digest}.part"
         self._finished = False
         self.size = 0
@@ -335,6 +340,10 @@ class _Partial:
     def digest(self) -> bytes:
         """BLAKE3 of the bytes so far."""
         return bytes(self._hasher.digest())
+
+    def chunks(self) -> list[bytes]:
+        """The bytes so far, in the pieces they came in."""
+        return list(self._chunks)
 
     def contents(self) -> bytes:
         if len(self._chunks) > 1:
