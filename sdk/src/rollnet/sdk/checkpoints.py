@@ -89,6 +89,45 @@ class _ChunkedShardSource(Protocol):
         """The shard's bytes in pieces, already checked against ``shard``'s digest and size."""
 
 
+@runtime_checkable
+class _StreamingShardSource(Protocol):
+    """A :class:`CheckedShardSource` that writes a shard to its place in the file as its bytes
+    arrive, checking them on the way (:meth:`~rollnet.sdk.broadcast.RelayShards.
+    fetch_checked_into`): no shard is held in memory whole."""
+
+    async def fetch_checked_into(self, shard: common_pb2.BlobRef, sink: _ShardPlace) -> None:
+        """Write ``shard`` to ``sink``; returns once what was written matches its digest."""
+
+
+@dataclass(frozen=True)
+class _ShardPlace:
+    """Where a shard goes: ``descriptor`` (a file open for writing), from ``offset``."""
+
+    descriptor: int
+    offset: int
+
+    def write(self, position: int, data: bytes) -> None:
+        """Write ``data`` at ``position`` within the shard (on the event loop: a piece is what
+        one receive gave, and the page cache takes it in microseconds)."""
+        written = os.pwrite(self.descriptor, data, self.offset + position)
+        if written != len(data):
+            _write_chunks(self.descriptor, [data[written:]], self.offset + position + written)
+
+    def read(self, size: int) -> bytes:
+        """The shard's first ``size`` bytes as written."""
+        return os.pread(self.descriptor, size, self.offset)
+
+
+async def write_checked(source: ShardSource, shard: common_pb2.BlobRef, place: _ShardPlace) -> None:
+    """``shard`` from ``source``, checked against its digest and size, written at ``place``:
+    as its bytes arrive when ``source`` can stream them, else in one ``pwritev``."""
+    if isinstance(source, _StreamingShardSource):
+        await source.fetch_checked_into(shard, place)
+        return
+    chunks = await fetch_checked_chunks(source, shard)
+    await asyncio.to_thread(_write_chunks, place.descriptor, chunks, place.offset)
+
+
 async def fetch_checked_chunks(source: ShardSource, shard: common_pb2.BlobRef) -> list[bytes]:
     """Like :func:`fetch_checked`, as the pieces the shard arrived in (one piece when
     ``source`` cannot give pieces)."""
@@ -179,6 +218,17 @@ class FallbackShards:
         """The shard from ``primary``, else from ``fallback``; each checked once, so wrong
         bytes from ``primary`` also send the request to ``fallback``."""
         return b"".join(await self.fetch_checked_chunks(shard))
+
+    async def fetch_checked_into(self, shard: common_pb2.BlobRef, sink: _ShardPlace) -> None:
+        """The shard from ``primary``, else from ``fallback``, written to ``sink`` (bytes
+        ``primary`` wrote that fail the check are written over)."""
+        try:
+            await write_checked(self.primary, shard, sink)
+        except Exception as error:  # whatever failed among the relays, the fallback may serve
+            log.warning(
+                "relay_shard_fallback", extra={"blake3": shard.blake3.hex(), "error": str(error)}
+            )
+            await write_checked(self.fallback, shard, sink)
 
     async def fetch_checked_chunks(self, shard: common_pb2.BlobRef) -> list[bytes]:
         """The same, in the pieces the shard arrived in (no join: the store writes them)."""
@@ -499,9 +549,9 @@ class CheckpointStore:
             done += size
             self._report(done, total)
 
-        async def fetch(shard: common_pb2.BlobRef) -> list[bytes]:
+        async def fetch(shard: common_pb2.BlobRef, place: _ShardPlace) -> None:
             async with limit:
-                return await fetch_checked_chunks(source, shard)
+                await write_checked(source, shard, place)
 
         async def kept(descriptor: int, index: int, shard: common_pb2.BlobRef, offset: int) -> bool:
             # A shard an earlier attempt wrote: used only if its bytes on disk still match.
@@ -544,20 +594,24 @@ class CheckpointStore:
                 async def place(index: int, shard: common_pb2.BlobRef, offset: int) -> None:
                     resumed = index in done and await kept(descriptor, index, shard, offset)
                     if not resumed:
-                        chunks = await fetch(shard)
-                        await asyncio.to_thread(_write_chunks, descriptor, chunks, offset)
-                        del chunks  # the shard's memory goes before the next one arrives
+                        await fetch(shard, _ShardPlace(descriptor, offset))
                         if log_descriptor is not None:
                             os.write(log_descriptor, f"{index}\n".encode())
                     if count:
                         advance(shard.size)
 
-                await asyncio.gather(
-                    *(
-                        place(index, shard, offset)
-                        for index, (shard, offset) in enumerate(zip(shards, offsets, strict=True))
-                    )
-                )
+                tasks = [
+                    asyncio.ensure_future(place(index, shard, offset))
+                    for index, (shard, offset) in enumerate(zip(shards, offsets, strict=True))
+                ]
+                try:
+                    await asyncio.gather(*tasks)
+                except BaseException:
+                    # Shards still arriving write to ``descriptor``: stop them before it closes.
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
                 os.ftruncate(descriptor, sum(s.size for s in shards))
             finally:
                 os.close(descriptor)

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import blake3
@@ -43,6 +44,18 @@ _FLOOR_SHARE = 0.02
 
 class RelayError(Exception):
     """No relay could deliver a shard that matches its digest."""
+
+
+class ShardSink(Protocol):
+    """Where a shard's bytes go as they arrive (the store's file, at the shard's offset):
+    :meth:`RelayShards.fetch_checked_into`."""
+
+    def write(self, position: int, data: bytes) -> None:
+        """Put ``data`` at ``position`` within the shard (bytes of an attempt that fails its
+        digest are written over by the next)."""
+
+    def read(self, size: int) -> bytes:
+        """The shard's first ``size`` bytes as written (to save an unfinished shard)."""
 
 
 @dataclass
@@ -217,10 +230,22 @@ class RelayShards:
         return b"".join(await self.fetch_checked_chunks(shard))
 
     async def fetch_checked_chunks(self, shard: common_pb2.BlobRef) -> list[bytes]:
-        """The same, as the pieces the bytes arrived in (their concatenation is the shard): the
-        store writes them with one ``pwritev``, so a shard is never copied into one buffer."""
+        """The same, as the pieces the bytes arrived in (their concatenation is the shard)."""
+        buffer = _Partial(self.partial_dir, shard.blake3.hex(), shard.size)
+        await self._fetch(shard, buffer)
+        return buffer.chunks()
+
+    async def fetch_checked_into(self, shard: common_pb2.BlobRef, sink: ShardSink) -> None:
+        """Write the shard to ``sink`` as its bytes arrive, each piece hashed and written
+        straight from the buffer it was received in, so a shard never sits in memory whole
+        (no fresh pages to fault in per shard: the CPU a byte costs is one receive, one hash and
+        one write). Returns once the bytes written match the digest and size; raises
+        :class:`RelayError` when no relay delivered them (``sink`` then holds bytes that are
+        not the shard, to be written over)."""
+        await self._fetch(shard, _Partial(self.partial_dir, shard.blake3.hex(), shard.size, sink))
+
+    async def _fetch(self, shard: common_pb2.BlobRef, buffer: _Partial) -> None:
         digest = shard.blake3.hex()
-        buffer = _Partial(self.partial_dir, digest, shard.size)
         tried: set[str] = set()
         last_error = "no attempt"
         try:
@@ -238,9 +263,8 @@ class RelayShards:
                     continue
                 if buffer.digest() == shard.blake3:
                     relay.successes += 1
-                    chunks = buffer.chunks()
                     buffer.discard()
-                    return chunks
+                    return
                 if buffer.sources == {relay.url}:
                     self._report(relay, shard, "served bytes that do not match the shard digest")
                 last_error = f"{relay.url}: digest mismatch"
@@ -313,14 +337,18 @@ class _RelayRefused(Exception):
 
 
 class _Partial:
-    """A shard's bytes so far, in memory and hashed as they come. With ``directory``, bytes
+    """A shard's bytes so far, hashed as they come, kept in memory or (with ``sink``) written
+    there as they come. With ``directory``, bytes
     left over when the transfer stops unfinished (the process is interrupted, every relay
     failed) are saved to ``directory/<digest>.part``, and the next attempt, in this process or
     the next, resumes after them with ``Range``; a shard that arrives whole never touches the
     disk here (the store writes it once, in place)."""
 
-    def __init__(self, directory: Path | None, digest: str, size: int) -> None:
+    def __init__(
+        self, directory: Path | None, digest: str, size: int, sink: ShardSink | None = None
+    ) -> None:
         self.sources: set[str] = set()
+        self._sink = sink
         self._hasher = blake3.blake3()
         self._chunks: list[bytes] = []  # written as they came (pwritev)
         self._path = None if directory is None else directory / f"{digest}.part"
@@ -333,7 +361,10 @@ class _Partial:
                 self.sources.add("(an earlier run)")
 
     def append(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
+        if self._sink is None:
+            self._chunks.append(chunk)
+        else:
+            self._sink.write(self.size, chunk)
         self._hasher.update(chunk)
         self.size += len(chunk)
 
@@ -346,6 +377,8 @@ class _Partial:
         return list(self._chunks)
 
     def contents(self) -> bytes:
+        if self._sink is not None:
+            return self._sink.read(self.size)
         if len(self._chunks) > 1:
             self._chunks = [b"".join(self._chunks)]
         return self._chunks[0] if self._chunks else b""
@@ -403,6 +436,7 @@ __all__ = [
     "RelayError",
     "RelayHealth",
     "RelayShards",
+    "ShardSink",
     "relay_list",
     "sample_weights",
 ]
