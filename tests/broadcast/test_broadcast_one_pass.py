@@ -327,3 +327,35 @@ async def test_a_file_is_its_signed_shards(tmp_path: Path) -> None:
         await CheckpointStore(tmp_path / "other", network_id=NETWORK_ID).ensure(
             publishing.signed_checkpoint(trainer, manifest), Served(blobs)
         )
+
+
+async def test_wrong_bytes_a_relay_streamed_into_the_file_are_written_over(
+    tmp_path: Path, relays: list[RelayServer]
+) -> None:
+    """Shards go to the file as they arrive, before their digest is known: a relay whose bytes
+    fail it leaves them there, and the fallback's right bytes replace them."""
+    trainer = Identity.generate()
+    source = model_dir(tmp_path / "model", os.urandom(4 * SHARD))
+    checkpoint = await publish_to_origin(tmp_path / "origin", source, 1, trainer, shard_size=SHARD)
+    blobs = {
+        bytes.fromhex(path.name): path.read_bytes()
+        for path in (tmp_path / "origin" / "blobs").iterdir()
+    }
+    weights = next(
+        item
+        for item in store_module.verify_checkpoint(checkpoint, network_id=NETWORK_ID).files
+        if item.path == "model.safetensors"
+    )
+    victim = weights.shards[2]
+    (tmp_path / "origin" / "blobs" / victim.blake3.hex()).write_bytes(bytes(victim.size))
+    origin = await start_relay(RelayConfig(data_dir=tmp_path / "origin"))
+    relays.append(origin)
+    fallback = Served(blobs)
+    store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
+    async with RelayShards([origin.url], attempts_per_relay=1) as shards:
+        directory = await store.ensure(checkpoint, FallbackShards(shards, fallback))
+        assert [report.blake3 for report in shards.reports] == [victim.blake3]
+    assert (directory / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+    assert fallback.asked == 1
