@@ -7,11 +7,9 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +47,6 @@ def refused(capsys: pytest.CaptureFixture[str], data_dir: Path, *argv: str) -> s
         list(data_dir.iterdir())
     )
     return lines[0]
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(
