@@ -30,13 +30,13 @@ from rollnet.sdk import (
     RollnetError,
     TlsConfig,
 )
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 from rollnet.sdk.version import software_version
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 EXIT_USAGE = EXIT_ERROR
 __all__ = ["EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE"]
 
-DEFAULT_NETWORK_ID = "rollnet-local"
 SOFTWARE_VERSION = software_version("cli")
 
 _STATES = {
