@@ -1,0 +1,44 @@
+"""``scripts/check_commit_message.py``: short subjects, the detail in a body below a blank line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module() -> ModuleType:
+    path = ROOT / "scripts/check_commit_message.py"
+    spec = importlib.util.spec_from_file_location("check_commit_message", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_commit_message"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_short_subject_with_a_body_below_a_blank_line_passes() -> None:
+    check = _module()
+    message = "Ledger: one claim outcome\n\nThe detail, as long as it needs.\n# a git comment\n"
+    assert check.problems(message) == []
+    assert check.problems("Docs: a subject alone\n\n") == []
+
+
+def test_a_long_subject_a_missing_blank_line_and_an_empty_message_are_named(
+    tmp_path: Path,
+) -> None:
+    check = _module()
+    (long,) = check.problems("x" * 73)
+    assert "73 characters (at most 72)" in long
+    (glued,) = check.problems("Subject\nbody right below it\n")
+    assert "second line must be blank" in glued
+    assert check.problems("# only a comment\n\n") == ["the subject line is empty"]
+    message = tmp_path / "COMMIT_EDITMSG"
+    message.write_text("y" * 80 + "\n")
+    assert check.main([str(message)]) == 1
+    message.write_text("Short\n")
+    assert check.main([str(message)]) == 0
