@@ -32,6 +32,7 @@ from rollnet.sdk import (
 )
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.sdk.testing import NETWORK_ID, connect
@@ -63,7 +64,7 @@ def register_request(
     request = node_service_pb2.RegisterNodeRequest(
         public_key=identity.public_key,
         role=role,  # type: ignore[arg-type]
-        protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+        protocol_version=PROTOCOL_VERSION,
         software_version="test/0",
         capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
         hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
