@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+from script_testing import ROOT, load_file
 
 
 def _module() -> ModuleType:
-    path = ROOT / "scripts/check_commit_message.py"
-    spec = importlib.util.spec_from_file_location("check_commit_message", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["check_commit_message"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts/check_commit_message.py")
 
 
 def test_a_short_subject_with_a_body_below_a_blank_line_passes() -> None:
