@@ -53,6 +53,8 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
+from rollnet.sdk.node import PROTOCOL_VERSION
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coordinator_load import (
     HEARTBEAT,
@@ -240,7 +242,7 @@ def register_body(identity: Identity) -> bytes:
     return node_service_pb2.RegisterNodeRequest(
         public_key=identity.public_key,
         role=common_pb2.ROLE_WORKER,
-        protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+        protocol_version=PROTOCOL_VERSION,
         software_version="abuse/1",
         capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
     ).SerializeToString()

@@ -38,6 +38,7 @@ from google.protobuf import duration_pb2
 
 from rollnet.sdk import Identity, RequestSigner, batches
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.v1 import (
     blob_service_pb2,
@@ -249,7 +250,7 @@ async def register_all(
         request = node_service_pb2.RegisterNodeRequest(
             public_key=node.identity.public_key,
             role=role,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            protocol_version=PROTOCOL_VERSION,
             software_version="bench/1",
             capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
         ).SerializeToString()

@@ -29,6 +29,7 @@ from rollnet.reference.coordinator.bounds import RequestBounds
 from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.sdk import Identity
 from rollnet.sdk.identity import verify_signature
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.v1 import (
     commitment_pb2,
     commitment_service_pb2,
@@ -123,7 +124,7 @@ def typical_requests() -> dict[str, tuple[str, Message]]:
                 request_id="5f0c3b8e2a4d4c6f9e1b7a2d3c4e5f60",
                 public_key=digest,
                 role=common_pb2.ROLE_WORKER,
-                protocol_version=common_pb2.ProtocolVersion(major=1),
+                protocol_version=PROTOCOL_VERSION,
                 software_version="rollnet-sdk/0.1.0",
                 capabilities=node_pb2.Capabilities(
                     backends=["torch"], environments=["arithmetic"], dtypes=["float32"]

@@ -62,6 +62,7 @@ from rollnet.reference.inference.base import SamplingParams
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.model.tiny import TinyModelSpec, init_tiny_model
+from rollnet.reference.testing import validation_job
 from rollnet.reference.validator import CheckpointModel, EnvironmentCache, validate_job
 from rollnet.sdk import Identity, batches
 from rollnet.sdk.prompts import encode_prompt
@@ -72,7 +73,7 @@ from rollnet.sdk.proofs import (
     sign_challenge,
     thresholds_for,
 )
-from rollnet.v1 import commitment_pb2, common_pb2, rollout_pb2, task_pb2, validation_pb2
+from rollnet.v1 import common_pb2, rollout_pb2, task_pb2, validation_pb2
 
 NETWORK = "rollnet-bench"
 FINISH = {"eos": rollout_pb2.FINISH_REASON_EOS, "length": rollout_pb2.FINISH_REASON_LENGTH}
@@ -462,19 +463,7 @@ def seal(
     """The job and blob a coordinator would hand a validator for these rollouts."""
     sealed = batches.seal(lease, task, rollouts)
     request = sealed.request
-    commitment = commitment_pb2.Commitment(
-        commitment_id="c-" + task.task_id,
-        task_id=task.task_id,
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
-        node_id=lease.node_id,
-        rollout_batch=request.rollout_batch,
-        checkpoint_step=task.checkpoint_step,
-        rollouts=request.rollouts,
-    )
-    job = validation_pb2.ValidationJob(
-        job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=NETWORK
-    )
+    job = validation_job(task, lease, request.rollout_batch, request.rollouts)
     return job, sealed.batch
 
 

@@ -3,8 +3,10 @@
 Every unary RPC of every ``rollnet.v1`` service becomes one typed ``async def`` (snake_case of the
 RPC name) on a ``<Service>Methods`` base class: the request message in, the response message out,
 keyword-only ``timeout``, ``metadata`` and ``retry``, and the RPC's leading proto comment as its
-docstring. :mod:`rollnet.sdk.client` derives its clients from these classes and hand-writes only
-the methods that add behaviour: streams, and the RPCs in :data:`HAND_WRITTEN`. The model is
+docstring. A request with a ``google.protobuf.Duration wait`` field is a long poll: its default
+deadline covers the wait (:meth:`ServiceClient._long_poll_timeout`). :mod:`rollnet.sdk.client`
+derives its clients from these classes and hand-writes only the methods that add behaviour:
+streams, and the RPCs in :data:`HAND_WRITTEN` (none today). The model is
 temporalio/sdk-python's ``services_generated.py``. Output is ``ruff format``-ed, so ``make codegen``
 writes the same bytes on every machine and ``make check-codegen`` (CI) fails when the committed file
 differs. Usage in buf.gen.yaml: ``local: [.venv/bin/python, scripts/protoc_gen_rollnet_client.py]``.
@@ -22,11 +24,10 @@ from google.protobuf.compiler import plugin_pb2
 
 OUTPUT = "rollnet/sdk/_client_generated.py"
 
-HAND_WRITTEN = {
-    "rollnet.v1.TaskService.PullTask": "a long poll: its default deadline covers request.wait",
-    "rollnet.v1.ValidationService.PullValidationJob": "a long poll, like PullTask",
-}
+HAND_WRITTEN: dict[str, str] = {}
 """Unary RPCs whose client methods are written by hand in rollnet.sdk.client, and why."""
+
+_DURATION = ".google.protobuf.Duration"
 
 _SERVICE = 6  # FileDescriptorProto.service
 _METHOD = 2  # ServiceDescriptorProto.method
@@ -80,9 +81,18 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                 empty = not _message(method.input_type, files).field
                 parameter = f"{request} | None = None" if empty else request
                 argument = f"request or {request}()" if empty else "request"
+                long_poll = _is_long_poll(_message(method.input_type, files))
+                deadline = (
+                    "            default_timeout=self._long_poll_timeout(request.wait),\n"
+                    if long_poll
+                    else ""
+                )
                 modules.update({request.split(".")[0], response.split(".")[0]})
                 constant = "_" + snake_case(method.name).upper()
-                doc = docstring(notes.get((_SERVICE, s_index, _METHOD, m_index), ""), method.name)
+                comment = notes.get((_SERVICE, s_index, _METHOD, m_index), "")
+                if long_poll:
+                    comment += "\n\nWithout ``timeout`` the deadline covers ``request.wait``."
+                doc = docstring(comment, method.name)
                 methods.append(
                     f"    {constant} = method_path({service.name!r}, {method.name!r})\n\n"
                     f"    async def {snake_case(method.name)}(\n"
@@ -101,6 +111,7 @@ def render(files: list[descriptor_pb2.FileDescriptorProto]) -> str:
                     f"            timeout=timeout,\n"
                     f"            metadata=metadata,\n"
                     f"            retry=retry,\n"
+                    f"{deadline}"
                     f"        )\n"
                 )
             if not methods:
@@ -153,6 +164,12 @@ def _message(
     full_name: str, files: list[descriptor_pb2.FileDescriptorProto]
 ) -> descriptor_pb2.DescriptorProto:
     return _find(full_name, files)[1]
+
+
+def _is_long_poll(request: descriptor_pb2.DescriptorProto) -> bool:
+    """Whether the request carries a ``google.protobuf.Duration wait``: how long the server may
+    hold the call."""
+    return any(f.name == "wait" and f.type_name == _DURATION for f in request.field)
 
 
 def format_source(source: str) -> str:

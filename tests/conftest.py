@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,15 @@ def sandbox_host() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{message} (CI is set: the sandbox tests must run)")
         pytest.skip(message)
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 something is listening on (for a server that must refuse it)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield int(listener.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+from script_testing import ROOT, load_file
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "scripts/bench_report.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_report"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts/bench_report.py")
 
 
 def test_an_updated_report_keeps_what_was_not_run_and_says_from_when() -> None:

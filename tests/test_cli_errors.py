@@ -33,15 +33,6 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str, says: str) -> str:
     return line
 
 
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    """A port some other process listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
 @pytest.fixture(autouse=True)
 def _quiet_logging() -> Iterator[None]:
     yield

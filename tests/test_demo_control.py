@@ -7,11 +7,8 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 from rollnet.reference.cli import main
 from rollnet.reference.demo_control import DataDirLock, known_cheats, processes_using
 from rollnet.reference.demo_view import SwarmWatch, plain_line, sparkline, summary_fields, trend
+from rollnet.sdk.testing import wait_until_blocking
 
 SMALL = [
     "--workers",
@@ -49,14 +47,6 @@ def refused(capsys: pytest.CaptureFixture[str], data_dir: Path, *argv: str) -> s
         list(data_dir.iterdir())
     )
     return lines[0]
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -264,10 +254,13 @@ def test_sigterm_stops_every_process_and_still_prints_the_summary(tmp_path: Path
     assert "ledger export: " in output, output
     assert (root / "ledger.jsonl").stat().st_size > 0, output
     assert "stopped by SIGTERM" in output, output
-    deadline = time.monotonic() + 10
-    while (left := [pid for pid in children if _alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)  # zombies of the killed ones are reaped by init
-    assert not left, (left, output)
+    # Zombies of the killed ones are reaped by init.
+    wait_until_blocking(
+        lambda: not [pid for pid in children if _alive(pid)],
+        within=10,
+        what=f"the demo's children {children} to exit; its output: {output}",
+        poll=0.1,
+    )
     assert processes_using(root) == []
 
 
@@ -317,10 +310,8 @@ def test_a_second_signal_kills_every_child_at_once() -> None:
     assert "SIGINT: stopping the demo (Ctrl-C again to force)" in err, err
     assert "SIGINT again: killing every process of the demo" in err, err
     assert "Traceback" not in err, err
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)  # killed; init reaps it
-    assert not _alive(child)
+    # Killed; init reaps it.
+    wait_until_blocking(lambda: not _alive(child), within=10, what="the killed child to go")
 
 
 async def test_the_ledger_summary_reads_every_page(capsys: pytest.CaptureFixture[str]) -> None:

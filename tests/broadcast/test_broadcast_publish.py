@@ -171,7 +171,7 @@ async def test_a_delta_that_does_not_rebuild_the_file_falls_back_to_the_shards(
     tampered = signed_checkpoint(trainer, manifest)
     relay = await start_relay(RelayConfig(data_dir=origin_dir))
     try:
-        store = CheckpointStore(tmp_path / "node", network_id="rollnet-test")
+        store = CheckpointStore(tmp_path / "node", network_id=NETWORK_ID)
         async with RelayShards([relay.url]) as shards:
             await store.ensure(zero, shards)
             directory = await store.ensure(tampered, shards)

@@ -3,8 +3,6 @@ the swarm (two replicas on it) surviving its restart."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -59,15 +57,6 @@ def test_remove_is_safe_before_start_and_twice(tmp_path: Path) -> None:
     server.remove()
     server.remove()
     assert not server.directory.exists()
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    """A port of 127.0.0.1 something is listening on."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        yield int(listener.getsockname()[1])
 
 
 def test_a_port_taken_after_it_was_picked_is_given_up_for_another(

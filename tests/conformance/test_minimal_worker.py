@@ -4,7 +4,6 @@ rollnet.reference — reproduces the golden vectors and passes the worker suite.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from script_testing import load_file
 
 from rollnet.reference.conformance.worker import (
     WORKER_CASES,
@@ -31,12 +31,7 @@ ALLOWED = {"blake3", "cryptography", "google", "grpc", "numpy", "tokenizers", "t
 
 @pytest.fixture(scope="module")
 def worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("minimal_worker", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(EXAMPLE)
 
 
 def test_imports_nothing_of_the_sdk_or_the_reference() -> None:

@@ -10,7 +10,7 @@ from coordinator_testing import register
 from rollnet.reference.coordinator.config import CoordinatorConfig, PoolConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError
-from rollnet.sdk.testing import connect
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
 
 
@@ -57,7 +57,7 @@ async def test_registration_rules(
         assert first.node.node_id == worker.node_id
         assert first.node.pool == "private"
         assert first.node.state == node_pb2.Node.STATE_PENDING
-        assert first.network_id == "rollnet-test"
+        assert first.network_id == NETWORK_ID
         assert first.coordinator_public_key == coordinator.ctx.identity.public_key
         await client.nodes.heartbeat(node_service_pb2.HeartbeatRequest())
         again = await register(

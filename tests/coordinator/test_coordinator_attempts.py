@@ -27,7 +27,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.copies import COPY_LOGPROB_MAX
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
-from rollnet.sdk.testing import connect
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.sdk.worker.lease import LeaseContext
 from rollnet.v1 import common_pb2, rollout_pb2, task_service_pb2
 
@@ -48,7 +48,7 @@ def _seeds(
     lease = LeaseContext(
         task=pulled.task,
         lease=pulled.lease,
-        network_id="rollnet-test",
+        network_id=NETWORK_ID,
         node_id=worker.node_id,
         client=client,
         deadline=time.monotonic() + 60,

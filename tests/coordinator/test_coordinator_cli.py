@@ -71,7 +71,7 @@ async def test_nodes_commands(
 ) -> None:
     key = _key_file(operator_identity, tmp_path / "operator.key")
     target = ["--coordinator", coordinator.address, "--key", str(key), "--network-id"]
-    target.append("rollnet-test")
+    target.append(NETWORK_ID)
     worker = Identity.generate()
     client = connect(coordinator.address, worker)
     try:
@@ -178,7 +178,7 @@ async def test_checkpoint_publish(
         await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
         await register(reader, worker, common_pb2.ROLE_WORKER)
         published = await publish_model_dir(
-            trainer, trainer_identity, model, step=1, network_id="rollnet-test", shard_size=1000
+            trainer, trainer_identity, model, step=1, network_id=NETWORK_ID, shard_size=1000
         )
         assert published.checkpoint.step == 1
         assert published.shards_already_present == 0
@@ -196,7 +196,7 @@ async def test_checkpoint_publish(
         )
         assert CHECKPOINT_DOMAIN == b"rollnet-checkpoint-v1\n"
         manifest = checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest)
-        assert (manifest.step, manifest.network_id) == (1, "rollnet-test")
+        assert (manifest.step, manifest.network_id) == (1, NETWORK_ID)
         assert manifest.flops_per_token == 2 * parameters
         assert [f.path for f in manifest.files] == published_paths
         for entry in manifest.files:
@@ -212,7 +212,7 @@ async def test_checkpoint_publish(
         # The SDK's checkpoint fetcher (what workers and validators run) rebuilds the directory.
         store = CheckpointStore(
             tmp_path / "fetched",
-            network_id="rollnet-test",
+            network_id=NETWORK_ID,
             trusted_trainer_keys=[trainer_identity.public_key],
         )
         fetched = await store.ensure(checkpoint, BlobServiceShards(reader))
@@ -224,7 +224,7 @@ async def test_checkpoint_publish(
         key = tmp_path / "trainer.key"
         trainer_identity.save(key)
         target = ["--coordinator", coordinator.address, "--key", str(key)]
-        target += ["--network-id", "rollnet-test", "--model", str(model)]
+        target += ["--network-id", NETWORK_ID, "--model", str(model)]
         capsys.readouterr()
         assert (
             await rollnet(

@@ -24,7 +24,7 @@ from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrid
 from rollnet.reference.coordinator.dashboard_login import login_query
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import Identity
-from rollnet.sdk.testing import wait_until
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.v1 import node_service_pb2
 
 DEADLINE = 20.0
@@ -100,7 +100,7 @@ async def test_dashboard_shows_the_swarm_and_updates(
             return await _shows(page, "tasks-by-state", "accepted", "3")
 
         await wait_until(loaded, within=DEADLINE, what="the page to show the accepted tasks")
-        assert await _text(page, "#network-id") == "rollnet-test"
+        assert await _text(page, "#network-id") == NETWORK_ID
         assert await _text(page, "#nodes-total") == "3"  # worker, validator, trainer
         assert await _field(page, "tasks-by-state", "rejected") == "1"
         assert await _field(page, "tasks-by-state", "queued") == "0"
@@ -214,7 +214,7 @@ async def test_beyond_loopback_an_operator_logs_in_with_a_signed_link(
         assert "rollnet dashboard login-url" in body
 
         # A link signed by a key that is not an operator's, or for another network, is refused.
-        stranger = login_query(Identity.generate(), "rollnet-test")
+        stranger = login_query(Identity.generate(), NETWORK_ID)
         assert (await _get(f"{base}/login?{stranger}"))[0] == 403
         other_network = login_query(operator_identity, "another-network")
         assert (await _get(f"{base}/login?{other_network}"))[0] == 403
@@ -223,7 +223,7 @@ async def test_beyond_loopback_an_operator_logs_in_with_a_signed_link(
         key = tmp_path / "operator.key"
         operator_identity.save(key)
         argv = ["dashboard", "login-url", "--key", str(key), "--url", base]
-        assert cli_main([*argv, "--network-id", "rollnet-test"]) == 0
+        assert cli_main([*argv, "--network-id", NETWORK_ID]) == 0
         link = capsys.readouterr().out.strip()
         page = await browser.new_page()
         await page.goto(link)
@@ -231,7 +231,7 @@ async def test_beyond_loopback_an_operator_logs_in_with_a_signed_link(
         overview: dict[str, Any] = json.loads(
             await page.evaluate("fetch('/api/overview').then(r => r.text())")
         )
-        assert overview["network_id"] == "rollnet-test"
+        assert overview["network_id"] == NETWORK_ID
         cookies = await page.context.cookies()
         session = next(c for c in cookies if c["name"] == "rollnet_dashboard")
         assert session["httpOnly"] is True

@@ -13,6 +13,7 @@ import blake3
 import coordinator_testing
 import grpc
 import pytest
+from coordinator_testing import publish_checkpoint, register
 from google.protobuf import duration_pb2, unknown_fields
 
 from rollnet.reference.cli import main as cli_main
@@ -21,21 +22,16 @@ from rollnet.reference.coordinator.credit import slash_amount
 from rollnet.reference.coordinator.server import Coordinator
 from rollnet.sdk import batches, testing
 from rollnet.sdk.client import RollnetClient
-from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.errors import ErrorReason, RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.proofs.challenge import verify_challenge
 from rollnet.sdk.retry import RetryPolicy
-from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
-    checkpoint_pb2,
-    checkpoint_service_pb2,
     commitment_pb2,
     commitment_service_pb2,
     common_pb2,
     ledger_service_pb2,
-    node_pb2,
     node_service_pb2,
     rollout_service_pb2,
     task_service_pb2,
@@ -47,38 +43,6 @@ from rollnet.v1 import (
 def connect(coordinator: Coordinator, identity: Identity) -> RollnetClient:
     """A client that retries what is retryable, as a real node would."""
     return testing.connect(coordinator.address, identity, retry=RetryPolicy(), timeout=30.0)
-
-
-async def register(
-    client: RollnetClient, identity: Identity, role: common_pb2.Role.ValueType
-) -> None:
-    await client.nodes.register_node(
-        node_service_pb2.RegisterNodeRequest(
-            public_key=identity.public_key,
-            role=role,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
-            software_version="test/0",
-            capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
-            hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
-        )
-    )
-
-
-async def publish_checkpoint(client: RollnetClient, trainer: Identity, step: int) -> None:
-    weights = f"weights of step {step}".encode()
-    uploaded = await client.blobs.upload(weights, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
-    ref = common_pb2.BlobRef(blake3=uploaded.blob.blake3, size=uploaded.blob.size)
-    manifest = checkpoint_pb2.CheckpointManifest(
-        step=step,
-        network_id=NETWORK_ID,
-        files=[checkpoint_pb2.CheckpointFile(path="model.safetensors", content=ref, shards=[ref])],
-        flops_per_token=2_000_000,
-    ).SerializeToString()
-    await client.checkpoints.publish_checkpoint(
-        checkpoint_service_pb2.PublishCheckpointRequest(
-            manifest=manifest, signature=trainer.sign(CHECKPOINT_DOMAIN + manifest)
-        )
-    )
 
 
 def _varint(value: int) -> bytes:

@@ -8,26 +8,27 @@ test as its reason — its accepted work staying credited, nothing credited twic
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import NamedTuple
 
 import grpc
 import pytest
-from coordinator_testing import publish_checkpoint, pull_and_commit, register, request_tasks
-from google.protobuf import duration_pb2
+from coordinator_testing import (
+    Parties,
+    pull_and_commit,
+    pull_job,
+    request_tasks,
+    running_parties,
+    verdict_request,
+)
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from rollnet.ledger import create_engine
 from rollnet.ledger.enums import EntryKind, NodeState
 from rollnet.ledger.models import LedgerEntry, Node, NodeStatistics, Verdict
 from rollnet.reference.coordinator import verdicts
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
-from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
+from rollnet.sdk import ErrorReason, Identity, RollnetError
 from rollnet.sdk.proofs.statistics import StatisticsPolicy
-from rollnet.sdk.testing import connect
 from rollnet.v1 import (
-    commitment_pb2,
     common_pb2,
     rollout_service_pb2,
     validation_pb2,
@@ -80,30 +81,9 @@ def verdict_on(
     *,
     decision: validation_pb2.Verdict.Decision.ValueType = ACCEPT,
 ) -> validation_service_pb2.SubmitVerdictRequest:
-    count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
-    request = validation_service_pb2.SubmitVerdictRequest(
-        job_id=job.job.job_id,
-        lease_id=job.lease.lease_id,
-        fencing_token=job.lease.fencing_token,
-        decision=decision,
-        rollout_statistics=entries,
-    )
-    if decision == ACCEPT:
-        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
-        request.validated_work.CopyFrom(
-            commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
-        )
-    else:
-        request.reject_reason = "TOKEN_NOT_SAMPLED"
+    request = verdict_request(job, decision == ACCEPT, "TOKEN_NOT_SAMPLED")
+    request.rollout_statistics.extend(entries)
     return request
-
-
-async def pull_job(validator: RollnetClient) -> validation_service_pb2.PullValidationJobResponse:
-    job = await validator.validation.pull_validation_job(
-        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
-    )
-    assert job.HasField("job"), "a validation job was queued"
-    return job
 
 
 def statistics_row(engine: Engine, node_id: str) -> NodeStatistics | None:
@@ -133,44 +113,21 @@ def credits(engine: Engine, node_id: str) -> list[str]:
         return [str(c) for c in rows.scalars()]
 
 
-class Swarm(NamedTuple):
-    trainer: RollnetClient
-    validator: RollnetClient
-    client: RollnetClient
-    worker: Identity
-    engine: Engine
-
-
 @pytest.fixture
 async def swarm(
     coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
     validator_identity: Identity,
     monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[Swarm]:
+) -> AsyncIterator[Parties]:
     monkeypatch.setattr(verdicts, "statistics_policy_for", lambda dtype: QUICK)
     # Every commitment validated (no unchecked credit), one reject never ejects.
     config = with_overrides(coordinator_config, trusted_streak=1000, eject_after_rejects=1000)
-    coordinator = await start_coordinator(config)
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    validator = connect(coordinator.address, validator_identity)
-    client = connect(coordinator.address, worker)
-    engine = create_engine(config.database_url or "")
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
-        yield Swarm(trainer, validator, client, worker, engine)
-    finally:
-        engine.dispose()
-        for c in (trainer, validator, client):
-            await c.close()
-        await coordinator.stop(grace=0.1)
+    async with running_parties(config, trainer_identity, validator_identity) as parties:
+        yield parties
 
 
-async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: Swarm) -> None:
+async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: Parties) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1, samples_per_prompt=2)
     await pull_and_commit(client, worker, tokenizer=True)
@@ -226,7 +183,7 @@ async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: S
     assert row.flagged_at is None
 
 
-async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: Swarm) -> None:
+async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: Parties) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 4, samples_per_prompt=2)
     # Honest-looking evidence first: wins only, no flag, the work credited.
@@ -259,7 +216,7 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: S
     assert len(commitments) == 3
 
 
-async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Swarm) -> None:
+async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Parties) -> None:
     """EOS steering at T = 0.05: statistics count at every admitted temperature."""
     trainer, validator, client, worker, engine = swarm
     await trainer.rollouts.request_rollouts(
@@ -292,7 +249,7 @@ async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Sw
     assert row.near_tie_cusum == 0.0
 
 
-async def test_a_dispersed_worker_is_ejected_by_the_dispersion_test(swarm: Swarm) -> None:
+async def test_a_dispersed_worker_is_ejected_by_the_dispersion_test(swarm: Parties) -> None:
     """Log-probabilities far from the validator's on every token (a cheaper model): each token
     at the cap is worth ln(0.5 / 0.05) = 2.3 nats against 10.8, so the second verdict's six
     tokens flag the node after a first verdict close to the validator's."""

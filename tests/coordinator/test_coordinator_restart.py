@@ -37,7 +37,7 @@ from rollnet.ledger.engine import session_factory
 from rollnet.ledger.models import Task
 from rollnet.reference.cli import main as cli_main
 from rollnet.sdk import ErrorReason, Identity, RollnetError
-from rollnet.sdk.testing import connect, wait_until
+from rollnet.sdk.testing import NETWORK_ID, connect, wait_until
 from rollnet.v1 import (
     commitment_pb2,
     commitment_service_pb2,
@@ -138,7 +138,7 @@ async def test_sigkill_and_restart_on_the_same_database(
     config.write_text(
         "\n".join(
             [
-                'network_id = "rollnet-test"',
+                f'network_id = "{NETWORK_ID}"',
                 f'trainers = ["{trainer_identity.node_id}"]',
                 f'validators = ["{validator_identity.node_id}"]',
                 "heartbeat_interval = 0.5",

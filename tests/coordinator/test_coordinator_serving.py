@@ -4,7 +4,6 @@ Prometheus metrics, and TLS on the listening port."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,13 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 from coordinator_testing import register, sqlite_only
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tls_testing import self_signed
 
 from rollnet.ledger import create_engine, upgrade_to_head
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
@@ -172,34 +168,9 @@ async def test_metrics_endpoint_counts_rpcs(coordinator_config: CoordinatorConfi
         await asyncio.to_thread(scrape)
 
 
-def _self_signed(host: str) -> tuple[bytes, bytes]:
-    """A throwaway (key PEM, certificate PEM) valid for ``host``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
-
-
 @sqlite_only
 async def test_tls_listener(coordinator_config: CoordinatorConfig, tmp_path: Path) -> None:
-    key_pem, cert_pem = _self_signed("coordinator.rollnet.test")
+    key_pem, cert_pem = self_signed("coordinator.rollnet.test")
     (tmp_path / "tls.key").write_bytes(key_pem)
     (tmp_path / "tls.crt").write_bytes(cert_pem)
     coordinator = await start_coordinator(

@@ -25,7 +25,7 @@ from rollnet.ledger import chain
 from rollnet.ledger.engine import create_engine, session_factory
 from rollnet.reference.cli import main as cli_main
 from rollnet.sdk import Identity, RollnetError
-from rollnet.sdk.testing import NETWORK_ID
+from rollnet.sdk.testing import NETWORK_ID, wait_until_blocking
 
 pytestmark = pytest.mark.slow
 
@@ -159,10 +159,9 @@ def test_ctrl_c_during_start_up_migrations_exits_cleanly(tmp_path: Path) -> None
     def migrating() -> bool:
         return (data / "rollnet.db").exists() or coordinator.process.poll() is not None
 
-    deadline = time.monotonic() + STARTUP
-    while not migrating():
-        assert time.monotonic() < deadline, "the coordinator never opened its database"
-        time.sleep(0.01)
+    wait_until_blocking(
+        migrating, within=STARTUP, what="the coordinator to open its database", poll=0.01
+    )
     coordinator.process.send_signal(signal.SIGINT)
     code, lines = coordinator.finish(60.0)
     assert not any("Traceback" in line for line in lines), lines

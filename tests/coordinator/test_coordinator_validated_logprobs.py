@@ -8,16 +8,23 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import pytest
-from coordinator_testing import publish_checkpoint, pull_and_commit, register, request_tasks
-from google.protobuf import duration_pb2
+from coordinator_testing import (
+    Parties,
+    publish_checkpoint,
+    pull_and_commit,
+    pull_job,
+    register,
+    request_tasks,
+    running_parties,
+    verdict_request,
+)
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
-from rollnet.ledger import create_engine
 from rollnet.ledger.enums import ValidationJobState
 from rollnet.ledger.models import Commitment, ValidationJob, Verdict
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
@@ -50,30 +57,9 @@ def verdict_on(
     decision: validation_pb2.Verdict.Decision.ValueType = ACCEPT,
 ) -> validation_service_pb2.SubmitVerdictRequest:
     """The verdict on ``job`` carrying ``validated`` (rewards and work for its rollouts)."""
-    count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
-    request = validation_service_pb2.SubmitVerdictRequest(
-        job_id=job.job.job_id,
-        lease_id=job.lease.lease_id,
-        fencing_token=job.lease.fencing_token,
-        decision=decision,
-        validated_logprobs=validated,
-    )
-    if decision == ACCEPT:
-        request.validated_rewards.extend([common_pb2.Reward(task_reward=1.0, total=1.0)] * count)
-        request.validated_work.CopyFrom(
-            commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
-        )
-    else:
-        request.reject_reason = "TOKEN_NOT_SAMPLED"
+    request = verdict_request(job, decision == ACCEPT, "TOKEN_NOT_SAMPLED")
+    request.validated_logprobs.extend(validated)
     return request
-
-
-async def pull_job(validator: RollnetClient) -> validation_service_pb2.PullValidationJobResponse:
-    job = await validator.validation.pull_validation_job(
-        validation_service_pb2.PullValidationJobRequest(wait=duration_pb2.Duration(seconds=5))
-    )
-    assert job.HasField("job"), "a validation job was queued"
-    return job
 
 
 async def refused(
@@ -102,17 +88,6 @@ def job_state(engine: Engine, job_id: str) -> ValidationJobState:
     return state
 
 
-class Swarm(NamedTuple):
-    """A running coordinator with checkpoint 1 published: the trainer's, the validator's and a
-    worker's registered clients, the worker's key, and an engine on the database."""
-
-    trainer: RollnetClient
-    validator: RollnetClient
-    client: RollnetClient
-    worker: Identity
-    engine: Engine
-
-
 @pytest.fixture
 def config_changes() -> dict[str, Any]:
     """Coordinator settings a test changes (overridden by parametrizing it)."""
@@ -125,28 +100,13 @@ async def swarm(
     config_changes: dict[str, Any],
     trainer_identity: Identity,
     validator_identity: Identity,
-) -> AsyncIterator[Swarm]:
+) -> AsyncIterator[Parties]:
     config = with_overrides(coordinator_config, **config_changes)
-    coordinator = await start_coordinator(config)
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    validator = connect(coordinator.address, validator_identity)
-    client = connect(coordinator.address, worker)
-    engine = create_engine(config.database_url or "")
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
-        yield Swarm(trainer, validator, client, worker, engine)
-    finally:
-        engine.dispose()
-        for c in (trainer, validator, client):
-            await c.close()
-        await coordinator.stop(grace=0.1)
+    async with running_parties(config, trainer_identity, validator_identity) as parties:
+        yield parties
 
 
-async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Swarm) -> None:
+async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Parties) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 2, samples_per_prompt=2)
     # Job 1 with the validator's log-probabilities; values a float32 holds exactly, so the
@@ -171,7 +131,7 @@ async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Swarm) -> Non
     assert verdict_rows(engine) == 2
 
 
-async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Swarm) -> None:
+async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Parties) -> None:
     # A validator prefills only the rollouts the job's challenge draws: it sends an empty
     # entry for the others, and the trainer gets no validated values for them.
     trainer, validator, client, worker, engine = swarm
@@ -186,7 +146,7 @@ async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Swarm) -
 
 
 async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
-    swarm: Swarm,
+    swarm: Parties,
 ) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1, samples_per_prompt=2)
@@ -250,7 +210,7 @@ async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
 
 
 async def test_a_commitment_stored_without_its_record_is_measured_from_its_batch(
-    swarm: Swarm,
+    swarm: Parties,
 ) -> None:
     # Commitments stored before migration 0003 have no record to read the lengths from.
     trainer, validator, client, worker, engine = swarm
@@ -271,7 +231,7 @@ async def test_a_commitment_stored_without_its_record_is_measured_from_its_batch
 @pytest.mark.parametrize(
     "config_changes", [{"trusted_streak": 1, "min_validation_rate": 0.0}], ids=["trusted"]
 )
-async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Swarm) -> None:
+async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Parties) -> None:
     trainer, validator, client, worker, _ = swarm
     await request_tasks(trainer, 12)
     validated: set[str] = set()
@@ -298,7 +258,7 @@ async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Swarm) -
             assert not rollout.HasField("validated_reward")
 
 
-async def test_a_retried_verdict_gets_the_stored_answer(swarm: Swarm) -> None:
+async def test_a_retried_verdict_gets_the_stored_answer(swarm: Parties) -> None:
     trainer, validator, client, worker, engine = swarm
     await request_tasks(trainer, 1)
     await pull_and_commit(client, worker, tokenizer=True)

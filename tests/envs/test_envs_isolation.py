@@ -26,6 +26,7 @@ from rollnet.reference.envs.isolation import (
     python_paths,
     run_isolated,
 )
+from rollnet.sdk.testing import wait_until_blocking
 
 pytestmark = pytest.mark.usefixtures("sandbox_host")
 
@@ -239,10 +240,11 @@ def test_the_sandbox_dies_with_its_process() -> None:
     assert inside
     process.kill()
     process.wait()
-    deadline = time.monotonic() + 20
-    while not all(exited(pid) for pid in inside):
-        assert time.monotonic() < deadline, "a sandboxed process outlived its sandbox"
-        time.sleep(0.05)
+    wait_until_blocking(
+        lambda: all(exited(pid) for pid in inside),
+        within=20,
+        what="the sandboxed processes to end with their sandbox",
+    )
     process.stdout.close()
 
 

@@ -60,6 +60,7 @@ def sandbox(site: Path) -> Iterator[RewardSandbox]:
         yield box
 
 
+@pytest.mark.slow
 def test_tasks_become_prompts_with_their_keys_and_the_config_pins_everything(
     environment: VerifiersEnvironment,
 ) -> None:

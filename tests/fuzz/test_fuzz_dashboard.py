@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from fuzz_testing import LoopThread, fuzz_settings
+from fuzz_testing import NETWORK, LoopThread, fuzz_settings
 from http_fuzzing import METHODS, header_lines, plain_headers, request
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +27,6 @@ from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk.identity import Identity
 
 EXAMPLES = 15
-NETWORK = "rollnet-fuzz"
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from coordinator_fuzzing import methods
-from fuzz_testing import LoopThread, fuzz_settings
+from fuzz_testing import NETWORK, LoopThread, fuzz_settings
 from google.protobuf.descriptor import MethodDescriptor
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,7 +43,7 @@ SCRIPTED = 3
 #: Longest a node may take to pull again, or to stop: far beyond its back-off (50 ms).
 PATIENCE = 60.0
 _POOLS = Pools(
-    strings=["lease-1", "task-1", "job-1", "rollnet-fuzz", "arithmetic"],
+    strings=["lease-1", "task-1", "job-1", NETWORK, "arithmetic"],
     blobs=[bytes(32), os.urandom(32)],
     numbers=[0, 1, 2, 3],
 )
@@ -204,7 +204,7 @@ def test_worker_survives_hostile_answers(
         config = WorkerConfig(
             target=address,
             data_dir=tmp_path / f"worker-{os.urandom(4).hex()}",
-            network_id="rollnet-fuzz",
+            network_id=NETWORK,
             pull_wait=0.1,
             call_timeout=5.0,
             backoff=_FAST,
@@ -225,7 +225,7 @@ def test_validator_survives_hostile_answers(
         config = ValidatorConfig(
             target=address,
             data_dir=tmp_path / f"validator-{os.urandom(4).hex()}",
-            network_id="rollnet-fuzz",
+            network_id=NETWORK,
             pull_wait=0.1,
             call_timeout=5.0,
             backoff=_FAST,
@@ -247,7 +247,7 @@ def test_a_malformed_answer_is_a_refusal(loop: LoopThread) -> None:
 
     async def ask() -> list[RollnetError]:
         fake = HostileCoordinator({register: [cut_short], watch: [cut_short]})
-        config = ConnectionConfig(target=await fake.start(), network_id="rollnet-fuzz")
+        config = ConnectionConfig(target=await fake.start(), network_id=NETWORK)
         refused = []
         try:
             async with RollnetClient.connect(config, Identity.generate()) as client:

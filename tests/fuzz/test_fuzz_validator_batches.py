@@ -20,7 +20,7 @@ from typing import cast
 
 import blake3
 import pytest
-from fuzz_testing import fuzz_settings
+from fuzz_testing import NETWORK, fuzz_settings
 from google.protobuf.message import DecodeError
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -48,7 +48,6 @@ from rollnet.v1 import (
 )
 
 EXAMPLES = 10
-NETWORK = "rollnet-fuzz"
 #: Far above what one check of the tiny model's batch takes; past it the validator stalls.
 STALL_SECONDS = 120.0
 

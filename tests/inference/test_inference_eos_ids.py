@@ -25,6 +25,7 @@ from rollnet.reference.inference.torch_backend import TorchBackend
 from rollnet.reference.inference.vllm_backend import VllmBackend
 from rollnet.reference.model import init_tiny_model
 from rollnet.sdk.proofs import checkpoint_eos_token_ids
+from rollnet.sdk.testing import NETWORK_ID
 
 EXTRA_EOS = 5  # a token the tiny model's config.json does not call EOS
 
@@ -207,7 +208,7 @@ def test_an_eos_at_exactly_the_length_limit_is_eos_for_worker_and_validator(
     backend = TorchBackend()
     backend.load(str(path))
     eos = backend.eos_token_ids
-    lease = LeaseBinding("rollnet-test", "node-a", "task-1", "lease-1", 1)
+    lease = LeaseBinding(NETWORK_ID, "node-a", "task-1", "lease-1", 1)
     count, limit, prompt = 48, 3, [30, 31, 32]
     seeds = [derive_sampling_seed(lease.network_id, lease.task_id, index) for index in range(count)]
     generations = backend.generate(

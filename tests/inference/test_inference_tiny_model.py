@@ -15,25 +15,20 @@ from rollnet.reference.model import build_char_tokenizer, init_tiny_model
 TEXTS = ["12+34=", "What's 3*7? Think.\n\tAnswer: 21", "a  b \n\n c<|endoftext|>"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
 def _digest(path: Path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def test_weights_are_deterministic_in_the_seed(tiny_dir: Path, tmp_path: Path) -> None:
+def test_weights_are_deterministic_in_the_seed(tiny_model: Path, tmp_path: Path) -> None:
     again = init_tiny_model(tmp_path / "again", seed=0)
     other = init_tiny_model(tmp_path / "other", seed=1)
-    assert _digest(again) == _digest(tiny_dir)
-    assert _digest(other) != _digest(tiny_dir)
+    assert _digest(again) == _digest(tiny_model)
+    assert _digest(other) != _digest(tiny_model)
 
 
-def test_transformers_loads_model_and_tokenizer(tiny_dir: Path) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+def test_transformers_loads_model_and_tokenizer(tiny_model: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
     raw = build_char_tokenizer()
     assert len(tokenizer) == raw.get_vocab_size() == model.config.vocab_size == 101
     assert tokenizer.eos_token_id == model.config.eos_token_id == raw.token_to_id("<|endoftext|>")

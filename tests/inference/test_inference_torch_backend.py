@@ -12,7 +12,6 @@ import torch
 from rollnet.reference.inference import SamplingParams
 from rollnet.reference.inference.harness import random_prompts
 from rollnet.reference.inference.torch_backend import TorchBackend
-from rollnet.reference.model import init_tiny_model
 from rollnet.sdk.proofs import sampling, toploc
 
 
@@ -26,14 +25,9 @@ def single_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def backend(tiny_dir: Path) -> TorchBackend:
+def backend(tiny_model: Path) -> TorchBackend:
     b = TorchBackend()
-    b.load(str(tiny_dir))
+    b.load(str(tiny_model))
     return b
 
 
@@ -99,12 +93,12 @@ def test_prefill_reproduces_committed_states_and_sampling(backend: TorchBackend)
     assert np.abs(single.hidden_states - prefills[0].hidden_states).max() < 1e-4
 
 
-def test_plain_sampling_and_bf16(tiny_dir: Path, backend: TorchBackend) -> None:
+def test_plain_sampling_and_bf16(tiny_model: Path, backend: TorchBackend) -> None:
     plain = SamplingParams(max_new_tokens=10, seeds=[1], gumbel=False, proofs=False)
     generation = backend.generate(PROMPTS[:2], plain)
     assert all(g.proof == b"" for g in generation)
     bf16 = TorchBackend()
-    bf16.load(str(tiny_dir), dtype="bfloat16")
+    bf16.load(str(tiny_model), dtype="bfloat16")
     assert bf16.model.dtype == torch.bfloat16
     out = bf16.generate(PROMPTS[:4], SamplingParams(max_new_tokens=33, seeds=SEEDS[:4]))
     assert all(len(g.proof) == toploc.proof_size(len(g.completion_ids)) for g in out)

@@ -25,7 +25,6 @@ from rollnet.reference.inference import SamplingParams
 from rollnet.reference.inference import vllm_backend as vb
 from rollnet.reference.inference.harness import random_prompts
 from rollnet.reference.inference.torch_backend import TorchBackend
-from rollnet.reference.model import init_tiny_model
 from rollnet.sdk.proofs import sampling, toploc
 from rollnet.sdk.proofs.sampling import gumbel_noise as numpy_gumbel_noise
 from rollnet.sdk.proofs.thresholds import FLOAT32
@@ -35,14 +34,9 @@ SEEDS = [9_000 + i for i in range(7)]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), seed=3)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_dir: Path) -> TorchBackend:
+def reference(tiny_model: Path) -> TorchBackend:
     backend = TorchBackend()
-    backend.load(str(tiny_dir))
+    backend.load(str(tiny_model))
     return backend
 
 
@@ -54,9 +48,9 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 @pytest.fixture
-def backend(standin: Any, tiny_dir: Path) -> vb.VllmBackend:
+def backend(standin: Any, tiny_model: Path) -> vb.VllmBackend:
     instance = vb.VllmBackend()
-    instance.load(str(tiny_dir), device="cuda")
+    instance.load(str(tiny_model), device="cuda")
     return instance
 
 
@@ -348,16 +342,16 @@ def test_load_configures_the_engine_for_fixed_rows(backend: vb.VllmBackend) -> N
     assert "VLLM_BATCH_INVARIANT" not in os.environ
 
 
-def test_load_refuses_what_it_cannot_run(standin: Any, tiny_dir: Path) -> None:
+def test_load_refuses_what_it_cannot_run(standin: Any, tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="one CUDA device"):
-        vb.VllmBackend().load(str(tiny_dir), device="cpu")
+        vb.VllmBackend().load(str(tiny_model), device="cpu")
     with pytest.raises(RuntimeError, match="no model loaded"):
         vb.VllmBackend().generate(PROMPTS[:1], SamplingParams(seeds=[1]))
 
 
-def test_load_needs_a_max_model_len(standin: Any, tiny_dir: Path, tmp_path: Path) -> None:
+def test_load_needs_a_max_model_len(standin: Any, tiny_model: Path, tmp_path: Path) -> None:
     copy = tmp_path / "no-max-len"
-    shutil.copytree(tiny_dir, copy)
+    shutil.copytree(tiny_model, copy)
     config = json.loads((copy / "config.json").read_text())
     del config["max_position_embeddings"]
     (copy / "config.json").write_text(json.dumps(config))
@@ -368,14 +362,14 @@ def test_load_needs_a_max_model_len(standin: Any, tiny_dir: Path, tmp_path: Path
     assert engine(backend).kwargs["max_model_len"] == 64
 
 
-def test_load_refuses_tf32(standin: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_refuses_tf32(standin: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_standin.LLM, "matmul_precision_override", "high")
     with pytest.raises(RuntimeError, match="TF32"):
-        vb.VllmBackend().load(str(tiny_dir), device="cuda")
+        vb.VllmBackend().load(str(tiny_model), device="cuda")
 
 
-def test_batch_invariance_is_asked_of_vllm(standin: Any, tiny_dir: Path) -> None:
-    vb.VllmBackend(batch_invariant=True).load(str(tiny_dir), device="cuda")
+def test_batch_invariance_is_asked_of_vllm(standin: Any, tiny_model: Path) -> None:
+    vb.VllmBackend(batch_invariant=True).load(str(tiny_model), device="cuda")
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
 
 
@@ -390,11 +384,11 @@ def test_the_processor_class_is_a_module_attribute_that_pickles() -> None:
 
 
 def test_without_the_v2_interface_load_names_the_target(
-    standin: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+    standin: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(__import__("sys").modules, vb._PROCESSOR_INTERFACE, None)
     with pytest.raises(RuntimeError, match=vb.TARGET_VLLM.replace(".", r"\.")):
-        vb.VllmBackend().load(str(tiny_dir), device="cuda")
+        vb.VllmBackend().load(str(tiny_model), device="cuda")
 
 
 @pytest.mark.slow
@@ -484,12 +478,12 @@ def test_generate_refuses_what_the_protocol_does_not_define(backend: vb.VllmBack
 
 @pytest.mark.slow
 def test_prefill_derived_proofs_also_pass(
-    standin: Any, tiny_dir: Path, reference: TorchBackend
+    standin: Any, tiny_model: Path, reference: TorchBackend
 ) -> None:
     with pytest.raises(ValueError, match="proof_rows"):
         vb.VllmBackend(proof_rows="both")  # type: ignore[arg-type]
     backend = vb.VllmBackend(proof_rows="prefill")
-    backend.load(str(tiny_dir), device="cuda")
+    backend.load(str(tiny_model), device="cuda")
     generations = backend.generate(PROMPTS[:3], SamplingParams(max_new_tokens=10, seeds=SEEDS[:3]))
     assert len(engine(backend).requests_seen) == 3 + 3  # a prefill per completion
     prefills = reference.prefill_batch([(g.prompt_ids, g.completion_ids) for g in generations])

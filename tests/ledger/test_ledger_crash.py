@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from rollnet.ledger import EntryKind, NewEntry, append_entries, verify_database
 from rollnet.ledger.models import LedgerEntry
+from rollnet.sdk.testing import wait_until_blocking
 
 CHILD = Path(__file__).with_name("crash_appender.py")
 BATCH = 2000
@@ -92,16 +92,17 @@ def test_sigkill_at_an_arbitrary_point_leaves_no_partial_batch(
     """Kill as soon as rows are visible in the database, wherever the writer happens to be."""
     (node_id,) = add_nodes(1)
     child = _start(db_url, node_id)
+
+    def rows_visible() -> bool:
+        with sessions.begin() as session:
+            count = session.scalar(select(func.count()).select_from(LedgerEntry)) or 0
+        if count >= 2 * BATCH:
+            return True
+        assert child.poll() is None, "the writer died on its own"
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with sessions.begin() as session:
-                count = session.scalar(select(func.count()).select_from(LedgerEntry)) or 0
-            if count >= 2 * BATCH:
-                break
-            assert child.poll() is None, "the writer died on its own"
-            assert time.monotonic() < deadline, "no rows appeared within 60 s"
-            time.sleep(0.01)  # polling interval of the condition wait, not a synchronisation
+        wait_until_blocking(rows_visible, within=60, what="rows in the database", poll=0.01)
         _kill(child)
     finally:
         if child.poll() is None:

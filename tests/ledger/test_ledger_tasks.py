@@ -24,13 +24,13 @@ from rollnet.ledger import (
 from rollnet.ledger.artifacts import latest_checkpoint_step
 from rollnet.ledger.attempts import attempts_of_node, attempts_of_task
 from rollnet.ledger.enums import AttemptOutcome
+from rollnet.ledger.leases import extend_leases
 from rollnet.ledger.tasks import (
     _CANDIDATES,
     LeaseRequest,
     count_tasks_by_state,
     enqueue_tasks,
     expire_stale_tasks,
-    extend_lease,
     get_task,
     give_back_task,
     lease_tasks,
@@ -274,7 +274,9 @@ def test_extend_give_back_and_transitions(
         assert leased is not None
         later = T0 + timedelta(seconds=50)
         claim = LeaseClaim(leased.task_id, leased.lease_id, leased.fencing_token, worker, later)
-        assert extend_lease(session, claim, lease_duration=LEASE) is LeaseOutcome.OK
+        assert extend_leases(
+            session, [(leased.lease_id, worker)], now=later, lease_duration=LEASE
+        ) == {leased.lease_id}
         task = get_task(session, leased.task_id)
         assert task is not None
         session.refresh(task)

@@ -308,6 +308,7 @@ def test_unreadable_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "64 hex" in output
 
 
+@pytest.mark.slow
 def test_verify_as_a_subprocess(ledger: Ledger) -> None:
     """The real entry point, in its own process: exit codes reach the shell."""
     command = [

@@ -40,6 +40,10 @@ class Matrix:
     unchanged: dict[str, int]
 
 
+# Building the matrix (every attack on the tiny model) takes about 18 s.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def single_thread() -> Iterator[None]:
     """Run the bulk on one intra-op thread: the tiny model gains nothing from two, and two

@@ -380,6 +380,7 @@ def test_evidence_refuses_impossible_statistics(bad: RolloutStatistics, message:
         NodeEvidence().add([bad], POLICY)
 
 
+@pytest.mark.slow
 def test_honest_false_flags_stay_under_the_ville_bound() -> None:
     """A deliberately weak policy (alpha = 0.2 over 200 updates) so that false flags occur:
     an honest node at exactly pi0 is flagged in at most about alpha of its lifetimes."""

@@ -12,9 +12,10 @@ import pytest
 from rollnet.sdk import batches
 from rollnet.sdk.batches import BatchProblem, BatchRule, BatchTerms
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import commitment_pb2, rollout_pb2, task_pb2
 
-BINDING = LeaseBinding("rollnet-test", "node-a", "task-1", "lease-1", 3)
+BINDING = LeaseBinding(NETWORK_ID, "node-a", "task-1", "lease-1", 3)
 TASK = task_pb2.Task(task_id="task-1", prompt_ids=[11, 12], samples_per_prompt=2, checkpoint_step=5)
 
 
@@ -63,7 +64,7 @@ def test_a_sealed_batch_passes_and_names_its_blob() -> None:
 def test_seal_batch_is_seal_with_the_binding_spelled_out() -> None:
     lease = task_pb2.Lease(lease_id="lease-1", fencing_token=3)
     old = batches.seal_batch(
-        network_id="rollnet-test",
+        network_id=NETWORK_ID,
         node_id="node-a",
         task=TASK,
         lease=lease,

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
+import grpc
 import pytest
+from google.protobuf import duration_pb2
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
 
 from rollnet.sdk import client as client_module
+from rollnet.sdk._service_client import ServiceClient
 from rollnet.v1 import (
     checkpoint_service_pb2,
     commitment_service_pb2,
@@ -56,3 +61,36 @@ def test_every_unary_rpc_has_a_typed_client_method(
     assert response_type in str(signature.return_annotation)
     assert list(signature.parameters)[2:] == ["timeout", "metadata", "retry"]
     assert method.__doc__, f"{service.name}.{rpc} has no docstring"
+
+
+@pytest.mark.parametrize(
+    ("client_class", "call", "request_type"),
+    [
+        (client_module.TaskClient, "pull_task", task_service_pb2.PullTaskRequest),
+        (
+            client_module.ValidationClient,
+            "pull_validation_job",
+            validation_service_pb2.PullValidationJobRequest,
+        ),
+    ],
+)
+async def test_a_long_poll_gets_a_default_deadline_covering_its_wait(
+    client_class: type[ServiceClient], call: str, request_type: type[Message]
+) -> None:
+    """A request with a ``wait`` is a long poll: without ``timeout``, its call may last the wait
+    and a margin (never less than the client's timeout); the wait is capped at a day."""
+    deadlines: list[float | None] = []
+
+    class Recording(client_class):  # type: ignore[valid-type,misc]
+        async def _unary(self, method: str, request: Any, response_type: Any, **kw: Any) -> Any:
+            deadlines.append(kw.get("default_timeout"))
+            return response_type()
+
+    channel = grpc.aio.insecure_channel("127.0.0.1:1")
+    try:
+        for timeout, wait in [(30.0, 60), (30.0, 5), (30.0, 10**9), (None, 60)]:
+            request = request_type(wait=duration_pb2.Duration(seconds=wait))
+            await getattr(Recording(channel, timeout=timeout), call)(request)
+    finally:
+        await channel.close()
+    assert deadlines == [70.0, 30.0, 86_410.0, None]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
 import rollnet.sdk
+from rollnet.sdk import batches, domains, prompts, testing, version
 
 EXPORTS = [
     "ALL_METHODS",
@@ -123,6 +125,41 @@ def test_exports_snapshot() -> None:
     assert sorted(rollnet.sdk.__all__) == EXPORTS
     for name in rollnet.sdk.__all__:
         assert hasattr(rollnet.sdk, name), name
+
+
+#: The public modules of the SDK that ``rollnet.sdk`` does not re-export whole, and their
+#: ``__all__`` (sorted, whitespace-separated).
+MODULE_EXPORTS = {
+    batches: """BatchProblem BatchRule BatchTerms SealedBatch batch_binding_digest binding_digest
+        check commitment_request encode_batch rollout_batch rollout_digests seal seal_batch""",
+    domains: """BATCH_BINDING_DOMAIN CHALLENGE_DOMAIN CHALLENGE_DRAW_DOMAIN CHECKPOINT_DOMAIN
+        COMMITMENT_DOMAIN CONFIG_DIGEST_DOMAIN DRAW_DOMAIN LEDGER_ENTRY_DOMAIN LEDGER_HEAD_DOMAIN
+        NODE_ID_DOMAIN PACKAGE_DIGEST_DOMAIN PROOF_DOMAIN RECEIPT_DOMAIN SEED_DOMAIN
+        SIGNING_DOMAIN TASKS_DIGEST_DOMAIN TOKENS_DOMAIN""",
+    prompts: "AssignedPrompt PromptTokenizer encode_problem encode_prompt",
+    testing: "NETWORK_ID connect free_port wait_until wait_until_blocking",
+    version: "PROTOCOL_MAJOR PROTOCOL_MINOR RELEASE_SERIES software_version",
+}
+
+
+@pytest.mark.parametrize("module", MODULE_EXPORTS, ids=lambda module: module.__name__)
+def test_public_module_exports_snapshot(module: ModuleType) -> None:
+    assert sorted(module.__all__) == MODULE_EXPORTS[module].split()
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+def test_no_domain_is_another_or_begins_another() -> None:
+    """Bytes made under one domain can be taken for another's only if one domain is a prefix
+    of the other (the str domains count as their UTF-8 bytes)."""
+    values = {
+        name: value if isinstance(value, bytes) else value.encode()
+        for name in domains.__all__
+        for value in [getattr(domains, name)]
+    }
+    for name, value in values.items():
+        for other, other_value in values.items():
+            assert name == other or not other_value.startswith(value), (name, other)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import grpc
-from fuzz_testing import LoopThread
+from fuzz_testing import NETWORK, LoopThread
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -53,7 +53,6 @@ from rollnet.v1 import (
     validation_service_pb2,
 )
 
-NETWORK = "rollnet-fuzz"
 #: The coordinator's message cap here: small, so an oversized message is cheap to send.
 MESSAGE_CAP = 256 * 1024
 #: Calls that may rightly wait for something to happen (long polls, watches): a client

@@ -3,17 +3,23 @@ pull-upload-commit (clients and waiting are :mod:`rollnet.sdk.testing`'s)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import pytest
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
+from sqlalchemy.engine import Engine
 
+from rollnet.ledger import create_engine
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
@@ -26,9 +32,10 @@ from rollnet.sdk import (
 )
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
-from rollnet.sdk.testing import NETWORK_ID
+from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -57,7 +64,7 @@ def register_request(
     request = node_service_pb2.RegisterNodeRequest(
         public_key=identity.public_key,
         role=role,  # type: ignore[arg-type]
-        protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+        protocol_version=PROTOCOL_VERSION,
         software_version="test/0",
         capabilities=node_pb2.Capabilities(environments=["arithmetic"]),
         hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
@@ -267,14 +274,49 @@ async def try_judge_next_job(
     logprob: float | None = None,
 ) -> validation_service_pb2.SubmitVerdictResponse | None:
     """Like :func:`judge_next_job`, but ``None`` when no job came within ``wait`` seconds."""
+    job = await try_pull_job(validator, wait)
+    if job is None:
+        return None
+    request = verdict_request(job, accept, reason, reward=reward)
+    if accept and logprob is not None:  # make_work's rollouts have COMPLETION_TOKENS tokens each
+        count = len(request.validated_rewards)
+        request.validated_logprobs.extend(
+            [validation_pb2.ValidatedLogprobs(logprobs=[logprob] * COMPLETION_TOKENS)] * count
+        )
+    return await validator.validation.submit_verdict(request)
+
+
+async def try_pull_job(
+    validator: RollnetClient, wait: float
+) -> validation_service_pb2.PullValidationJobResponse | None:
+    """One PullValidationJob long-poll of at most ``wait`` seconds; ``None`` when no job came."""
     seconds = int(wait)
     job = await validator.validation.pull_validation_job(
         validation_service_pb2.PullValidationJobRequest(
             wait=duration_pb2.Duration(seconds=seconds, nanos=int((wait - seconds) * 1e9))
         )
     )
-    if not job.HasField("job"):
-        return None
+    return job if job.HasField("job") else None
+
+
+async def pull_job(
+    validator: RollnetClient, wait: float = 5.0
+) -> validation_service_pb2.PullValidationJobResponse:
+    """The next validation job leased to ``validator`` (one must be queued)."""
+    job = await try_pull_job(validator, wait)
+    assert job is not None, "a validation job was queued"
+    return job
+
+
+def verdict_request(
+    job: validation_service_pb2.PullValidationJobResponse,
+    accept: bool,
+    reason: str = "EXPONENT_MISMATCH",
+    *,
+    reward: float = 1.0,
+) -> validation_service_pb2.SubmitVerdictRequest:
+    """The verdict on ``job``: an accept with every rollout's validated reward ``reward`` and
+    :func:`make_work`'s token counts as the validated work, or a reject for ``reason``."""
     count = len(job.job.task.prompt_ids) * job.job.task.samples_per_prompt
     request = validation_service_pb2.SubmitVerdictRequest(
         job_id=job.job.job_id,
@@ -289,14 +331,48 @@ async def try_judge_next_job(
         request.validated_work.CopyFrom(
             commitment_pb2.WorkClaim(prefill_tokens=3 * count, decode_tokens=3 * count)
         )
-        if logprob is not None:  # make_work's rollouts have COMPLETION_TOKENS tokens each
-            request.validated_logprobs.extend(
-                [validation_pb2.ValidatedLogprobs(logprobs=[logprob] * COMPLETION_TOKENS)] * count
-            )
     else:
         request.decision = validation_pb2.Verdict.DECISION_REJECT
         request.reject_reason = reason
-    return await validator.validation.submit_verdict(request)
+    return request
+
+
+class Parties(NamedTuple):
+    """A running coordinator's parties (:func:`running_parties`): the trainer's, the
+    validator's and a worker's registered clients, the worker's key, and an engine on the
+    coordinator's database."""
+
+    trainer: RollnetClient
+    validator: RollnetClient
+    client: RollnetClient
+    worker: Identity
+    engine: Engine
+
+
+@contextlib.asynccontextmanager
+async def running_parties(
+    config: CoordinatorConfig, trainer_identity: Identity, validator_identity: Identity
+) -> AsyncIterator[Parties]:
+    """A coordinator started with ``config``, a trainer, a validator and a fresh worker
+    registered, and checkpoint 1 published with the character tokenizer (so work is checked
+    against the prompts' encoded lengths); everything stopped on exit."""
+    coordinator = await start_coordinator(config)
+    worker = Identity.generate()
+    trainer = connect(coordinator.address, trainer_identity)
+    validator = connect(coordinator.address, validator_identity)
+    client = connect(coordinator.address, worker)
+    engine = create_engine(config.database_url or "")
+    try:
+        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
+        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
+        await register(client, worker, common_pb2.ROLE_WORKER)
+        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
+        yield Parties(trainer, validator, client, worker, engine)
+    finally:
+        engine.dispose()
+        for c in (trainer, validator, client):
+            await c.close()
+        await coordinator.stop(grace=0.1)
 
 
 def upload_header(

@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, settings
 
 T = TypeVar("T")
 
+#: The network id the fuzz tests' coordinators and nodes run on.
+NETWORK = "rollnet-fuzz"
+
 
 def fuzz_settings(examples: int) -> settings:
     """Hypothesis settings for ``examples`` examples in CI (times ``ROLLNET_FUZZ_SCALE``): no

@@ -16,6 +16,7 @@ from rollnet.ledger.enums import EntryKind, NodeState, TaskState, ValidationJobS
 from rollnet.ledger.models import Commitment, LedgerEntry, Node, Task, ValidationJob, Verdict
 from rollnet.reference.checkpoint_publishing import publish_model_dir
 from rollnet.sdk import Identity, RollnetClient
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.testing import NETWORK_ID, connect
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_service_pb2
 
@@ -29,7 +30,7 @@ async def start_trainer(
         node_service_pb2.RegisterNodeRequest(
             public_key=trainer.public_key,
             role=common_pb2.ROLE_TRAINER,
-            protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+            protocol_version=PROTOCOL_VERSION,
             hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
         )
     )

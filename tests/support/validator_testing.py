@@ -17,11 +17,10 @@ from swarm_testing import request_tasks as request_tasks
 from swarm_testing import start_trainer as start_trainer
 
 from rollnet.reference.coordinator.config import CoordinatorConfig
-from rollnet.reference.testing import swarm_coordinator_config
+from rollnet.reference.testing import swarm_coordinator_config, validation_job
 from rollnet.sdk import Identity, batches
 from rollnet.sdk.proofs import LeaseBinding
 from rollnet.v1 import (
-    commitment_pb2,
     common_pb2,
     rollout_pb2,
     task_pb2,
@@ -87,17 +86,6 @@ def seal_job(
     ``digest_lease``: seal the commitment digests for another lease (a replay)."""
     batch = batches.encode_batch(lease, task.checkpoint_step, rollouts)
     blob = common_pb2.BlobRef(blake3=blake3.blake3(batch).digest(), size=len(batch))
-    commitment = commitment_pb2.Commitment(
-        commitment_id="c-" + task.task_id,
-        task_id=task.task_id,
-        lease_id=lease.lease_id,
-        fencing_token=lease.fencing_token,
-        node_id=lease.node_id,
-        rollout_batch=blob,
-        checkpoint_step=task.checkpoint_step,
-        rollouts=batches.rollout_digests(digest_lease or lease, blob.blake3, rollouts),
-    )
-    job = validation_pb2.ValidationJob(
-        job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=lease.network_id
-    )
+    digests = batches.rollout_digests(digest_lease or lease, blob.blake3, rollouts)
+    job = validation_job(task, lease, blob, digests)
     return job, batch

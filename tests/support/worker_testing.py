@@ -21,11 +21,13 @@ from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import build_char_tokenizer
 from rollnet.reference.testing import swarm_coordinator_config
+from rollnet.reference.worker import InferenceGenerator
 from rollnet.sdk import Identity
+from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.prompts import encode_problem
 from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Backoff, LeaseContext, LeaseLost, RolloutGenerator, WorkerConfig
-from rollnet.v1 import rollout_pb2, task_pb2
+from rollnet.v1 import common_pb2, rollout_pb2, task_pb2
 
 # Shared swarm helpers, with this directory's defaults.
 start_trainer = functools.partial(swarm_testing.start_trainer, shard_size=128 * 1024)
@@ -174,3 +176,34 @@ class EchoGenerator(RolloutGenerator):
             )
             for index in range(lease.rollout_count)
         ]
+
+
+def generator_without_backend(tmp_path: Path) -> InferenceGenerator:
+    """The reference generator computing in float32 whose backend must never be loaded: for a
+    task it refuses before any work."""
+
+    def no_backend() -> Any:
+        raise AssertionError("no backend is loaded for a task it will not do")
+
+    store = CheckpointStore(tmp_path / "checkpoints", network_id="n")
+    return InferenceGenerator(no_backend, store, dtype="float32")
+
+
+def offline_lease(compute_dtype: common_pb2.ComputeDtype.ValueType) -> LeaseContext:
+    """A one-prompt task asking for ``compute_dtype``, leased without a client (nothing may be
+    fetched for it)."""
+    task = task_pb2.Task(
+        task_id="t",
+        prompt_ids=[1],
+        samples_per_prompt=1,
+        checkpoint_step=1,
+        compute_dtype=compute_dtype,
+    )
+    return LeaseContext(
+        task=task,
+        lease=task_pb2.Lease(lease_id="l", fencing_token=1),
+        network_id="n",
+        node_id="node",
+        client=None,  # type: ignore[arg-type]  # never reached: nothing is fetched
+        deadline=0.0,
+    )

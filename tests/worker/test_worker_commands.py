@@ -19,6 +19,7 @@ from worker_testing import (
 from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.testing import connect, wait_until
 from rollnet.sdk.worker import Worker, WorkerFatalError
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2
@@ -64,7 +65,7 @@ async def test_ejected_worker_is_told_to_drain_and_stops(
             node_service_pb2.RegisterNodeRequest(
                 public_key=operator_identity.public_key,
                 role=common_pb2.ROLE_OPERATOR,
-                protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+                protocol_version=PROTOCOL_VERSION,
             )
         )
         await request_tasks(trainer, 1)

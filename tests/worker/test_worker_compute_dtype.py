@@ -9,12 +9,13 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from swarm_testing import Ledger
 from worker_testing import (
     coordinator_config_for,
+    generator_without_backend,
+    offline_lease,
     request_tasks,
     start_trainer,
     worker_config,
@@ -22,8 +23,6 @@ from worker_testing import (
 
 from rollnet.ledger.enums import TaskState
 from rollnet.reference.coordinator.server import start_coordinator
-from rollnet.reference.worker import InferenceGenerator
-from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.testing import wait_until
 from rollnet.sdk.worker import LeaseContext, LeaseLost, RolloutGenerator, Worker, WorkerFatalError
@@ -113,30 +112,11 @@ async def test_a_task_made_before_the_dtype_changed_is_given_back_unread(
 async def test_the_reference_generator_refuses_another_dtype_before_any_work(
     tmp_path: Path,
 ) -> None:
-    def no_backend() -> Any:
-        raise AssertionError("no backend is loaded for a task it will not do")
-
-    generator = InferenceGenerator(
-        no_backend, CheckpointStore(tmp_path / "checkpoints", network_id="n"), dtype="float32"
-    )
-    task = task_pb2.Task(
-        task_id="t",
-        prompt_ids=[1],
-        samples_per_prompt=1,
-        checkpoint_step=1,
-        compute_dtype=common_pb2.COMPUTE_DTYPE_BFLOAT16,
-    )
-    lease = LeaseContext(
-        task=task,
-        lease=task_pb2.Lease(lease_id="l", fencing_token=1),
-        network_id="n",
-        node_id="node",
-        client=None,  # type: ignore[arg-type]  # never reached: nothing is fetched
-        deadline=0.0,
-    )
+    generator = generator_without_backend(tmp_path)
+    lease = offline_lease(common_pb2.COMPUTE_DTYPE_BFLOAT16)
     try:
         with pytest.raises(LeaseLost, match="bfloat16"):
-            await generator.generate(task, lease)
+            await generator.generate(lease.task, lease)
         assert lease.give_back_reason == task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED
     finally:
         generator.close()

@@ -24,7 +24,7 @@ from rollnet.sdk.prompts import encode_prompt
 from rollnet.sdk.proofs import LeaseBinding, RolloutAssignment, RolloutClaim, verify_rollout
 from rollnet.sdk.proofs.binding import commitment_digest
 from rollnet.sdk.proofs.thresholds import FLOAT32
-from rollnet.sdk.testing import wait_until
+from rollnet.sdk.testing import NETWORK_ID, wait_until
 from rollnet.sdk.worker import Worker
 from rollnet.v1 import rollout_pb2
 
@@ -32,7 +32,7 @@ FINISH = {rollout_pb2.FINISH_REASON_EOS: "eos", rollout_pb2.FINISH_REASON_LENGTH
 
 
 def reference_generator(data_dir: Path) -> InferenceGenerator:
-    store = CheckpointStore(data_dir / "checkpoints", network_id="rollnet-test", keep=3)
+    store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK_ID, keep=3)
     return InferenceGenerator(lambda: make_backend("torch"), store)
 
 
@@ -85,7 +85,7 @@ async def test_worker_commits_verifiable_rollouts(
             batch = rollout_pb2.RolloutBatch.FromString(blob)
             assert batch.node_id == identity.node_id
             lease = LeaseBinding(
-                "rollnet-test",
+                NETWORK_ID,
                 identity.node_id,
                 commitment.task_id,
                 commitment.lease_id,

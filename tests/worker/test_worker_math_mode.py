@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from worker_testing import generator_without_backend, offline_lease
 
 from rollnet.reference.cli.errors import CliError
 from rollnet.reference.cli.worker import refuse_math_mode
 from rollnet.reference.inference.math_mode import math_mode_problems
-from rollnet.reference.worker import InferenceGenerator
-from rollnet.sdk.checkpoints import CheckpointStore
-from rollnet.sdk.worker import LeaseContext, LeaseLost
-from rollnet.v1 import common_pb2, task_pb2, task_service_pb2
+from rollnet.sdk.worker import LeaseLost
+from rollnet.v1 import common_pb2, task_service_pb2
 
 
 @pytest.fixture(params=["high", "medium"])
@@ -73,30 +71,11 @@ def test_the_worker_cli_refuses_to_start(reduced_precision: str) -> None:
 
 
 async def test_the_generator_gives_the_task_back(tmp_path: Path, reduced_precision: str) -> None:
-    def no_backend() -> Any:
-        raise AssertionError("no backend is loaded for a task it will not do")
-
-    generator = InferenceGenerator(
-        no_backend, CheckpointStore(tmp_path / "checkpoints", network_id="n"), dtype="float32"
-    )
-    task = task_pb2.Task(
-        task_id="t",
-        prompt_ids=[1],
-        samples_per_prompt=1,
-        checkpoint_step=1,
-        compute_dtype=common_pb2.COMPUTE_DTYPE_FLOAT32,
-    )
-    lease = LeaseContext(
-        task=task,
-        lease=task_pb2.Lease(lease_id="l", fencing_token=1),
-        network_id="n",
-        node_id="node",
-        client=None,  # type: ignore[arg-type]  # never reached: nothing is fetched
-        deadline=0.0,
-    )
+    generator = generator_without_backend(tmp_path)
+    lease = offline_lease(common_pb2.COMPUTE_DTYPE_FLOAT32)
     try:
         with pytest.raises(LeaseLost, match=reduced_precision):
-            await generator.generate(task, lease)
+            await generator.generate(lease.task, lease)
         assert lease.give_back_reason == task_service_pb2.FAIL_REASON_COMPUTE_DTYPE_UNSUPPORTED
         assert "below IEEE float32" in lease.cancel_reason
     finally:

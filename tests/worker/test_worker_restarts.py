@@ -24,7 +24,7 @@ from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
-from rollnet.sdk.testing import connect, free_port, wait_until
+from rollnet.sdk.testing import NETWORK_ID, connect, free_port, wait_until
 from rollnet.sdk.worker import PROTOCOL_VERSION, LeaseContext, Worker
 from rollnet.v1 import common_pb2, node_pb2, node_service_pb2, rollout_pb2, task_pb2
 
@@ -33,7 +33,7 @@ class GatedGenerator(InferenceGenerator):
     """Generates for real, then holds the result until the test opens the gate."""
 
     def __init__(self, data_dir: Path) -> None:
-        store = CheckpointStore(data_dir / "checkpoints", network_id="rollnet-test")
+        store = CheckpointStore(data_dir / "checkpoints", network_id=NETWORK_ID)
         super().__init__(lambda: make_backend("torch"), store)
         self.generated = asyncio.Event()
         self.gate = asyncio.Event()

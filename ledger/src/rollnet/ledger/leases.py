@@ -49,6 +49,30 @@ class LeaseClaim:
     now: datetime
 
 
+def claim_outcome(
+    claim: LeaseClaim, work: Task | ValidationJob, *, handed_in: bool, leased: bool
+) -> LeaseOutcome:
+    """How ``claim`` stands against ``work``'s current lease (the row as read now): another
+    lease or fencing token is stale, another node is the wrong holder, work already handed in
+    (``handed_in``) is a duplicate; otherwise :func:`deadline_outcome`. ``OK``: the claim holds."""
+    if work.lease_id != claim.lease_id or work.fencing_token != claim.fencing_token:
+        return LeaseOutcome.STALE_LEASE
+    if work.lease_holder != claim.node_id:
+        return LeaseOutcome.WRONG_HOLDER
+    if handed_in:
+        return LeaseOutcome.ALREADY_SUBMITTED
+    return deadline_outcome(leased, work.lease_deadline, claim.now)
+
+
+def deadline_outcome(leased: bool, lease_deadline: datetime | None, now: datetime) -> LeaseOutcome:
+    """The outcome of using a lease at ``now``: one whose deadline passed is expired whether or
+    not a sweep took its work back yet; one taken back before (``leased`` false: given back,
+    its node offline or ejected) is closed."""
+    if lease_deadline is not None and lease_deadline <= now:
+        return LeaseOutcome.LEASE_EXPIRED
+    return LeaseOutcome.OK if leased else LeaseOutcome.NOT_LEASED
+
+
 def new_lease_id() -> str:
     """A fresh random lease id (128 bits, hex)."""
     return secrets.token_hex(16)

@@ -53,6 +53,22 @@ def claim_nonces(session: Session, nonces: Sequence[NonceKey]) -> set[NonceKey]:
     return fresh
 
 
+def replayed_calls(session: Session, nonces: Sequence[NonceKey | None]) -> set[int]:
+    """Claim the nonces of a batch of calls (``None``: a call without one) with
+    :func:`claim_nonces`; the indices of the replays among them: calls whose nonce was recorded
+    before, or by an earlier call of the same batch."""
+    fresh = claim_nonces(session, [nonce for nonce in nonces if nonce is not None])
+    replays: set[int] = set()
+    for index, nonce in enumerate(nonces):
+        if nonce is None:
+            continue
+        if nonce in fresh:
+            fresh.discard(nonce)  # a second one in this batch is its replay
+        else:
+            replays.add(index)
+    return replays
+
+
 @functools.lru_cache(maxsize=32)
 def _claim_statement(dialect: str, rows: int) -> Prepared:
     insert: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert

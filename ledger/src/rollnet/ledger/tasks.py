@@ -23,7 +23,13 @@ from sqlalchemy.orm import Session
 from rollnet.ledger.attempts import EndedLease, record_attempts
 from rollnet.ledger.engine import is_postgresql
 from rollnet.ledger.enums import AttemptOutcome, TaskState
-from rollnet.ledger.leases import LeaseClaim, LeaseOutcome, new_lease_id
+from rollnet.ledger.leases import (
+    LeaseClaim,
+    LeaseOutcome,
+    claim_outcome,
+    deadline_outcome,
+    new_lease_id,
+)
 from rollnet.ledger.models import Node, Task, table_of
 from rollnet.ledger.prepared import Prepared
 
@@ -328,45 +334,26 @@ def _lease_outcome(session: Session, claim: LeaseClaim) -> LeaseOutcome:
     task = session.get(Task, claim.work_id, populate_existing=True)
     if task is None:
         return LeaseOutcome.UNKNOWN
-    if task.lease_id != claim.lease_id or task.fencing_token != claim.fencing_token:
-        return LeaseOutcome.STALE_LEASE
-    if task.lease_holder != claim.node_id:
-        return LeaseOutcome.WRONG_HOLDER
-    if task.state in (
-        TaskState.SUBMITTED,
-        TaskState.VALIDATING,
-        TaskState.ACCEPTED,
-        TaskState.REJECTED,
-    ):
-        return LeaseOutcome.ALREADY_SUBMITTED
-    return lease_state_outcome(task.state, task.lease_deadline, claim.now)
+    return claim_outcome(
+        claim,
+        task,
+        handed_in=task.state in _HANDED_IN,
+        leased=task.state == TaskState.LEASED,
+    )
+
+
+#: States of a task whose lease holder submitted it.
+_HANDED_IN = frozenset(
+    {TaskState.SUBMITTED, TaskState.VALIDATING, TaskState.ACCEPTED, TaskState.REJECTED}
+)
 
 
 def lease_state_outcome(
     state: TaskState | str, lease_deadline: datetime | None, now: datetime
 ) -> LeaseOutcome:
     """The outcome of using a task's current lease, given the task's state and the lease's
-    deadline: a lease whose deadline passed is expired whether or not the sweep has requeued
-    its task yet; one taken back before it (given back, its node offline or ejected) is
-    closed."""
-    expired = lease_deadline is not None and lease_deadline <= now
-    if TaskState(state) is not TaskState.LEASED:
-        return LeaseOutcome.LEASE_EXPIRED if expired else LeaseOutcome.NOT_LEASED
-    return LeaseOutcome.LEASE_EXPIRED if expired else LeaseOutcome.OK
-
-
-def extend_lease(session: Session, claim: LeaseClaim, *, lease_duration: timedelta) -> LeaseOutcome:
-    """Push the deadline of a current, unexpired lease to ``now + lease_duration``."""
-    now = claim.now
-    result = session.execute(
-        update(Task)
-        .where(_lease_matches(claim), Task.lease_deadline > now)
-        .values(lease_deadline=now + lease_duration, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount == 1:  # type: ignore[attr-defined]
-        return LeaseOutcome.OK
-    return _refusal(session, claim)
+    deadline (:func:`~rollnet.ledger.leases.deadline_outcome`)."""
+    return deadline_outcome(TaskState(state) is TaskState.LEASED, lease_deadline, now)
 
 
 def give_back_task(

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import tasks
 from rollnet.ledger.attempts import EndedLease, record_attempts
 from rollnet.ledger.enums import AttemptOutcome, TaskState, ValidationJobState
-from rollnet.ledger.leases import LeaseClaim, LeaseOutcome, new_lease_id
+from rollnet.ledger.leases import LeaseClaim, LeaseOutcome, claim_outcome, new_lease_id
 from rollnet.ledger.models import Blob, Commitment, ValidationJob, Verdict, table_of
 from rollnet.ledger.prepared import prepared_insert
 
@@ -205,21 +205,18 @@ def unpack_logprobs(data: bytes) -> list[list[float]]:
 
 
 def _refusal(session: Session, claim: LeaseClaim) -> LeaseOutcome:
+    """Why :func:`submit_verdict`'s UPDATE matched nothing (read right after it)."""
     job = session.get(ValidationJob, claim.work_id, populate_existing=True)
     if job is None:
         return LeaseOutcome.UNKNOWN
-    if job.lease_id != claim.lease_id or job.fencing_token != claim.fencing_token:
-        return LeaseOutcome.STALE_LEASE
-    if job.lease_holder != claim.node_id:
-        return LeaseOutcome.WRONG_HOLDER
-    if job.state is ValidationJobState.DONE:
-        return LeaseOutcome.ALREADY_SUBMITTED
-    # A lease whose deadline passed is expired whether or not the sweep took the job back yet.
-    if job.lease_deadline is not None and job.lease_deadline <= claim.now:
-        return LeaseOutcome.LEASE_EXPIRED
-    if job.state is not ValidationJobState.LEASED:
-        return LeaseOutcome.NOT_LEASED
-    return LeaseOutcome.LEASE_EXPIRED
+    outcome = claim_outcome(
+        claim,
+        job,
+        handed_in=job.state is ValidationJobState.DONE,
+        leased=job.state is ValidationJobState.LEASED,
+    )
+    # OK here means the UPDATE would have matched: only a race with the deadline gets here.
+    return LeaseOutcome.LEASE_EXPIRED if outcome is LeaseOutcome.OK else outcome
 
 
 def requeue_expired_validation_jobs(

@@ -10,7 +10,7 @@ are in :mod:`rollnet.sdk.testing`; this module adds what needs the reference ser
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,10 @@ from rollnet.reference.validator import Validator, ValidatorConfig
 from rollnet.reference.worker import InferenceGenerator, make_backend
 from rollnet.sdk.checkpoints import CheckpointStore
 from rollnet.sdk.identity import Identity
+from rollnet.sdk.proofs.binding import LeaseBinding
 from rollnet.sdk.testing import NETWORK_ID
 from rollnet.sdk.worker import Backoff, Worker, WorkerConfig
+from rollnet.v1 import commitment_pb2, common_pb2, task_pb2, validation_pb2
 
 __all__ = [
     "SWARM_TIMINGS",
@@ -30,6 +32,7 @@ __all__ = [
     "in_process_validator",
     "in_process_worker",
     "swarm_coordinator_config",
+    "validation_job",
 ]
 
 #: Coordinator timings on the scale of seconds, so that leases expire, nodes go suspect and
@@ -115,4 +118,28 @@ def in_process_validator(address: str, data_dir: Path, identity: Identity) -> Va
             backoff=Backoff(initial=0.1, maximum=1.0),
         ),
         identity,
+    )
+
+
+def validation_job(
+    task: task_pb2.Task,
+    binding: LeaseBinding,
+    blob: common_pb2.BlobRef,
+    digests: Sequence[commitment_pb2.RolloutDigest],
+) -> validation_pb2.ValidationJob:
+    """The job a coordinator would hand a validator for the batch ``blob`` of ``task``,
+    committed under ``binding`` with the per-rollout ``digests`` (ids ``c-<task>``,
+    ``j-<task>``)."""
+    commitment = commitment_pb2.Commitment(
+        commitment_id="c-" + task.task_id,
+        task_id=task.task_id,
+        lease_id=binding.lease_id,
+        fencing_token=binding.fencing_token,
+        node_id=binding.node_id,
+        rollout_batch=blob,
+        checkpoint_step=task.checkpoint_step,
+        rollouts=digests,
+    )
+    return validation_pb2.ValidationJob(
+        job_id="j-" + task.task_id, commitment=commitment, task=task, network_id=binding.network_id
     )

@@ -396,6 +396,29 @@ class RolloutServiceMethods(ServiceClient):
 class TaskServiceMethods(ServiceClient):
     """``rollnet.v1.TaskService``'s unary RPCs: pull-based dispatch of rollout work to workers."""
 
+    _PULL_TASK = method_path("TaskService", "PullTask")
+
+    async def pull_task(
+        self,
+        request: task_service_pb2.PullTaskRequest,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> task_service_pb2.PullTaskResponse:
+        """Long-polls for a task; returns one task with a lease, or none and a retry hint. Without
+        ``timeout`` the deadline covers ``request.wait``.
+        """
+        return await self._unary(
+            self._PULL_TASK,
+            request,
+            task_service_pb2.PullTaskResponse,
+            timeout=timeout,
+            metadata=metadata,
+            retry=retry,
+            default_timeout=self._long_poll_timeout(request.wait),
+        )
+
     _REPORT_PROGRESS = method_path("TaskService", "ReportProgress")
 
     async def report_progress(
@@ -441,6 +464,29 @@ class ValidationServiceMethods(ServiceClient):
     """``rollnet.v1.ValidationService``'s unary RPCs: validation of commitments by trusted
     validators.
     """
+
+    _PULL_VALIDATION_JOB = method_path("ValidationService", "PullValidationJob")
+
+    async def pull_validation_job(
+        self,
+        request: validation_service_pb2.PullValidationJobRequest,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> validation_service_pb2.PullValidationJobResponse:
+        """Long-polls for a validation job; returns one job with a lease, or none and a retry hint.
+        Without ``timeout`` the deadline covers ``request.wait``.
+        """
+        return await self._unary(
+            self._PULL_VALIDATION_JOB,
+            request,
+            validation_service_pb2.PullValidationJobResponse,
+            timeout=timeout,
+            metadata=metadata,
+            retry=retry,
+            default_timeout=self._long_poll_timeout(request.wait),
+        )
 
     _SUBMIT_VERDICT = method_path("ValidationService", "SubmitVerdict")
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import duration_pb2
 
 from rollnet.sdk.errors import error_type, from_rpc_error
 from rollnet.sdk.retry import RetryPolicy, is_retryable
@@ -22,6 +23,13 @@ Metadata = Sequence[tuple[str, str]]
 """Extra call metadata: (key, value) pairs, keys lowercase ASCII."""
 
 M = TypeVar("M")
+
+# A long poll (a request with a `wait`) may hold its call that long; the call gets this much time
+# on top before it is called dead.
+_LONG_POLL_MARGIN = 10.0
+# The longest wait a request may carry (docs/protocol.md, "Bounds on every field"); a longer one
+# is the server's to refuse, and must not overflow the deadline computed here first.
+_MAX_WAIT = 86_400.0
 
 
 def _with_request_id(request: M) -> M:
@@ -59,6 +67,13 @@ class ServiceClient:
         self._timeout = timeout
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
+
+    def _long_poll_timeout(self, wait: duration_pb2.Duration) -> float | None:
+        """The default deadline of a long poll holding its call up to ``wait``."""
+        if self._timeout is None:
+            return None
+        seconds = min(max(wait.seconds + wait.nanos / 1e9, 0.0), _MAX_WAIT)
+        return max(self._timeout, seconds + _LONG_POLL_MARGIN)
 
     async def _unary(
         self,

@@ -7,10 +7,10 @@ per attempt; ``None`` means the client's default for unary calls), ``metadata`` 
 ``retry`` (a :class:`~rollnet.sdk.retry.RetryPolicy`; ``None`` means the client's default). It
 returns the response message or raises a :class:`~rollnet.sdk.errors.RollnetError` subclass.
 
-The unary methods that only convert and call are generated from the service descriptors
-(:mod:`rollnet.sdk._client_generated`, written by ``make codegen``); the ones written here add
-behaviour: uploads and downloads in chunks, resumable streams, long polls whose deadline covers
-their wait.
+The unary methods are generated from the service descriptors (:mod:`rollnet.sdk._client_generated`,
+written by ``make codegen``), long polls among them: a request with a ``wait`` gets a default
+deadline that covers it. The methods written here add behaviour: uploads and downloads in chunks,
+resumable streams.
 
 Requests are serialized once, deterministically, and the signing interceptor hashes exactly the
 bytes that are sent. A mutating request whose ``request_id`` is empty gets a fresh one (uuid4 hex)
@@ -27,7 +27,6 @@ from typing import Any
 
 import blake3
 import grpc
-from google.protobuf import duration_pb2
 
 from rollnet.sdk import _client_generated as generated
 from rollnet.sdk._service_client import Metadata as Metadata  # public here
@@ -49,16 +48,10 @@ from rollnet.v1 import (
     common_pb2,
     rollout_pb2,
     rollout_service_pb2,
-    task_service_pb2,
-    validation_service_pb2,
 )
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 """Bytes per upload chunk (well under gRPC's default 4 MiB message cap)."""
-
-# Long polls (PullTask, PullValidationJob) may legitimately hold a call for `wait`; give the call
-# this much time on top before calling it dead.
-_LONG_POLL_MARGIN = 10.0
 
 
 class BlobIntegrityError(Exception):
@@ -152,45 +145,12 @@ def _read(path: Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
-# The longest wait a request may carry (docs/protocol.md, "Bounds on every field"); a longer one
-# is the server's to refuse, and must not overflow the deadline computed here first.
-_MAX_WAIT = 86_400.0
-
-
-def _long_poll_timeout(default: float | None, wait: duration_pb2.Duration) -> float | None:
-    if default is None:
-        return None
-    seconds = min(max(wait.seconds + wait.nanos / 1e9, 0.0), _MAX_WAIT)
-    return max(default, seconds + _LONG_POLL_MARGIN)
-
-
 class NodeClient(generated.NodeServiceMethods):
     """``rollnet.v1.NodeService``: admission and liveness."""
 
 
 class TaskClient(generated.TaskServiceMethods):
     """``rollnet.v1.TaskService``: leases on rollout tasks (worker role)."""
-
-    _PULL = method_path("TaskService", "PullTask")
-
-    async def pull_task(
-        self,
-        request: task_service_pb2.PullTaskRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> task_service_pb2.PullTaskResponse:
-        """Long-poll for a task. Without ``timeout`` the deadline covers ``request.wait``."""
-        return await self._unary(
-            self._PULL,
-            request,
-            task_service_pb2.PullTaskResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-            default_timeout=_long_poll_timeout(self._timeout, request.wait),
-        )
 
 
 class BlobClient(ServiceClient):
@@ -332,27 +292,6 @@ class CommitmentClient(generated.CommitmentServiceMethods):
 
 class ValidationClient(generated.ValidationServiceMethods):
     """``rollnet.v1.ValidationService``: validation jobs and verdicts (validator role)."""
-
-    _PULL = method_path("ValidationService", "PullValidationJob")
-
-    async def pull_validation_job(
-        self,
-        request: validation_service_pb2.PullValidationJobRequest,
-        *,
-        timeout: float | None = None,
-        metadata: Metadata | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> validation_service_pb2.PullValidationJobResponse:
-        """Long-poll for a validation job. Without ``timeout`` the deadline covers the wait."""
-        return await self._unary(
-            self._PULL,
-            request,
-            validation_service_pb2.PullValidationJobResponse,
-            timeout=timeout,
-            metadata=metadata,
-            retry=retry,
-            default_timeout=_long_poll_timeout(self._timeout, request.wait),
-        )
 
 
 class CheckpointClient(generated.CheckpointServiceMethods):

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollnet.reference.cli import node_options
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--coordinator", required=True, help="coordinator address HOST:PORT")
     parser.add_argument("--key", type=Path, required=True, help="Ed25519 key file")
     parser.add_argument("--data-dir", type=Path, required=True, help="outbox and checkpoints")
-    parser.add_argument("--network-id", default="rollnet-local", help="network id (audience)")
+    parser.add_argument("--network-id", default=DEFAULT_NETWORK_ID, help="network id (audience)")
     parser.add_argument("--pull-wait", type=float, default=20.0, help="long-poll seconds")
     parser.add_argument(
         "--dtype",

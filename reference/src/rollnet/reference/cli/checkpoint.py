@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rollnet.reference.cli.errors import CliError
-from rollnet.reference.cli.nodes import EXIT_OK, connection_arguments, run_with_client
+from rollnet.reference.cli.connection import connection_arguments, run_with_client
+from rollnet.reference.cli.errors import EXIT_OK, CliError
 from rollnet.reference.cli.option_types import whole
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.v1 import common_pb2

@@ -28,8 +28,7 @@ from rollnet.reference.cli.option_types import (
     seconds,
     whole,
 )
-
-DEFAULT_NETWORK_ID = "rollnet-local"
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def _keys(folder: Path | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from rollnet.reference.cli.errors import EXIT_OK, CliError
 from rollnet.reference.cli.option_types import network_id, whole
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def _login_url(args: argparse.Namespace) -> int:
@@ -53,8 +54,8 @@ def register(subparsers: Any) -> None:
     login.add_argument(
         "--network-id",
         type=network_id,
-        default="rollnet-local",
-        help="the coordinator's network id (default rollnet-local)",
+        default=DEFAULT_NETWORK_ID,
+        help=f"the coordinator's network id (default {DEFAULT_NETWORK_ID})",
     )
     login.add_argument(
         "--lifetime",

@@ -17,6 +17,7 @@ from rollnet.reference.cli.option_types import (
     readable_file,
     whole,
 )
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def register(subparsers: Any) -> None:
@@ -92,8 +93,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--network-id",
         type=network_id,
-        default="rollnet-local",
-        help="network id of --coordinator (default rollnet-local)",
+        default=DEFAULT_NETWORK_ID,
+        help=f"network id of --coordinator (default {DEFAULT_NETWORK_ID})",
     )
     parser.set_defaults(handler=run)
 

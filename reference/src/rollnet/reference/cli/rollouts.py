@@ -18,8 +18,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
+from rollnet.reference.cli.connection import connection_arguments, run_with_client
 from rollnet.reference.cli.errors import EXIT_OK, CliError
-from rollnet.reference.cli.nodes import connection_arguments, run_with_client
 from rollnet.reference.cli.option_types import seconds, whole
 from rollnet.sdk import Identity, RollnetClient
 from rollnet.v1 import common_pb2, rollout_pb2, rollout_service_pb2

@@ -19,6 +19,7 @@ from rollnet.reference.cli.option_types import (
     network_id,
     whole,
 )
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def register(subparsers: Any) -> None:
@@ -54,8 +55,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--network-id",
         type=network_id,
-        default="rollnet-local",
-        help="network id (audience; default rollnet-local)",
+        default=DEFAULT_NETWORK_ID,
+        help=f"network id (audience; default {DEFAULT_NETWORK_ID})",
     )
     parser.add_argument(
         "--max-steps",

@@ -17,6 +17,7 @@ from rollnet.reference.cli.option_types import (
     network_id,
 )
 from rollnet.sdk.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT32
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 
 def register(subparsers: Any) -> None:
@@ -45,8 +46,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--network-id",
         type=network_id,
-        default="rollnet-local",
-        help="network id (audience; default rollnet-local)",
+        default=DEFAULT_NETWORK_ID,
+        help=f"network id (audience; default {DEFAULT_NETWORK_ID})",
     )
     parser.add_argument(
         "--device",

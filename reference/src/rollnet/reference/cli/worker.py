@@ -17,6 +17,7 @@ from rollnet.reference.cli.option_types import (
     readable_file,
 )
 from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 from rollnet.sdk.version import software_version
 
 
@@ -46,8 +47,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--network-id",
         type=network_id,
-        default="rollnet-local",
-        help="network id (audience; default rollnet-local)",
+        default=DEFAULT_NETWORK_ID,
+        help=f"network id (audience; default {DEFAULT_NETWORK_ID})",
     )
     parser.add_argument(
         "--tls-ca", type=readable_file, default=None, help="PEM root certificates: connect with TLS"

@@ -38,6 +38,7 @@ from rollnet.sdk.conformance.suite import Case, CaseFailure, Report, Result, run
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.version import PROTOCOL_MAJOR
 from rollnet.v1 import (
     checkpoint_pb2,
@@ -164,7 +165,7 @@ class Harness:
                 node_service_pb2.RegisterNodeRequest(
                     public_key=self.keys[role].public_key,
                     role=common_pb2.ROLE_TRAINER if role == "trainer" else common_pb2.ROLE_OPERATOR,
-                    protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+                    protocol_version=PROTOCOL_VERSION,
                     hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
                 )
             )

@@ -103,6 +103,15 @@ def load_batch(
         ) from None
 
 
+def commitment_binding(
+    network_id: str, node_id: str, request: commitment_service_pb2.SubmitCommitmentRequest
+) -> LeaseBinding:
+    """The lease ``node_id`` claims to have done the work of ``request`` under."""
+    return LeaseBinding(
+        network_id, node_id, request.task_id, request.lease_id, request.fencing_token
+    )
+
+
 def check_batch(
     batch: rollout_pb2.RolloutBatch,
     request: commitment_service_pb2.SubmitCommitmentRequest,
@@ -116,9 +125,7 @@ def check_batch(
     knows. They are checked here, not only by a validator: a commitment that is not spot-checked
     is credited for its prompt and completion tokens."""
     spec = task.sampling
-    binding = LeaseBinding(
-        network_id, node_id, request.task_id, request.lease_id, request.fencing_token
-    )
+    binding = commitment_binding(network_id, node_id, request)
     terms = BatchTerms(
         task_id=task.id,
         prompt_ids=[int(prompt) for prompt in task.prompt_ids],

@@ -18,7 +18,12 @@ from rollnet.ledger.leases import LeaseClaim, LeaseOutcome
 from rollnet.ledger.models import Commitment
 from rollnet.ledger.tasks import TaskTerms
 from rollnet.reference.coordinator import copies
-from rollnet.reference.coordinator.batches import batch_terms, check_batch, load_batch
+from rollnet.reference.coordinator.batches import (
+    batch_terms,
+    check_batch,
+    commitment_binding,
+    load_batch,
+)
 from rollnet.reference.coordinator.context import CoordinatorContext, run_to_completion
 from rollnet.reference.coordinator.credit import (
     spot_check_draw,
@@ -38,7 +43,8 @@ from rollnet.reference.coordinator.standing import (
     refuse_unless_reaching_others,
     refuse_unusable,
 )
-from rollnet.sdk.commitments import batch_binding_digest, receipt_message
+from rollnet.sdk.batches import binding_digest
+from rollnet.sdk.commitments import receipt_message
 from rollnet.sdk.errors import ErrorReason
 from rollnet.sdk.methods import method_path
 from rollnet.v1 import checkpoint_pb2, commitment_pb2, commitment_service_pb2, rollout_pb2
@@ -147,12 +153,8 @@ class CommitmentDesk:
     ) -> commitment_service_pb2.SubmitCommitmentResponse:
         """Accept a commitment for a held lease, answer with a signed receipt."""
         config = self.ctx.config
-        expected_binding = batch_binding_digest(
-            config.network_id,
-            caller.node_id,
-            request.task_id,
-            request.lease_id,
-            request.fencing_token,
+        expected_binding = binding_digest(
+            commitment_binding(config.network_id, caller.node_id, request),
             request.rollout_batch.blake3,
         )
         if expected_binding != request.binding_digest:

@@ -26,6 +26,7 @@ from typing import Any
 
 from rollnet.reference.addresses import split_host_port
 from rollnet.sdk.dtypes import COMPUTE_DTYPES, FLOAT32
+from rollnet.sdk.node import DEFAULT_NETWORK_ID
 
 ENV_PREFIX = "ROLLNET_COORDINATOR_"
 #: Where the sample configuration lives (in the source tree), for messages and ``--help``.
@@ -61,7 +62,7 @@ class CoordinatorConfig:
     #: The operator dashboard (read-only web page) HOST:PORT; "" serves none. A host that is
     #: not a loopback address needs operators to log in (see coordinator.dashboard).
     dashboard_listen: str = ""
-    network_id: str = "rollnet-local"
+    network_id: str = DEFAULT_NETWORK_ID
     #: The dtype the network computes in: what workers generate and validators prefill in.
     compute_dtype: str = FLOAT32
     key_file: Path | None = None

@@ -48,7 +48,7 @@ class DatabaseErrors(grpc.aio.ServerInterceptor):
         method = details.method
         retry_after = self.retry_after
 
-        async def refuse(context: Any, error: BaseException) -> None:
+        async def refuse(context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
             log.warning("database_connection_lost", method=method, error=str(error).split("\n")[0])
             await abort(
                 context,
@@ -61,7 +61,9 @@ class DatabaseErrors(grpc.aio.ServerInterceptor):
         def wrap(inner: Behavior, _req_stream: bool, resp_stream: bool) -> Behavior:
             if resp_stream and inspect.isasyncgenfunction(inner):
 
-                async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+                async def streaming(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
                     try:
                         async for item in inner(request, context):
                             yield item
@@ -72,7 +74,7 @@ class DatabaseErrors(grpc.aio.ServerInterceptor):
 
                 return streaming
 
-            async def unary(request: Any, context: Any) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 try:
                     return await inner(request, context)
                 except DBAPIError as error:

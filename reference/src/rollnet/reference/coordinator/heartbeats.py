@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from rollnet.ledger import artifacts, leases, nodes
 from rollnet.ledger.batching import Batcher, OnFailure
 from rollnet.ledger.enums import NodeRole, NodeState
-from rollnet.ledger.nonces import NonceKey, claim_nonces
+from rollnet.ledger.nonces import NonceKey, replayed_calls
 from rollnet.reference.coordinator.context import CoordinatorContext
 
 _NOT_WORKING = frozenset({NodeState.EJECTED, NodeState.BANNED, NodeState.DEREGISTERED})
@@ -179,14 +179,7 @@ class HeartbeatBatcher(Batcher[_Pending]):
         deadline = now + config.lease_duration
 
         def work(session: Session) -> list[HeartbeatResult]:
-            fresh = claim_nonces(session, [p.nonce for p in batch if p.nonce is not None])
-            replays: set[int] = set()
-            for index, item in enumerate(batch):
-                if item.nonce is not None:
-                    if item.nonce in fresh:
-                        fresh.discard(item.nonce)  # a second one in this batch is its replay
-                    else:
-                        replays.add(index)
+            replays = replayed_calls(session, [item.nonce for item in batch])
             live = [p for index, p in enumerate(batch) if index not in replays]
             states = nodes.record_heartbeats(
                 session,

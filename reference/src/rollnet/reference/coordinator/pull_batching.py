@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from rollnet.ledger import artifacts, idempotency, nodes, tasks
 from rollnet.ledger.batching import AGAIN, Batcher, OnFailure
-from rollnet.ledger.nonces import NonceKey, claim_nonces
+from rollnet.ledger.nonces import NonceKey, replayed_calls
 from rollnet.ledger.tasks import LeasedTask
 from rollnet.reference.coordinator.context import (
     CoordinatorContext,
@@ -137,14 +137,7 @@ class PullBatcher(Batcher[_PendingPull]):
         config = self.ctx.config
         outcomes: list[Any] = [None] * len(batch)
         # The pulls' nonces first: a replayed pull leases nothing and hears no stored answer.
-        fresh = claim_nonces(session, [p.nonce for p in batch if p.nonce is not None])
-        replays = []
-        for index, pending in enumerate(batch):
-            if pending.nonce is not None:
-                if pending.nonce in fresh:
-                    fresh.discard(pending.nonce)  # a second one in this batch is its replay
-                else:
-                    replays.append(index)
+        replays = replayed_calls(session, [pending.nonce for pending in batch])
         repeats = _answer_repeats(session, batch, outcomes)
         for index in replays:
             outcomes[index] = Refusal(ErrorReason.NONCE_REPLAYED, "nonce already used by this key")

@@ -22,6 +22,7 @@ from rollnet.sdk.checkpoints import (
     verify_checkpoint,
 )
 from rollnet.sdk.errors import RollnetError
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.version import software_version
 from rollnet.v1 import checkpoint_pb2, common_pb2, node_service_pb2
 
@@ -123,7 +124,7 @@ async def register_relay(client: RollnetClient) -> common_pb2.Role.ValueType:
                 node_service_pb2.RegisterNodeRequest(
                     public_key=client.signer.identity.public_key,
                     role=role,
-                    protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+                    protocol_version=PROTOCOL_VERSION,
                     software_version=RELAY_SOFTWARE_VERSION,
                 )
             )

@@ -53,7 +53,14 @@ from rollnet.reference.trainer.state import (
 from rollnet.sdk import Identity
 from rollnet.sdk.client import TlsConfig
 from rollnet.sdk.errors import RollnetError
-from rollnet.sdk.node import NodeConfig, NodeFatalError, NodeSession, StopRequested, log_event
+from rollnet.sdk.node import (
+    DEFAULT_NETWORK_ID,
+    NodeConfig,
+    NodeFatalError,
+    NodeSession,
+    StopRequested,
+    log_event,
+)
 from rollnet.sdk.retry import is_retryable
 from rollnet.sdk.version import software_version
 from rollnet.v1 import common_pb2, rollout_pb2, rollout_service_pb2
@@ -80,7 +87,7 @@ class TrainerSettings:
     model_dir: Path
     data_dir: Path
     config: TrainerConfig
-    network_id: str = "rollnet-local"
+    network_id: str = DEFAULT_NETWORK_ID
     tls: TlsConfig | None = None
     reward_isolation: str = "auto"
     reward_time_limit_s: float = 10.0

@@ -34,6 +34,7 @@ from rollnet.sdk.conformance.wire import Tamper, Wire, describe, refusal, signin
 from rollnet.sdk.errors import RollnetError, from_rpc_error
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.methods import method_path
+from rollnet.sdk.node import PROTOCOL_VERSION
 from rollnet.sdk.proofs.binding import LeaseBinding, derive_sampling_seed
 from rollnet.sdk.version import software_version
 from rollnet.v1 import (
@@ -331,7 +332,7 @@ def registration(
         request_id=new_request_id(),
         public_key=identity.public_key,
         role=role,  # type: ignore[arg-type]
-        protocol_version=common_pb2.ProtocolVersion(major=1, minor=0),
+        protocol_version=PROTOCOL_VERSION,
         software_version=software_version("conformance"),
         capabilities=node_pb2.Capabilities(environments=[]),
         hardware=node_pb2.HardwareReport(cpu_cores=2, memory_bytes=1 << 30),
