@@ -20,7 +20,8 @@ shardcast (``pip install shardcast==0.3.2``, in requirements/dev.txt) runs with 
 except where that is kinder to it: its middle nodes poll upstream every second instead of every
 30, its clients retry a missing shard after 1 s instead of 2-15 s, and they start once every
 middle node lists the version (see ``shardcast_client``). Each server holds the ``data1.bin``
-its downloaders time at start-up.
+its downloaders time at start-up, and each client keeps the distribution listing it downloads
+in a file of its own (shardcast's one shared file crashes clients that race on it).
 """
 
 from __future__ import annotations
@@ -410,12 +411,35 @@ def shardcast_origin(data_dir: Path, port: int, stdin: TextIO) -> None:
     shardcast.shutdown()
 
 
+def _own_distribution_file(downloader: Any, client_dir: Path) -> None:
+    """Make shardcast's downloader keep the distribution listing it fetches in ``client_dir``.
+
+    shardcast 0.3.2 downloads it to one path beside its package, shared by every client
+    process of the machine, and deletes it after reading: a client whose file another deleted
+    first dies (FileNotFoundError, seen here with 8 clients). The same steps, in a file of its
+    own."""
+    from shardcast.envs import SHARDCAST_DISTRIBUTION_FILE
+
+    def download_distribution_file() -> str | None:
+        temp = client_dir / "temp_distribution.txt"
+        if not downloader.download_file(
+            SHARDCAST_DISTRIBUTION_FILE, str(temp), update_metrics=False, log_error_on_failure=False
+        ):
+            return None
+        content = temp.read_text()
+        temp.unlink()
+        return content
+
+    downloader.download_distribution_file = download_distribution_file
+
+
 def shardcast_client(servers: str, client_dir: Path, stdin: TextIO) -> None:
     import threading
 
     from shardcast import ClientNode
 
     client = ClientNode(servers.split(","), str(client_dir))
+    _own_distribution_file(client.downloader, client_dir)
     print("ready", flush=True)
     for line in stdin:
         version = line.strip()
