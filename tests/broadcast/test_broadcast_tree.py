@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from broadcast_testing import GatedUpstream, model_dir, publish_to_origin
 
-from rollnet.reference.checkpoint_publishing import DeltaBase
+from rollnet.reference.checkpoint_publishing import DeltaBase, signed_checkpoint
 from rollnet.reference.relay import RelayConfig, RelayServer, start_relay
 from rollnet.reference.trainer.synthetic_steps import write_trainer_steps
 from rollnet.sdk.broadcast import BadShardReport, RelayShards
 from rollnet.sdk.checkpoints import CheckpointStore, CheckpointVerificationError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.testing import NETWORK_ID, wait_until
-from rollnet.v1 import common_pb2
+from rollnet.v1 import checkpoint_pb2, common_pb2
 
 SHARD = 64 * 1024
 
@@ -79,7 +79,6 @@ async def test_tree_fans_out_and_every_client_verifies(
 
 
 def checkpoint_files(checkpoint: object) -> list:  # type: ignore[type-arg]
-    from rollnet.v1 import checkpoint_pb2
 
     assert isinstance(checkpoint, checkpoint_pb2.Checkpoint)
     return list(checkpoint_pb2.CheckpointManifest.FromString(checkpoint.manifest).files)
@@ -97,6 +96,21 @@ def _ref(data: bytes) -> common_pb2.BlobRef:
     import blake3
 
     return common_pb2.BlobRef(blake3=blake3.blake3(data).digest(), size=len(data))
+
+
+def _checkpoint(step: int, files: dict[str, list[bytes]]) -> checkpoint_pb2.Checkpoint:
+    """A freshly keyed trainer's signed checkpoint of ``files`` (path -> its shards' bytes)."""
+    manifest = checkpoint_pb2.CheckpointManifest(
+        step=step,
+        network_id=NETWORK_ID,
+        files=[
+            checkpoint_pb2.CheckpointFile(
+                path=path, content=_ref(b"".join(shards)), shards=[_ref(x) for x in shards]
+            )
+            for path, shards in files.items()
+        ],
+    )
+    return signed_checkpoint(Identity.generate(), manifest)
 
 
 async def test_a_leaf_gets_bytes_before_the_origin_has_sent_the_last(
@@ -129,30 +143,13 @@ async def test_a_client_under_the_second_level_gets_bytes_before_the_origin_fini
     sending a single shard, the last one included."""
     import asyncio
 
-    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
-    from rollnet.v1 import checkpoint_pb2
-
     upstream = await GatedUpstream().start()
     try:
         pieces = [os.urandom(512 * 1024) for _ in range(4)]
         for piece in pieces:
             upstream.add(piece, gated=True)
         whole = b"".join(pieces)
-        trainer = Identity.generate()
-        files = [
-            checkpoint_pb2.CheckpointFile(
-                path="model.safetensors", content=_ref(whole), shards=[_ref(p) for p in pieces]
-            )
-        ]
-        data = checkpoint_pb2.CheckpointManifest(
-            step=1, network_id=NETWORK_ID, files=files
-        ).SerializeToString()
-        checkpoint = checkpoint_pb2.Checkpoint(
-            manifest=data,
-            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
-            trainer_public_key=trainer.public_key,
-            step=1,
-        )
+        checkpoint = _checkpoint(1, {"model.safetensors": pieces})
         first = [await relay(relays, tmp_path / f"r{i}", upstream.url) for i in range(2)]
         second = await relay(relays, tmp_path / "r2", first[0].url, first[1].url)
         store = CheckpointStore(tmp_path / "client", network_id=NETWORK_ID)
@@ -291,28 +288,12 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
 
     import blake3
 
-    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
-    from rollnet.v1 import checkpoint_pb2
-
     upstream = await GatedUpstream().start()
     try:
         small, large = os.urandom(1000), os.urandom(1024 * 1024)
         upstream.add(small)
         upstream.add(large, gated=True)
-        trainer = Identity.generate()
-        files = [
-            checkpoint_pb2.CheckpointFile(path=name, content=_ref(data), shards=[_ref(data)])
-            for name, data in (("config.json", small), ("model.safetensors", large))
-        ]
-        data = checkpoint_pb2.CheckpointManifest(
-            step=3, network_id=NETWORK_ID, files=files
-        ).SerializeToString()
-        checkpoint = checkpoint_pb2.Checkpoint(
-            manifest=data,
-            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
-            trainer_public_key=trainer.public_key,
-            step=3,
-        )
+        checkpoint = _checkpoint(3, {"config.json": [small], "model.safetensors": [large]})
         root, partial = tmp_path / "ckpt", tmp_path / "ckpt" / ".relay-partial"
         store = CheckpointStore(root, network_id=NETWORK_ID)
         shards = RelayShards([upstream.url], partial_dir=partial)
@@ -349,9 +330,6 @@ async def test_an_interrupted_file_of_many_shards_resumes_with_the_shards_missin
     asked for."""
     import asyncio
 
-    from rollnet.sdk.domains import CHECKPOINT_DOMAIN
-    from rollnet.v1 import checkpoint_pb2
-
     upstream = await GatedUpstream().start()
     try:
         pieces = [os.urandom(256 * 1024) for _ in range(4)]
@@ -359,21 +337,7 @@ async def test_an_interrupted_file_of_many_shards_resumes_with_the_shards_missin
             upstream.add(piece)
         last = upstream.add(pieces[3], gated=True)
         whole = b"".join(pieces)
-        trainer = Identity.generate()
-        files = [
-            checkpoint_pb2.CheckpointFile(
-                path="model.safetensors", content=_ref(whole), shards=[_ref(p) for p in pieces]
-            )
-        ]
-        data = checkpoint_pb2.CheckpointManifest(
-            step=4, network_id=NETWORK_ID, files=files
-        ).SerializeToString()
-        checkpoint = checkpoint_pb2.Checkpoint(
-            manifest=data,
-            signature=trainer.sign(CHECKPOINT_DOMAIN + data),
-            trainer_public_key=trainer.public_key,
-            step=4,
-        )
+        checkpoint = _checkpoint(4, {"model.safetensors": pieces})
         root, partial = tmp_path / "ckpt", tmp_path / "ckpt" / ".relay-partial"
         store = CheckpointStore(root, network_id=NETWORK_ID)
         shards = RelayShards([upstream.url], partial_dir=partial)
