@@ -401,9 +401,7 @@ async def test_a_pull_cancelled_while_it_waits_for_a_batch_leases_nothing(
         blocker = await _hold(writer, released)
         kept = asyncio.ensure_future(pull(stays, wait=0))
         # The first pull's batch waits behind the blocker in the writer's queue.
-        await wait_until(
-            lambda: _true(writer._queue.qsize() == 1), what="the first pull with the writer"
-        )
+        await wait_until(lambda: _true(writer.backlog == 1), what="the first pull with the writer")
         cancelled = asyncio.ensure_future(pull(leaves, wait=0))
         await wait_until(lambda: _true(leases._queue.qsize() >= 1), what="the pull queued")
         queued = list(leases._queue._queue)  # type: ignore[attr-defined]
@@ -515,7 +513,7 @@ async def test_a_batch_that_fails_is_retried_pull_by_pull(
         monkeypatch.setattr(leases, "_lease_batch", recording)
         blocker = await _hold(writer, released)
         first = asyncio.ensure_future(pull(clients[0], wait=0))
-        await wait_until(lambda: _true(writer._queue.qsize() == 1), what="a pull with the writer")
+        await wait_until(lambda: _true(writer.backlog == 1), what="a pull with the writer")
         before = (leases.batches, leases.pulls, leases.retried)
         calls = [
             asyncio.ensure_future(

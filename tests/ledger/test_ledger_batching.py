@@ -153,3 +153,18 @@ async def test_close_cancels_queued_callers() -> None:
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
     assert batcher.commits == [["first"]]
+
+
+async def test_drain_waits_until_every_queued_item_is_settled() -> None:
+    batcher = Doubler()
+    await batcher.drain()  # nothing queued: returns at once
+    tasks = await _queue_behind_first(batcher, ["b", "again"])
+    draining = asyncio.ensure_future(batcher.drain())
+    await asyncio.sleep(0)
+    assert not draining.done()
+    batcher.gates[0].set()
+    await draining
+    assert all(task.done() for task in tasks)  # settled before drain returned
+    await batcher.close()  # nothing left to cancel
+    assert [task.result() for task in tasks] == ["firstfirst", "bb", "againagain"]
+    assert batcher.commits == [["first"], ["b", "again"], ["again"]]

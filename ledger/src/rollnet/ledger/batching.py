@@ -5,22 +5,24 @@ gather delay, up to ``max_batch``), commits it as one batch and settles each cal
 its own outcome. Should the batch's transaction fail, :class:`OnFailure` says how it is tried
 again so that one item's failure reaches its own caller only. Each user keeps its policy: what a
 batch commits (:meth:`Batcher._commit`), whether it gathers, whether items whose callers left are
-skipped, and how it splits after a failure.
+skipped, how it splits after a failure, and how its callers' futures are settled
+(:meth:`Batcher._settle`).
 
-:class:`Batcher` runs on an event loop (the coordinator's heartbeats and pulls);
-:class:`~rollnet.ledger.group_commit.GroupCommitWriter` runs the same steps on a thread of its
-own, callable from any thread, and splits with the same :class:`OnFailure`.
+:class:`Batcher` runs on an event loop: the coordinator's heartbeats and pulls run one on theirs,
+and :class:`~rollnet.ledger.group_commit.GroupCommitWriter` runs one on an event loop of its own
+thread, which callers on any thread or loop reach.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("rollnet.ledger")
@@ -34,8 +36,7 @@ class OnFailure(enum.Enum):
     #: Each half alone, recursively, down to the item that fails by itself: a few transactions
     #: more, one after the other.
     SPLIT_IN_HALVES = "committing each half alone"
-    #: Each item alone, all at once (:class:`Batcher` skips the items whose callers left; the
-    #: writer thread commits them one after the other).
+    #: Each item alone, all at once, leaving out the items whose callers left.
     EACH_ALONE = "trying each alone"
 
     def parts(self, batch: Sequence[T]) -> list[list[T]]:
@@ -52,11 +53,15 @@ AGAIN: Any = object()
 GONE: Any = object()
 
 
+#: What a caller waits on: a future of an event loop, or of a thread.
+AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
+
+
 class Queued(Protocol):
     """An item of a batch: what its caller waits on (``None``: committed without queueing)."""
 
     @property
-    def future(self) -> asyncio.Future[Any] | None: ...
+    def future(self) -> AnyFuture | None: ...
 
 
 Q = TypeVar("Q", bound=Queued)
@@ -67,11 +72,21 @@ def abandoned(item: Queued) -> bool:
     return item.future is not None and item.future.done()
 
 
+def settle(future: AnyFuture, outcome: Any) -> None:
+    """Give ``future`` its outcome: an exception is raised to its caller, anything else returned."""
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 class Batcher(abc.ABC, Generic[Q]):
     """Commits queued items in batches on the running event loop.
 
     Subclasses implement :meth:`_commit` (one outcome per item: a value, an exception, or
     :data:`AGAIN`) and queue items with :meth:`_enqueue`; ``noun`` names the items in logs.
+    Items are settled (:meth:`_settle`) and cancelled (:meth:`_cancel`) on this loop unless a
+    subclass whose callers wait elsewhere says how.
     """
 
     #: What the items are, and where a failed batch is logged.
@@ -96,6 +111,9 @@ class Batcher(abc.ABC, Generic[Q]):
         self.skip_abandoned = skip_abandoned
         self._queue: asyncio.Queue[Q] = asyncio.Queue()
         self._runner: asyncio.Task[None] | None = None
+        #: Set while the runner waits on an empty queue: every item queued so far is settled.
+        self._idle = asyncio.Event()
+        self._idle.set()
         #: Transactions tried, the items they carried, and the items tried again after their
         #: batch's transaction failed (tests and metrics).
         self.batches = 0
@@ -109,11 +127,24 @@ class Batcher(abc.ABC, Generic[Q]):
     def _requeued(self, item: Q) -> None:
         """Called before an item whose outcome was :data:`AGAIN` goes back in the queue."""
 
+    def _settle(self, settled: list[tuple[Q, Any]]) -> None:
+        """Give each item's caller its outcome (callers still waiting only)."""
+        for item, outcome in settled:
+            assert item.future is not None
+            settle(item.future, outcome)
+
+    def _cancel(self, items: Iterable[Q]) -> None:
+        """Cancel the callers of items that will not be committed (closing)."""
+        for item in items:
+            if item.future is not None:
+                item.future.cancel()
+
     def _enqueue(self, item: Q) -> None:
         if self._runner is None or self._runner.done():
             # A context of its own: the runner must not carry the first caller's request id.
             loop = asyncio.get_running_loop()
             self._runner = loop.create_task(self._run(), context=contextvars.Context())
+        self._idle.clear()
         self._queue.put_nowait(item)
 
     @property
@@ -121,19 +152,28 @@ class Batcher(abc.ABC, Generic[Q]):
         """Items waiting for a batch."""
         return self._queue.qsize()
 
+    async def drain(self) -> None:
+        """Wait until every item queued so far has been committed and its caller settled."""
+        if self._runner is not None and not self._runner.done():
+            await self._idle.wait()
+
     async def close(self) -> None:
-        """Stop batching; the callers of items still queued are cancelled."""
+        """Stop batching; the callers of items still queued are cancelled (:meth:`drain`
+        first to finish them instead)."""
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
+        queued = []
         while not self._queue.empty():
-            future = self._queue.get_nowait().future
-            if future is not None:
-                future.cancel()
+            queued.append(self._queue.get_nowait())
+        self._cancel(queued)
+        self._idle.set()
 
     async def _run(self) -> None:
         while True:
+            if self._queue.empty():
+                self._idle.set()
             batch = [await self._queue.get()]
             if self.max_delay is not None:
                 # Let the batch gather, then take what came (one timer per batch, not a timed
@@ -148,22 +188,18 @@ class Batcher(abc.ABC, Generic[Q]):
             try:
                 outcomes = await self._batch_outcomes(batch)
             except asyncio.CancelledError:  # closing: no caller of this batch is left waiting
-                for item in batch:
-                    if item.future is not None:
-                        item.future.cancel()
+                self._cancel(batch)
                 raise
+            settled = []
             for item, outcome in zip(batch, outcomes, strict=True):
-                future = item.future
-                assert future is not None
-                if future.done() or outcome is GONE:
+                if outcome is GONE or abandoned(item):
                     continue  # the caller went away
                 if outcome is AGAIN:
                     self._requeued(item)
                     self._queue.put_nowait(item)
-                elif isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
                 else:
-                    future.set_result(outcome)
+                    settled.append((item, outcome))
+            self._settle(settled)
 
     async def _batch_outcomes(self, batch: list[Q]) -> list[Any]:
         """The outcomes of a batch taken from the queue (a seam for subclasses and tests)."""
@@ -205,4 +241,4 @@ class Batcher(abc.ABC, Generic[Q]):
         return outcomes
 
 
-__all__ = ["AGAIN", "GONE", "Batcher", "OnFailure", "Queued", "abandoned"]
+__all__ = ["AGAIN", "GONE", "AnyFuture", "Batcher", "OnFailure", "Queued", "abandoned", "settle"]

@@ -9,10 +9,12 @@ only; nobody hears success before the batch's COMMIT has returned. Should the sh
 itself fail (a deferred constraint one unit broke, say), the batch runs again in parts as its
 :class:`~rollnet.ledger.batching.OnFailure` says (by default each half in a transaction of its
 own, down to the unit that fails alone). While a batch commits the next one accumulates, so
-batches grow with load while a lone call is never delayed. These are the steps of the event-loop
-:class:`~rollnet.ledger.batching.Batcher`, run on a thread that callers on any thread or loop
-reach. The coordinator runs all its SQLite writes through one; a program that only appends
-ledger entries hands it ``lambda session: append_entries(session, [entry])``.
+batches grow with load while a lone call is never delayed. The thread runs an event loop of its
+own, and on it a :class:`~rollnet.ledger.batching.Batcher` (the same steps as the coordinator's
+heartbeats and pulls); what this module adds is how callers on any thread or loop reach it, and
+how their futures are settled: one wake-up per caller's event loop for a whole batch. The
+coordinator runs all its SQLite writes through one; a program that only appends ledger entries
+hands it ``lambda session: append_entries(session, [entry])``.
 
 Work may run again after a failed transaction, so it must depend on nothing but its session.
 """
@@ -22,19 +24,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
-import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from rollnet.ledger.batching import OnFailure
-
-log = logging.getLogger("rollnet.ledger")
+from rollnet.ledger.batching import GONE, Batcher, OnFailure, settle
 
 T = TypeVar("T")
 
@@ -47,14 +45,89 @@ class _WriteJob:
     future: asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
-def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    for future, ok, value in settled:
-        if future.cancelled():
-            continue  # the caller went away; the work itself committed (or not) all the same
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+def _settle_on_loop(settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    for future, outcome in settled:
+        if not future.cancelled():  # else the caller went away; its work committed all the same
+            settle(future, outcome)
+
+
+class _Transactions(Batcher[_WriteJob]):
+    """The writer's batcher: each batch is one transaction, each unit of work in a savepoint."""
+
+    noun = "calls"
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, max_batch: int, on_failure: OnFailure
+    ) -> None:
+        super().__init__(max_batch=max_batch, on_failure=on_failure)
+        self.sessions = sessions
+        #: Transactions committed, and the units of work they carried.
+        self.committed = 0
+        self.committed_jobs = 0
+        #: Calls taken into a batch so far (the writer counts those submitted).
+        self.taken = 0
+
+    def queue(self, job: _WriteJob) -> None:
+        self._enqueue(job)
+
+    async def _batch_outcomes(self, batch: list[_WriteJob]) -> list[Any]:
+        self.taken += len(batch)
+        # A thread whose call was cancelled before its batch began is left out; the others'
+        # calls can no longer be cancelled. An event loop's caller that went away still has its
+        # work run: cancelling an awaiting coroutine does not take back the write it asked for.
+        live = [
+            job.loop is not None
+            or (
+                isinstance(job.future, concurrent.futures.Future)
+                and job.future.set_running_or_notify_cancel()
+            )
+            for job in batch
+        ]
+        if all(live):
+            return await self._outcomes(batch)
+        ran = iter(await self._outcomes([job for job, ok in zip(batch, live, strict=True) if ok]))
+        return [next(ran) if ok else GONE for ok in live]
+
+    async def _commit(self, batch: list[_WriteJob]) -> list[Any]:
+        if not batch:
+            return []
+        outcomes: list[Any] = []
+        with self.sessions.begin() as session:
+            if len(batch) == 1:
+                # Alone in its transaction: a failure rolls the whole of it back.
+                outcomes.append(batch[0].work(session))
+            else:
+                for job in batch:
+                    try:
+                        with session.begin_nested():
+                            outcomes.append(job.work(session))
+                    except Exception as error:
+                        outcomes.append(error)
+        self.committed += 1
+        self.committed_jobs += len(batch)
+        return outcomes
+
+    def _settle(self, settled: list[tuple[_WriteJob, Any]]) -> None:
+        # One wake-up per event loop for the whole batch, not one per call.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+        for job, outcome in settled:
+            if job.loop is None:
+                settle(job.future, outcome)
+            else:
+                assert isinstance(job.future, asyncio.Future)
+                by_loop.setdefault(job.loop, []).append((job.future, outcome))
+        for loop, pairs in by_loop.items():
+            # A closed event loop (its caller gone) must not take the writer down with it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle_on_loop, pairs)
+
+    def _cancel(self, items: Iterable[_WriteJob]) -> None:
+        for job in items:
+            if job.loop is None:
+                job.future.cancel()
+            else:
+                with contextlib.suppress(RuntimeError):
+                    job.loop.call_soon_threadsafe(job.future.cancel)
 
 
 class GroupCommitWriter:
@@ -69,19 +142,28 @@ class GroupCommitWriter:
         max_batch: int = 256,
         on_failure: OnFailure = OnFailure.SPLIT_IN_HALVES,
     ) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
-        self._sessions = sessions
-        self._max_batch = max_batch
-        self._on_failure = on_failure
-        self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
+        self._transactions = _Transactions(sessions, max_batch=max_batch, on_failure=on_failure)
+        self._loop = asyncio.new_event_loop()
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="rollnet-write", daemon=True)
+        self._submitted = 0
+        self._thread = threading.Thread(target=self._serve, name="rollnet-write", daemon=True)
         self._thread.start()
-        #: Transactions committed so far, and the units of work they carried (tests, metrics).
-        self.batches = 0
-        self.jobs = 0
+
+    @property
+    def batches(self) -> int:
+        """Transactions committed so far (tests, metrics)."""
+        return self._transactions.committed
+
+    @property
+    def jobs(self) -> int:
+        """The units of work those transactions carried."""
+        return self._transactions.committed_jobs
+
+    @property
+    def backlog(self) -> int:
+        """Calls submitted that no transaction has taken yet."""
+        return self._submitted - self._transactions.taken
 
     def submit(self, work: Callable[[Session], T]) -> asyncio.Future[T]:
         """Queue ``work`` from the running event loop; the future resolves once its batch has
@@ -106,7 +188,8 @@ class GroupCommitWriter:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._queue.put(None)
+                if self._thread.is_alive():
+                    asyncio.run_coroutine_threadsafe(self._finish(), self._loop)
         if wait:
             self._thread.join()
 
@@ -125,83 +208,20 @@ class GroupCommitWriter:
         with self._lock:
             if self._closed or not self._thread.is_alive():
                 raise RuntimeError("the database writer is shut down")
-            self._queue.put(job)
+            # Callbacks run in the order they were posted: all of these before _finish.
+            self._loop.call_soon_threadsafe(self._transactions.queue, job)
+            self._submitted += 1
 
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            job = self._queue.get()
-            if job is None:
-                return
-            batch = [job]
-            while len(batch) < self._max_batch:
-                try:
-                    queued = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if queued is None:
-                    stopping = True
-                    break
-                batch.append(queued)
-            live = [
-                item
-                for item in batch
-                if item.loop is not None
-                or (
-                    isinstance(item.future, concurrent.futures.Future)
-                    and item.future.set_running_or_notify_cancel()
-                )
-            ]
-            # One wake-up per event loop for the whole batch, not one per call.
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]]
-            by_loop = {}
-            for item, (ok, value) in zip(live, self._commit(live), strict=True):
-                if item.loop is None:
-                    threaded = item.future
-                    assert isinstance(threaded, concurrent.futures.Future)
-                    if ok:
-                        threaded.set_result(value)
-                    else:
-                        threaded.set_exception(value)
-                else:
-                    looped = item.future
-                    assert isinstance(looped, asyncio.Future)
-                    by_loop.setdefault(item.loop, []).append((looped, ok, value))
-            for loop, settled in by_loop.items():
-                # A closed event loop (its caller gone) must not take the writer down with it.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_settle_all, settled)
-
-    def _commit(self, batch: list[_WriteJob]) -> list[tuple[bool, Any]]:
-        if not batch:
-            return []
-        outcomes: list[tuple[bool, Any]] = []
+    def _serve(self) -> None:
         try:
-            with self._sessions.begin() as session:
-                if len(batch) == 1:
-                    # Alone in its transaction: a failure rolls the whole of it back (below).
-                    outcomes.append((True, batch[0].work(session)))
-                else:
-                    for item in batch:
-                        try:
-                            with session.begin_nested():
-                                outcomes.append((True, item.work(session)))
-                        except Exception as error:
-                            outcomes.append((False, error))
-        except Exception as error:  # the commit (or a lone call) failed: nothing was stored
-            if len(batch) == 1:
-                return [(False, error)]
-            log.warning(
-                "a group commit of %d calls failed (%s: %s); %s",
-                len(batch),
-                type(error).__name__,
-                error,
-                self._on_failure.value,
-            )
-            return [o for part in self._on_failure.parts(batch) for o in self._commit(part)]
-        self.batches += 1
-        self.jobs += len(batch)
-        return outcomes
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _finish(self) -> None:
+        await self._transactions.drain()
+        await self._transactions.close()
+        asyncio.get_running_loop().stop()
 
 
 __all__ = ["GroupCommitWriter"]

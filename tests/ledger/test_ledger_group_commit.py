@@ -1,4 +1,5 @@
-"""Group commit on SQLite: calls queued behind a running commit share the next one.
+"""Group commit (the coordinator's SQLite writer): calls queued behind a running commit share
+the next one.
 
 Each call's work runs in its own savepoint, so one call's failure loses nothing of the others,
 and nobody hears success unless the shared COMMIT went through.
@@ -53,19 +54,25 @@ def insert(
     return work
 
 
+class Hold:
+    """A unit of work that holds the writer thread until :attr:`release` is set."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, session: Session) -> None:
+        self.started.set()
+        self.release.wait(timeout=30)
+
+
 async def held_batch(writer: GroupCommitWriter, *works: Callable[[Session], int]) -> list[Any]:
     """Run ``works`` as one batch: they queue while a first call holds the writer."""
-    release = threading.Event()
-    started = threading.Event()
-
-    def blocker(session: Session) -> None:
-        started.set()
-        release.wait(timeout=30)
-
-    first = writer.submit(blocker)
-    await asyncio.to_thread(started.wait, 30)
+    hold = Hold()
+    first = writer.submit(hold)
+    await asyncio.to_thread(hold.started.wait, 30)
     futures = [writer.submit(work) for work in works]
-    release.set()
+    hold.release.set()
     await first
     return await asyncio.gather(*futures, return_exceptions=True)
 
@@ -151,3 +158,50 @@ def test_a_caller_whose_loop_closed_does_not_stop_the_writer(engine: Engine) -> 
     finally:
         writer.shutdown()
     assert stored(engine) == [7]
+
+
+async def test_a_threads_call_cancelled_before_its_batch_does_not_run(engine: Engine) -> None:
+    """A thread may cancel its call until a batch takes it; an event loop's caller that goes
+    away does not take back its write."""
+    writer = GroupCommitWriter(session_factory(engine))
+    hold = Hold()
+    try:
+        first = writer.submit(hold)
+        await asyncio.to_thread(hold.started.wait, 30)
+        cancelled = writer.submit_threadsafe(insert(1))
+        kept = writer.submit_threadsafe(insert(2))
+        left = writer.submit(insert(3))
+        assert writer.backlog == 3
+        assert cancelled.cancel()
+        left.cancel()
+        hold.release.set()
+        await first
+        assert await asyncio.wrap_future(kept) == 2
+        assert await writer.submit(insert(4)) == 4
+    finally:
+        writer.shutdown()
+    assert stored(engine) == [2, 3, 4]
+    assert writer.backlog == 0
+
+
+def test_calls_from_threads_and_loops_share_a_batch(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+    hold = Hold()
+
+    async def on_a_loop(first: int) -> list[int]:
+        futures = [writer.submit(insert(x)) for x in range(first, first + 3)]
+        hold.release.set()
+        return list(await asyncio.gather(*futures))
+
+    try:
+        held = writer.submit_threadsafe(hold)
+        assert hold.started.wait(30)
+        threaded = [writer.submit_threadsafe(insert(x)) for x in range(10, 13)]
+        assert asyncio.run(on_a_loop(20)) == [20, 21, 22]
+        assert [future.result(timeout=30) for future in threaded] == [10, 11, 12]
+        held.result(timeout=30)
+    finally:
+        writer.shutdown()
+    # The blocker committed alone; the six calls queued behind it shared the next commit.
+    assert (writer.batches, writer.jobs) == (2, 7)
+    assert stored(engine) == [10, 11, 12, 20, 21, 22]
