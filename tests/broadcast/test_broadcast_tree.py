@@ -322,6 +322,32 @@ async def test_an_interrupted_client_resumes_and_fetches_only_what_is_missing(
         await upstream.close()
 
 
+def test_partial_shards_saved_long_ago_are_deleted_when_a_download_begins(
+    tmp_path: Path,
+) -> None:
+    """A partial shard is kept for the resume that follows its interruption; one of a
+    checkpoint superseded meanwhile is never asked for again, and does not pile up."""
+    partial = tmp_path / ".relay-partial"
+    partial.mkdir()
+    stale, fresh = partial / f"{'a' * 64}.part", partial / f"{'b' * 64}.part"
+    writing = partial / f".{'c' * 64}.part.tmp"
+    for path in (stale, fresh, writing):
+        path.write_bytes(b"x" * 10)
+    hours_ago = os.stat(fresh).st_mtime - 7 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    os.utime(writing, (hours_ago, hours_ago))
+    shards = RelayShards(["http://relay.invalid"], partial_dir=partial)
+    shards.hint_step(9)  # the checkpoint store's call before each download
+    assert sorted(p.name for p in partial.iterdir()) == sorted([fresh.name, writing.name])
+    assert shards.prune_partials(now=os.stat(fresh).st_mtime + 6 * 3600 + 1) == 1
+    assert not fresh.exists()
+    # Nothing to prune: no directory yet, or none given.
+    assert (
+        RelayShards(["http://relay.invalid"], partial_dir=tmp_path / "none").prune_partials() == 0
+    )
+    assert RelayShards(["http://relay.invalid"]).prune_partials() == 0
+
+
 async def test_an_interrupted_file_of_many_shards_resumes_with_the_shards_missing(
     tmp_path: Path,
 ) -> None:

@@ -117,7 +117,10 @@ class RelayShards:
 
     ``step`` is passed to relays as a hint (``?step=N``) so they keep versions together.
     ``partial_dir``: where the bytes of a shard whose transfer stopped unfinished are kept for
-    the next attempt, across restarts (none: an unfinished shard starts over).
+    the next attempt, across restarts (none: an unfinished shard starts over). Bytes saved more
+    than ``partial_max_age`` seconds ago are deleted when the next checkpoint's download begins
+    (:meth:`hint_step`): a resume comes soon after its interruption, and the shards of a
+    checkpoint superseded meanwhile are never asked for again.
     Use as an async context manager, or call :meth:`aclose`.
     """
 
@@ -134,6 +137,7 @@ class RelayShards:
         rng: random.Random | None = None,
         slow_after: float = 30.0,
         slow_share: float = 0.05,
+        partial_max_age: float = 6 * 3600.0,
     ) -> None:
         urls = [url.rstrip("/") for url in relays if url.strip()]
         if not urls:
@@ -144,6 +148,7 @@ class RelayShards:
         self.health = {url: RelayHealth(url) for url in urls}
         self.step = step
         self.partial_dir = partial_dir
+        self.partial_max_age = partial_max_age
         self.attempts = attempts_per_relay * len(urls)
         self.reports: deque[BadShardReport] = deque(maxlen=1000)
         """The newest bad-shard reports (the last 1,000)."""
@@ -200,8 +205,34 @@ class RelayShards:
 
     def hint_step(self, step: int) -> None:
         """Send ``?step=N`` with the next requests (relays keep versions together by it);
-        :class:`~rollnet.sdk.checkpoints.CheckpointStore` calls it before each download."""
+        :class:`~rollnet.sdk.checkpoints.CheckpointStore` calls it before each download. Saved
+        partial shards older than ``partial_max_age`` are deleted then."""
         self.step = step
+        self.prune_partials()
+
+    def prune_partials(self, *, now: float | None = None) -> int:
+        """Delete the partial shards saved more than ``partial_max_age`` seconds before ``now``
+        (default: the time); how many were deleted."""
+        if self.partial_dir is None:
+            return 0
+        cutoff = (time.time() if now is None else now) - self.partial_max_age
+        deleted = 0
+        try:
+            entries = list(os.scandir(self.partial_dir))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if not entry.name.endswith(".part"):
+                continue  # includes a ".<digest>.part.tmp" being written now
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    deleted += 1
+            except FileNotFoundError:
+                pass
+        if deleted:
+            log.info("deleted %d partial shards saved before %s", deleted, time.ctime(cutoff))
+        return deleted
 
     def pick(self, exclude: set[str]) -> RelayHealth:
         """A relay sampled in proportion to success rate x bandwidth; ``exclude``d ones only
