@@ -23,8 +23,7 @@ from rollnet.sdk.proofs.binding import LeaseBinding, commitment_digest, derive_s
 from rollnet.sdk.proofs.report import VerificationReport
 from rollnet.sdk.proofs.thresholds import Thresholds
 from rollnet.sdk.proofs.verify import RolloutAssignment, RolloutClaim, verify_rollouts
-
-NETWORK_ID = "rollnet-test"
+from rollnet.sdk.testing import NETWORK_ID
 
 
 @dataclass(frozen=True)
