@@ -14,6 +14,7 @@ from coordinator_testing import (
     pull,
     register,
     request_tasks,
+    running_parties,
     upload_and_commit,
 )
 from sqlalchemy import select
@@ -37,8 +38,12 @@ IMPROBABLE = [40, 41, 42, 43, 44, 45, 0]
 IMPROBABLE_LOGPROBS = [-4.0] * len(IMPROBABLE)
 
 
+def _config(config: CoordinatorConfig) -> CoordinatorConfig:
+    return with_overrides(config, max_attempts=2 * GIVE_BACKS + 4)
+
+
 async def _started(config: CoordinatorConfig) -> Coordinator:
-    return await start_coordinator(with_overrides(config, max_attempts=2 * GIVE_BACKS + 4))
+    return await start_coordinator(_config(config))
 
 
 def _seeds(
@@ -285,14 +290,8 @@ async def test_seeds_other_than_the_tasks_are_refused_at_intake(
 ) -> None:
     # Unchecked work is credited, so the coordinator checks the seeds itself: a worker on the
     # former lease-derived rule (or choosing its own) is refused, told the expected derivation.
-    coordinator = await _started(coordinator_config)
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    client = connect(coordinator.address, worker)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+    async with running_parties(_config(coordinator_config), trainer_identity) as parties:
+        trainer, client, worker = parties.trainer, parties.client, parties.worker
         await request_tasks(trainer, 1, samples_per_prompt=2)
         pulled = await _lease(client)
         work = make_work(worker, pulled.task, pulled.lease)
@@ -305,7 +304,3 @@ async def test_seeds_other_than_the_tasks_are_refused_at_intake(
         assert refused.reason == ErrorReason.ROLLOUT_BATCH_INVALID
         assert f"rollouts[1].sampling_seed is not the task's seed {expected}" in refused.message
         assert "rollnet/v1/task-sampling-seed" in refused.message
-    finally:
-        for c in (trainer, client):
-            await c.close()
-        await coordinator.stop(grace=0.5)

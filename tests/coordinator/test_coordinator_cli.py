@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -17,11 +16,11 @@ import structlog
 from coordinator_testing import (
     COMPLETION_TOKENS,
     judge_next_job,
-    publish_checkpoint,
     pull,
     pull_and_commit,
     register,
     request_tasks,
+    running_parties,
 )
 from safetensors.numpy import save_file
 
@@ -32,8 +31,9 @@ from rollnet.reference.checkpoint_publishing import (
     publish_model_dir,
 )
 from rollnet.reference.cli import main as cli_main
+from rollnet.reference.coordinator.config import CoordinatorConfig
 from rollnet.reference.coordinator.server import Coordinator
-from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError, verify_signature
+from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
 from rollnet.sdk.checkpoints import BlobServiceShards, CheckpointStore
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.testing import NETWORK_ID, connect
@@ -154,7 +154,7 @@ def _model_dir(root: Path) -> tuple[Path, int]:
 
 
 async def test_checkpoint_publish(
-    coordinator: Coordinator,
+    coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -171,12 +171,9 @@ async def test_checkpoint_publish(
     assert [p.relative_to(model).as_posix() for p in files] == published_paths
     assert flops_per_token(files) == 2 * parameters
 
-    trainer = connect(coordinator.address, trainer_identity)
-    worker = Identity.generate()
-    reader = connect(coordinator.address, worker)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(reader, worker, common_pb2.ROLE_WORKER)
+    async with running_parties(coordinator_config, trainer_identity, checkpoint=None) as parties:
+        coordinator, trainer = parties.coordinator, parties.trainer
+        reader, worker = parties.client, parties.worker
         published = await publish_model_dir(
             trainer, trainer_identity, model, step=1, network_id=NETWORK_ID, shard_size=1000
         )
@@ -267,9 +264,6 @@ async def test_checkpoint_publish(
         # Step 0 is a valid first step (the demo's); a negative one is a usage error.
         assert await rollnet("checkpoint", "publish", *target, "--step", "-1") == 2
         assert "--step: -1: step must be 0 or more" in capsys.readouterr().err
-    finally:
-        await trainer.close()
-        await reader.close()
 
 
 def _cli_target(coordinator: Coordinator, identity: Identity, tmp_path: Path) -> list[str]:
@@ -278,38 +272,18 @@ def _cli_target(coordinator: Coordinator, identity: Identity, tmp_path: Path) ->
     return ["--coordinator", coordinator.address, "--key", str(key), "--network-id", NETWORK_ID]
 
 
-@asynccontextmanager
-async def _working_swarm(
-    coordinator: Coordinator, trainer_identity: Identity, validator_identity: Identity
-) -> AsyncIterator[tuple[Identity, RollnetClient, RollnetClient, RollnetClient]]:
-    """A registered worker, trainer and validator, checkpoint 1 published: (worker identity,
-    and the worker's, trainer's and validator's clients)."""
-    worker = Identity.generate()
-    client = connect(coordinator.address, worker)
-    trainer = connect(coordinator.address, trainer_identity)
-    validator = connect(coordinator.address, validator_identity)
-    try:
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
-        yield worker, client, trainer, validator
-    finally:
-        for each in (client, trainer, validator):
-            await each.close()
-
-
 async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
-    coordinator: Coordinator,
+    coordinator_config: CoordinatorConfig,
     operator_identity: Identity,
     trainer_identity: Identity,
     validator_identity: Identity,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    target = _cli_target(coordinator, operator_identity, tmp_path)
-    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
-        worker, client, trainer, validator = swarm
+    async with running_parties(coordinator_config, trainer_identity, validator_identity) as swarm:
+        target = _cli_target(swarm.coordinator, operator_identity, tmp_path)
+        worker, client = swarm.worker, swarm.client
+        trainer, validator = swarm.trainer, swarm.validator
         await request_tasks(trainer, 4)
         # Three rejects eject the worker (eject_after_rejects = 3).
         for _ in range(3):
@@ -353,7 +327,7 @@ async def test_reinstating_an_ejected_node_and_no_operator_removes_itself(
 
 
 async def test_rollouts_request_and_stream(
-    coordinator: Coordinator,
+    coordinator_config: CoordinatorConfig,
     trainer_identity: Identity,
     validator_identity: Identity,
     tmp_path: Path,
@@ -361,9 +335,9 @@ async def test_rollouts_request_and_stream(
 ) -> None:
     """Demand and supply without code: the trainer's key asks for rollouts and reads the
     accepted ones as JSON lines."""
-    target = _cli_target(coordinator, trainer_identity, tmp_path)
-    async with _working_swarm(coordinator, trainer_identity, validator_identity) as swarm:
-        worker, client, _trainer, validator = swarm
+    async with running_parties(coordinator_config, trainer_identity, validator_identity) as swarm:
+        target = _cli_target(swarm.coordinator, trainer_identity, tmp_path)
+        worker, client, validator = swarm.worker, swarm.client, swarm.validator
         request = ["rollouts", "request", *target, "--prompts", "2", "--samples", "3"]
         assert await rollnet(*request, "--step", "5", "--max-new-tokens", "8", "--json") == 0
         created = json.loads(capsys.readouterr().out)

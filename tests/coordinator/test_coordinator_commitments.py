@@ -18,6 +18,7 @@ from coordinator_testing import (
     pull_and_commit,
     register,
     request_tasks,
+    running_parties,
     upload_and_commit,
 )
 from google.protobuf import duration_pb2
@@ -25,11 +26,7 @@ from google.protobuf import duration_pb2
 from rollnet.reference.coordinator.batches import count_rollouts
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.credit import spot_check_draw, spot_check_probability
-from rollnet.reference.coordinator.server import (
-    Coordinator,
-    prune_uncredited_blobs,
-    start_coordinator,
-)
+from rollnet.reference.coordinator.server import prune_uncredited_blobs, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, verify_signature
 from rollnet.sdk.commitments import max_batch_bytes
 from rollnet.sdk.testing import connect, wait_until
@@ -65,14 +62,9 @@ def receipt_bytes(receipt: commitment_pb2.Receipt) -> bytes:
 async def test_submission_checks_and_idempotent_receipts(
     coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    coordinator = await start_coordinator(coordinator_config)
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    client = connect(coordinator.address, worker)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+    async with running_parties(coordinator_config, trainer_identity) as parties:
+        coordinator, trainer = parties.coordinator, parties.trainer
+        client, worker = parties.client, parties.worker
         await request_tasks(trainer, 1, samples_per_prompt=2)
         leased = await pull(client)
         work = make_work(worker, leased.task, leased.lease)
@@ -157,10 +149,6 @@ async def test_submission_checks_and_idempotent_receipts(
         )
         assert read.commitment.task_id == leased.task.task_id
         assert read.commitment.state == commitment_pb2.Commitment.STATE_PENDING
-    finally:
-        await trainer.close()
-        await client.close()
-        await coordinator.stop(grace=0.1)
 
 
 async def test_spot_checks_thin_out_and_rejects_eject(
@@ -278,16 +266,9 @@ async def test_a_job_no_validator_finishes_is_given_up_and_its_prompts_queued_ag
         sweep_interval=timedelta(seconds=0.05),
         max_validation_attempts=2,
     )
-    coordinator = await start_coordinator(config)
-    worker_identity = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    validator = connect(coordinator.address, validator_identity)
-    worker = connect(coordinator.address, worker_identity)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(worker, worker_identity, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+    async with running_parties(config, trainer_identity, validator_identity) as parties:
+        coordinator, trainer, validator = parties.coordinator, parties.trainer, parties.validator
+        worker, worker_identity = parties.client, parties.worker
         await request_tasks(trainer, 1)
         first = await pull(worker)
         assert first.HasField("task")
@@ -336,10 +317,6 @@ async def test_a_job_no_validator_finishes_is_given_up_and_its_prompts_queued_ag
         files, _ = await prune_uncredited_blobs(coordinator.ctx)
         assert files == 1
         assert not batch.exists(digest)
-    finally:
-        for client in (trainer, validator, worker):
-            await client.close()
-        await coordinator.stop(grace=0.1)
 
 
 def test_rollouts_are_counted_on_the_wire_without_parsing() -> None:
@@ -431,19 +408,13 @@ async def test_a_blob_is_read_only_for_a_lease_that_may_submit(
 
 
 async def test_only_the_coordinators_token_counts_are_shown(
-    coordinator: Coordinator, trainer_identity: Identity, validator_identity: Identity
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity, validator_identity: Identity
 ) -> None:
     """A claim of 2 x 10^12 tokens for a batch of a few is not echoed: the receipt's commitment,
     GetCommitment and the validator's job show the tokens the coordinator counted."""
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    client = connect(coordinator.address, worker)
-    validator = connect(coordinator.address, validator_identity)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await publish_checkpoint(trainer, trainer_identity, 1)
+    async with running_parties(coordinator_config, trainer_identity, validator_identity) as parties:
+        trainer, validator = parties.trainer, parties.validator
+        client, worker = parties.client, parties.worker
         await request_tasks(trainer, 1, samples_per_prompt=2)
         leased = await pull(client)
         work = make_work(worker, leased.task, leased.lease)
@@ -468,6 +439,3 @@ async def test_only_the_coordinators_token_counts_are_shown(
             validation_service_pb2.PullValidationJobRequest()
         )
         assert job.job.commitment.claimed_work == counted
-    finally:
-        for each in (trainer, client, validator):
-            await each.close()

@@ -13,23 +13,21 @@ import pytest
 from coordinator_testing import (
     commitment_request,
     make_work,
-    publish_checkpoint,
     pull,
-    register,
     request_tasks,
+    running_parties,
 )
 from google.protobuf import json_format
 
 from rollnet.reference.coordinator.config import CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.credit import work_units
-from rollnet.reference.coordinator.server import start_coordinator
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
 from rollnet.sdk import ErrorReason, Identity, RollnetClient, RollnetError
 from rollnet.sdk.domains import CHECKPOINT_DOMAIN
 from rollnet.sdk.prompts import encode_problem
-from rollnet.sdk.testing import NETWORK_ID, connect
+from rollnet.sdk.testing import NETWORK_ID
 from rollnet.v1 import (
     blob_service_pb2,
     checkpoint_pb2,
@@ -95,16 +93,9 @@ async def test_credit_is_bounded_by_the_recorded_prompt_lengths(
     tokenizer = CheckpointTokenizer.load(tokenizer_dir)
     # Every commitment whose lengths are known skips its spot check (a trusted node).
     config = with_overrides(coordinator_config, trusted_streak=0, min_validation_rate=0.0)
-    coordinator = await start_coordinator(config)
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    client = connect(coordinator.address, worker)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-
-        # A checkpoint without tokenizer.json: lengths unknown, so the work is validated.
-        await publish_checkpoint(trainer, trainer_identity, 1)
+    # Checkpoint 1 has no tokenizer.json: lengths unknown, so the work is validated.
+    async with running_parties(config, trainer_identity) as parties:
+        trainer, client, worker = parties.trainer, parties.client, parties.worker
         await request_tasks(trainer, 1, step=1)
         leased = await pull(client)
         work = make_work(worker, leased.task, leased.lease)
@@ -159,7 +150,3 @@ async def test_credit_is_bounded_by_the_recorded_prompt_lengths(
             ledger_service_pb2.GetBalanceRequest(node_id=worker.node_id)
         )
         assert balance.credited == work_units(prefill, decode, FLOPS_PER_TOKEN)
-    finally:
-        await trainer.close()
-        await client.close()
-        await coordinator.stop(grace=0.1)

@@ -12,17 +12,16 @@ import pytest
 from coordinator_testing import (
     commitment_request,
     make_work,
-    publish_checkpoint,
     pull,
-    register,
     request_tasks,
+    running_parties,
 )
 from google.protobuf.message import Message
 
-from rollnet.reference.coordinator.server import Coordinator, sweep_once
+from rollnet.reference.coordinator.config import CoordinatorConfig
+from rollnet.reference.coordinator.server import sweep_once
 from rollnet.sdk import ErrorReason, Identity, RollnetError
-from rollnet.sdk.testing import connect
-from rollnet.v1 import blob_service_pb2, common_pb2, task_service_pb2
+from rollnet.v1 import blob_service_pb2, task_service_pb2
 
 
 async def _refusal(call: object) -> RollnetError:
@@ -32,15 +31,11 @@ async def _refusal(call: object) -> RollnetError:
 
 
 async def test_a_lease_past_its_deadline_is_expired_before_and_after_the_sweep(
-    coordinator: Coordinator, trainer_identity: Identity
+    coordinator_config: CoordinatorConfig, trainer_identity: Identity
 ) -> None:
-    worker = Identity.generate()
-    trainer = connect(coordinator.address, trainer_identity)
-    client = connect(coordinator.address, worker)
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, 1)
+    async with running_parties(coordinator_config, trainer_identity) as parties:
+        coordinator, trainer = parties.coordinator, parties.trainer
+        client, worker = parties.client, parties.worker
         await request_tasks(trainer, 2)
         leased = await pull(client)
         work = make_work(worker, leased.task, leased.lease)
@@ -97,6 +92,3 @@ async def test_a_lease_past_its_deadline_is_expired_before_and_after_the_sweep(
             )
         )
         assert refused.reason == ErrorReason.LEASE_CLOSED, refused
-    finally:
-        await trainer.close()
-        await client.close()

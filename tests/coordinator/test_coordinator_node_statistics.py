@@ -123,12 +123,15 @@ async def swarm(
     monkeypatch.setattr(verdicts, "statistics_policy_for", lambda dtype: QUICK)
     # Every commitment validated (no unchecked credit), one reject never ejects.
     config = with_overrides(coordinator_config, trusted_streak=1000, eject_after_rejects=1000)
-    async with running_parties(config, trainer_identity, validator_identity) as parties:
+    async with running_parties(
+        config, trainer_identity, validator_identity, tokenizer=True
+    ) as parties:
         yield parties
 
 
 async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: Parties) -> None:
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 1, samples_per_prompt=2)
     await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
@@ -184,7 +187,8 @@ async def test_misshapen_statistics_are_refused_and_nothing_is_recorded(swarm: P
 
 
 async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: Parties) -> None:
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 4, samples_per_prompt=2)
     # Honest-looking evidence first: wins only, no flag, the work credited.
     await pull_and_commit(client, worker, tokenizer=True)
@@ -218,7 +222,8 @@ async def test_a_worker_whose_evidence_reaches_the_threshold_is_ejected(swarm: P
 
 async def test_eos_near_tie_losses_eject_a_worker_at_a_low_temperature(swarm: Parties) -> None:
     """EOS steering at T = 0.05: statistics count at every admitted temperature."""
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await trainer.rollouts.request_rollouts(
         rollout_service_pb2.RequestRolloutsRequest(
             rollout_step=1,
@@ -253,7 +258,8 @@ async def test_a_dispersed_worker_is_ejected_by_the_dispersion_test(swarm: Parti
     """Log-probabilities far from the validator's on every token (a cheaper model): each token
     at the cap is worth ln(0.5 / 0.05) = 2.3 nats against 10.8, so the second verdict's six
     tokens flag the node after a first verdict close to the validator's."""
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 2, samples_per_prompt=2)
     for count, dispersion in ((1, 0.01), (2, 3.0)):
         await pull_and_commit(client, worker, tokenizer=True)

@@ -17,6 +17,7 @@ from coordinator_testing import (
     pull,
     register,
     request_tasks,
+    running_parties,
     upload_and_commit,
 )
 
@@ -220,17 +221,9 @@ async def test_a_retry_racing_its_first_verdict_gets_the_first_answer(
 ) -> None:
     """On PostgreSQL a retry (same request id) sent while the first call is in flight waits on
     its row locks and finds the job done: it must get the first call's answer, not a refusal."""
-    coordinator = await start_coordinator(coordinator_config)
-    worker_identity = Identity.generate()
-    trainer, validator, worker = (
-        connect(coordinator.address, identity)
-        for identity in (trainer_identity, validator_identity, worker_identity)
-    )
-    try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(worker, worker_identity, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1)
+    async with running_parties(coordinator_config, trainer_identity, validator_identity) as parties:
+        trainer, validator = parties.trainer, parties.validator
+        worker, worker_identity = parties.client, parties.worker
         await request_tasks(trainer, 1)
         pulled = await pull(worker)
         await upload_and_commit(
@@ -253,10 +246,6 @@ async def test_a_retry_racing_its_first_verdict_gets_the_first_answer(
         again = await validator.validation.submit_verdict(request)
         assert not blind[0], "the retry took the racing path"
         assert again.verdict.verdict_id == first.verdict.verdict_id
-    finally:
-        for client in (trainer, validator, worker):
-            await client.close()
-        await coordinator.stop(grace=0.5)
 
 
 async def _clean_restart_uploads_at_once(

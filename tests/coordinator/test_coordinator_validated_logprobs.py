@@ -102,12 +102,15 @@ async def swarm(
     validator_identity: Identity,
 ) -> AsyncIterator[Parties]:
     config = with_overrides(coordinator_config, **config_changes)
-    async with running_parties(config, trainer_identity, validator_identity) as parties:
+    async with running_parties(
+        config, trainer_identity, validator_identity, tokenizer=True
+    ) as parties:
         yield parties
 
 
 async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Parties) -> None:
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 2, samples_per_prompt=2)
     # Job 1 with the validator's log-probabilities; values a float32 holds exactly, so the
     # stream must give back these very numbers.
@@ -134,7 +137,8 @@ async def test_accepted_verdict_carries_them_to_the_trainer(swarm: Parties) -> N
 async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Parties) -> None:
     # A validator prefills only the rollouts the job's challenge draws: it sends an empty
     # entry for the others, and the trainer gets no validated values for them.
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 1, samples_per_prompt=2)
     await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
@@ -148,7 +152,8 @@ async def test_a_rollout_the_challenge_did_not_draw_carries_none(swarm: Parties)
 async def test_misshapen_log_probabilities_are_refused_and_nothing_is_recorded(
     swarm: Parties,
 ) -> None:
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 1, samples_per_prompt=2)
     await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)
@@ -213,7 +218,8 @@ async def test_a_commitment_stored_without_its_record_is_measured_from_its_batch
     swarm: Parties,
 ) -> None:
     # Commitments stored before migration 0003 have no record to read the lengths from.
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 1, samples_per_prompt=2)
     await pull_and_commit(client, worker, tokenizer=True)
     with engine.begin() as conn:
@@ -232,7 +238,8 @@ async def test_a_commitment_stored_without_its_record_is_measured_from_its_batch
     "config_changes", [{"trusted_streak": 1, "min_validation_rate": 0.0}], ids=["trusted"]
 )
 async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Parties) -> None:
-    trainer, validator, client, worker, _ = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker = swarm.worker
     await request_tasks(trainer, 12)
     validated: set[str] = set()
     unchecked: set[str] = set()
@@ -259,7 +266,8 @@ async def test_rollouts_accepted_without_a_spot_check_carry_none(swarm: Parties)
 
 
 async def test_a_retried_verdict_gets_the_stored_answer(swarm: Parties) -> None:
-    trainer, validator, client, worker, engine = swarm
+    trainer, validator, client = swarm.trainer, swarm.validator, swarm.client
+    worker, engine = swarm.worker, swarm.engine
     await request_tasks(trainer, 1)
     await pull_and_commit(client, worker, tokenizer=True)
     job = await pull_job(validator)

@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import grpc
 import pytest
@@ -19,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from rollnet.ledger import create_engine
 from rollnet.reference.coordinator.config import CoordinatorConfig
-from rollnet.reference.coordinator.server import start_coordinator
+from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.reference.envs.registry import load_environment
 from rollnet.reference.inference.tokenization import CheckpointTokenizer
 from rollnet.reference.model.tokenizer import save_char_tokenizer
@@ -337,41 +336,60 @@ def verdict_request(
     return request
 
 
-class Parties(NamedTuple):
-    """A running coordinator's parties (:func:`running_parties`): the trainer's, the
-    validator's and a worker's registered clients, the worker's key, and an engine on the
-    coordinator's database."""
+@dataclass(frozen=True)
+class Parties:
+    """A running coordinator and its parties (:func:`running_parties`): the trainer's and a
+    worker's registered clients, the worker's key, an engine on the coordinator's database,
+    and the validator's client where one was registered."""
 
+    coordinator: Coordinator
     trainer: RollnetClient
-    validator: RollnetClient
     client: RollnetClient
     worker: Identity
     engine: Engine
+    validator_client: RollnetClient | None = None
+
+    @property
+    def validator(self) -> RollnetClient:
+        """The validator's registered client (there must be one)."""
+        assert self.validator_client is not None, "running_parties was given no validator"
+        return self.validator_client
 
 
 @contextlib.asynccontextmanager
 async def running_parties(
-    config: CoordinatorConfig, trainer_identity: Identity, validator_identity: Identity
+    config: CoordinatorConfig,
+    trainer_identity: Identity,
+    validator_identity: Identity | None = None,
+    *,
+    checkpoint: int | None = 1,
+    tokenizer: bool = False,
 ) -> AsyncIterator[Parties]:
-    """A coordinator started with ``config``, a trainer, a validator and a fresh worker
-    registered, and checkpoint 1 published with the character tokenizer (so work is checked
-    against the prompts' encoded lengths); everything stopped on exit."""
+    """A coordinator started with ``config``, a trainer, a fresh worker and (given its key) a
+    validator registered, and checkpoint ``checkpoint`` published (none for ``None``; with
+    ``tokenizer``, carrying the character tokenizer, so work is checked against the prompts'
+    encoded lengths: see :func:`publish_checkpoint`); everything stopped on exit."""
     coordinator = await start_coordinator(config)
     worker = Identity.generate()
     trainer = connect(coordinator.address, trainer_identity)
-    validator = connect(coordinator.address, validator_identity)
     client = connect(coordinator.address, worker)
+    roles = [(trainer, trainer_identity, common_pb2.ROLE_TRAINER)]
+    validator = None
+    if validator_identity is not None:
+        validator = connect(coordinator.address, validator_identity)
+        roles.append((validator, validator_identity, common_pb2.ROLE_VALIDATOR))
+    roles.append((client, worker, common_pb2.ROLE_WORKER))
     engine = create_engine(config.database_url or "")
     try:
-        await register(trainer, trainer_identity, common_pb2.ROLE_TRAINER)
-        await register(validator, validator_identity, common_pb2.ROLE_VALIDATOR)
-        await register(client, worker, common_pb2.ROLE_WORKER)
-        await publish_checkpoint(trainer, trainer_identity, step=1, tokenizer=True)
-        yield Parties(trainer, validator, client, worker, engine)
+        for party, identity, role in roles:
+            await register(party, identity, role)
+        if checkpoint is not None:
+            await publish_checkpoint(trainer, trainer_identity, checkpoint, tokenizer=tokenizer)
+        yield Parties(coordinator, trainer, client, worker, engine, validator)
     finally:
         engine.dispose()
-        for c in (trainer, validator, client):
-            await c.close()
+        for party, _, _ in roles:
+            await party.close()
         await coordinator.stop(grace=0.1)
 
 
