@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from rollnet.sdk.testing import free_port
+from rollnet.sdk.testing import free_port, wait_until_blocking
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "walkthrough.md"
@@ -54,11 +53,15 @@ class Terminal:
             self.output.append(line.rstrip("\n"))
 
     def wait_for(self, fragment: str, within: float) -> None:
-        deadline = time.monotonic() + within
-        while not any(fragment in line for line in self.output):
+        def seen() -> bool:
+            if any(fragment in line for line in self.output):
+                return True
             assert self.process.poll() is None, f"{self.script!r} exited: {self.output[-20:]}"
-            assert time.monotonic() < deadline, f"no {fragment!r} from {self.script!r}"
-            time.sleep(0.1)
+            return False
+
+        wait_until_blocking(
+            seen, within=within, what=f"{fragment!r} from {self.script!r}", poll=0.1
+        )
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGINT)
@@ -132,15 +135,14 @@ def test_the_walkthrough_works_as_printed(tmp_path: Path) -> None:
 def _until_the_worker_joins_over_tls(cwd: Path, env: dict[str, str], port: str) -> None:
     """The page's worker registers with the TLS coordinator (seen in the operator's list)."""
     worker = run("rollnet keys show keys/worker1.key | awk '/^node_id/ {print $2}'", cwd, env)
-    deadline = time.monotonic() + 120
-    while True:
+
+    def joined() -> bool:
         listed = run(
             f"rollnet nodes list --coordinator localhost:{port} --tls-ca tls/cert.pem "
             "--key keys/operator.key --json",
             cwd,
             env,
         )
-        if any(node["node_id"] == worker.strip() for node in json.loads(listed)):
-            return
-        assert time.monotonic() < deadline, "the worker never registered over TLS"
-        time.sleep(1)
+        return any(node["node_id"] == worker.strip() for node in json.loads(listed))
+
+    wait_until_blocking(joined, within=120, what="the worker registered over TLS", poll=1)

@@ -20,7 +20,7 @@ from rollnet.ledger import create_engine, upgrade_to_head
 from rollnet.reference.coordinator.config import ConfigError, CoordinatorConfig, with_overrides
 from rollnet.reference.coordinator.server import Coordinator, start_coordinator
 from rollnet.sdk import ErrorReason, Identity, RollnetError, TlsConfig
-from rollnet.sdk.testing import connect
+from rollnet.sdk.testing import connect, wait_until
 from rollnet.v1 import common_pb2, task_service_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -35,6 +35,10 @@ async def _health(address: str, service: str = "") -> int:
         response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         status: int = response.status
         return status
+
+
+async def _is_serving(address: str) -> bool:
+    return bool(await _health(address) == SERVING)
 
 
 async def test_health_follows_readiness_and_draining(
@@ -57,10 +61,9 @@ async def test_health_follows_readiness_and_draining(
         engine = create_engine(db_url)
         await asyncio.to_thread(upgrade_to_head, engine)
         engine.dispose()
-        deadline = asyncio.get_running_loop().time() + 10
-        while await _health(coordinator.address) != SERVING:
-            assert asyncio.get_running_loop().time() < deadline, "never became SERVING"
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: _is_serving(coordinator.address), within=10, what="the coordinator SERVING"
+        )
         assert await _health(coordinator.address, "rollnet.v1.NodeService") == SERVING
         await register(client, worker, common_pb2.ROLE_WORKER)
 

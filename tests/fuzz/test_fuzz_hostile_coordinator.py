@@ -34,6 +34,7 @@ from rollnet.sdk.errors import RollnetError
 from rollnet.sdk.identity import Identity
 from rollnet.sdk.node import NodeFatalError
 from rollnet.sdk.retry import Backoff
+from rollnet.sdk.testing import wait_until
 from rollnet.sdk.worker import LeaseContext, RolloutGenerator, Worker, WorkerConfig
 from rollnet.v1 import node_service_pb2, rollout_pb2, task_pb2
 
@@ -174,12 +175,13 @@ async def _survives(
     running = asyncio.ensure_future(node.run())
     try:
         scripted = len(fake.scripts[pull])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PATIENCE
         # Past its script the node must pull again: nothing it was told stalls it.
-        while fake.calls[pull] <= scripted + 1 and not running.done():
-            assert loop.time() < deadline, f"{pull} called {fake.calls[pull]} times, then stalled"
-            await asyncio.sleep(0.02)
+        await wait_until(
+            lambda: fake.calls[pull] > scripted + 1 or running.done(),
+            within=PATIENCE,
+            what=f"{pull} called past its script (a stalled node stops calling)",
+            poll=0.02,
+        )
         node.request_stop()
         # A coordinator may refuse a node for good: NodeFatalError is the documented way out.
         with contextlib.suppress(NodeFatalError):
