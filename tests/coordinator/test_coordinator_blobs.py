@@ -36,6 +36,15 @@ async def test_blob_upload_rules_and_ranged_download(
         )
         again = await client.blobs.upload(data, KIND, chunk_size=700)
         assert again.already_present, "a duplicate upload is free"
+        # A digest the caller has already (a publisher's) is sent as given: the coordinator
+        # checks it against the bytes all the same.
+        given = await client.blobs.upload(data, KIND, digest=digest)
+        assert (given.blob.blake3, given.already_present) == (digest, True)
+        with pytest.raises(RollnetError) as wrong:
+            await client.blobs.upload(data, KIND, digest=blake3.blake3(b"other").digest())
+        assert wrong.value.reason == ErrorReason.BLOB_HASH_MISMATCH
+        with pytest.raises(ValueError, match="32-byte BLAKE3 digest, not 16 bytes"):
+            await client.blobs.upload(data, KIND, digest=digest[:16])
         assert coordinator.ctx.blobs.path_of(digest).read_bytes() == data
 
         assert await client.blobs.download(digest) == data

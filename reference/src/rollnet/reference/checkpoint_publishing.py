@@ -407,7 +407,10 @@ async def publish_model_dir(
     """
 
     async def sink(data: bytes, digest: bytes) -> bool:
-        upload = client.blobs.upload(data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD)
+        # Hashed as it was read: the upload does not hash it again.
+        upload = client.blobs.upload(
+            data, blob_service_pb2.BLOB_KIND_CHECKPOINT_SHARD, digest=digest
+        )
         if origin_dir is None:
             stored = await upload
         else:  # the coordinator and the origin directory take the shard at the same time

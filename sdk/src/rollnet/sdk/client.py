@@ -168,14 +168,20 @@ class BlobClient(ServiceClient):
         timeout: float | None = None,
         metadata: Metadata | None = None,
         retry: RetryPolicy | None = None,
+        digest: bytes | None = None,
     ) -> blob_service_pb2.UploadBlobResponse:
         """Upload one blob; returns its content address as stored.
 
         The BLAKE3 digest and size go in the header message, so they are computed first: an
-        async iterable is read into memory before anything is sent. A retry resends everything.
+        async iterable is read into memory before anything is sent. ``digest``: the blob's
+        BLAKE3 when the caller has it already (a publisher hashed its shards as it read them),
+        so it is not computed again here; the server checks it all the same (a wrong one is
+        refused, ``BLOB_HASH_MISMATCH``). A retry resends everything.
         """
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
+        if digest is not None and len(digest) != 32:
+            raise ValueError(f"digest must be a 32-byte BLAKE3 digest, not {len(digest)} bytes")
         if isinstance(data, AsyncIterable):
             buffer = bytearray()
             async for piece in data:
@@ -185,7 +191,10 @@ class BlobClient(ServiceClient):
             content = memoryview(data).cast("B")
         header = blob_service_pb2.UploadBlobRequest(
             header=blob_service_pb2.BlobHeader(
-                blob=common_pb2.BlobRef(blake3=blake3.blake3(content).digest(), size=len(content)),
+                blob=common_pb2.BlobRef(
+                    blake3=blake3.blake3(content).digest() if digest is None else bytes(digest),
+                    size=len(content),
+                ),
                 kind=kind,
             )
         )
