@@ -18,6 +18,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from rollnet.ledger.batching import OnFailure
 from rollnet.ledger.engine import create_engine, session_factory
 from rollnet.ledger.group_commit import GroupCommitWriter
 
@@ -205,3 +206,46 @@ def test_calls_from_threads_and_loops_share_a_batch(engine: Engine) -> None:
     # The blocker committed alone; the six calls queued behind it shared the next commit.
     assert (writer.batches, writer.jobs) == (2, 7)
     assert stored(engine) == [10, 11, 12, 20, 21, 22]
+
+
+def stop(writer: GroupCommitWriter) -> None:
+    """Shut ``writer`` down, failing (rather than hanging) should that never return."""
+    stopping = threading.Thread(target=writer.shutdown, daemon=True)
+    stopping.start()
+    stopping.join(30)
+    assert not stopping.is_alive(), "shutdown() hung"
+
+
+@pytest.mark.parametrize("on_failure", list(OnFailure))
+async def test_a_caller_who_left_has_its_work_committed_after_a_failed_commit(
+    engine: Engine, on_failure: OnFailure
+) -> None:
+    """An event loop's caller that went away while its batch ran still has its write, also
+    when that batch's COMMIT failed and its units are committed again in parts."""
+    writer = GroupCommitWriter(session_factory(engine), on_failure=on_failure)
+    inside = Hold()  # the batch's first unit: holds the batch while a caller leaves
+
+    def first(session: Session) -> int:
+        inside(session)
+        return insert(1)(session)
+
+    hold = Hold()
+    try:
+        held = writer.submit(hold)
+        await asyncio.to_thread(hold.started.wait, 30)
+        works = (first, insert(2), insert(3, parent=99))  # the third breaks the batch's COMMIT
+        futures = [writer.submit(work) for work in works]
+        hold.release.set()
+        await held
+        await asyncio.to_thread(inside.started.wait, 30)
+        futures[1].cancel()
+        inside.release.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        hold.release.set()
+        inside.release.set()
+        await asyncio.to_thread(stop, writer)
+    assert results[0] == 1
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert isinstance(results[2], IntegrityError)
+    assert stored(engine) == [1, 2]

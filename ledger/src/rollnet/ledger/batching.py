@@ -36,7 +36,8 @@ class OnFailure(enum.Enum):
     #: Each half alone, recursively, down to the item that fails by itself: a few transactions
     #: more, one after the other.
     SPLIT_IN_HALVES = "committing each half alone"
-    #: Each item alone, all at once, leaving out the items whose callers left.
+    #: Each item alone, all at once, leaving out the items whose callers left
+    #: (:meth:`Batcher._abandoned`).
     EACH_ALONE = "trying each alone"
 
     def parts(self, batch: Sequence[T]) -> list[list[T]]:
@@ -127,6 +128,11 @@ class Batcher(abc.ABC, Generic[Q]):
     def _requeued(self, item: Q) -> None:
         """Called before an item whose outcome was :data:`AGAIN` goes back in the queue."""
 
+    def _abandoned(self, item: Q) -> bool:
+        """Whether the item's caller went away (:func:`abandoned`): left out of a batch when
+        :attr:`skip_abandoned`, of the items tried again alone, and not settled."""
+        return abandoned(item)
+
     def _settle(self, settled: list[tuple[Q, Any]]) -> None:
         """Give each item's caller its outcome (callers still waiting only)."""
         for item, outcome in settled:
@@ -182,7 +188,7 @@ class Batcher(abc.ABC, Generic[Q]):
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             if self.skip_abandoned:
-                batch = [item for item in batch if not abandoned(item)]
+                batch = [item for item in batch if not self._abandoned(item)]
                 if not batch:
                     continue
             try:
@@ -192,7 +198,7 @@ class Batcher(abc.ABC, Generic[Q]):
                 raise
             settled = []
             for item, outcome in zip(batch, outcomes, strict=True):
-                if outcome is GONE or abandoned(item):
+                if outcome is GONE or self._abandoned(item):
                     continue  # the caller went away
                 if outcome is AGAIN:
                     self._requeued(item)
@@ -230,7 +236,7 @@ class Batcher(abc.ABC, Generic[Q]):
                 outcomes += await self._outcomes(part)
             return outcomes
         outcomes = [GONE] * len(batch)
-        again = [index for index, item in enumerate(batch) if not abandoned(item)]
+        again = [index for index, item in enumerate(batch) if not self._abandoned(item)]
         self.retried += len(again)
         singles = await asyncio.gather(
             *(self._outcomes(part) for part in self.on_failure.parts([batch[i] for i in again])),

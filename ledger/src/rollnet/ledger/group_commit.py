@@ -88,6 +88,12 @@ class _Transactions(Batcher[_WriteJob]):
         ran = iter(await self._outcomes([job for job, ok in zip(batch, live, strict=True) if ok]))
         return [next(ran) if ok else GONE for ok in live]
 
+    def _abandoned(self, job: _WriteJob) -> bool:
+        # No call of a batch is left out, not even when its batch is tried again: a thread's
+        # call can no longer be cancelled, and an event loop's caller that went away still has
+        # its work committed (its future, of another thread's loop, is looked at there).
+        return False
+
     async def _commit(self, batch: list[_WriteJob]) -> list[Any]:
         if not batch:
             return []
