@@ -208,12 +208,65 @@ def test_calls_from_threads_and_loops_share_a_batch(engine: Engine) -> None:
     assert stored(engine) == [10, 11, 12, 20, 21, 22]
 
 
+class Halt(BaseException):
+    """A BaseException of a unit of work's own."""
+
+
 def stop(writer: GroupCommitWriter) -> None:
     """Shut ``writer`` down, failing (rather than hanging) should that never return."""
     stopping = threading.Thread(target=writer.shutdown, daemon=True)
     stopping.start()
     stopping.join(30)
     assert not stopping.is_alive(), "shutdown() hung"
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, asyncio.CancelledError, Halt])
+def test_a_unit_raising_a_base_exception_fails_its_own_caller_only(
+    engine: Engine, error: type[BaseException]
+) -> None:
+    """Not the writer's to stop on: the unit's caller hears it (as from a thread pool), its
+    writes are rolled back, and the writer goes on; before, the callers hung for good."""
+
+    def fail(x: int) -> Callable[[Session], int]:
+        def work(session: Session) -> int:
+            insert(x)(session)
+            raise error(f"raised after writing {x}")
+
+        return work
+
+    writer = GroupCommitWriter(session_factory(engine))
+    hold = Hold()
+    try:
+        with pytest.raises(error):
+            writer.submit_threadsafe(fail(1)).result(timeout=10)  # alone in its transaction
+        held = writer.submit_threadsafe(hold)
+        assert hold.started.wait(30)
+        futures = [writer.submit_threadsafe(work) for work in (insert(2), fail(3), insert(4))]
+        hold.release.set()
+        held.result(timeout=10)
+        assert futures[0].result(timeout=10) == 2
+        with pytest.raises(error):
+            futures[1].result(timeout=10)
+        assert futures[2].result(timeout=10) == 4
+        assert writer.run(insert(5), timeout=10) == 5
+    finally:
+        hold.release.set()
+        stop(writer)
+    assert stored(engine) == [2, 4, 5]
+
+
+def test_shutdown_returns_after_a_unit_raised_a_base_exception(engine: Engine) -> None:
+    writer = GroupCommitWriter(session_factory(engine))
+
+    def halt(session: Session) -> None:
+        raise Halt
+
+    future = writer.submit_threadsafe(halt)
+    try:
+        with pytest.raises(Halt):
+            future.result(timeout=10)
+    finally:
+        stop(writer)
 
 
 @pytest.mark.parametrize("on_failure", list(OnFailure))

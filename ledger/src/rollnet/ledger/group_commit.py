@@ -4,17 +4,18 @@ Callers hand :class:`GroupCommitWriter` a unit of work (a function of a session)
 future: :meth:`~GroupCommitWriter.submit` from an event loop (an :class:`asyncio.Future`),
 :meth:`~GroupCommitWriter.submit_threadsafe` or :meth:`~GroupCommitWriter.run` from any thread.
 The writer thread takes everything queued at that moment (up to ``max_batch``) and runs it in
-one transaction, each unit in its own SAVEPOINT, so a unit's failure rolls back its own writes
-only; nobody hears success before the batch's COMMIT has returned. Should the shared transaction
-itself fail (a deferred constraint one unit broke, say), the batch runs again in parts as its
-:class:`~rollnet.ledger.batching.OnFailure` says (by default each half in a transaction of its
-own, down to the unit that fails alone). While a batch commits the next one accumulates, so
-batches grow with load while a lone call is never delayed. The thread runs an event loop of its
-own, and on it a :class:`~rollnet.ledger.batching.Batcher` (the same steps as the coordinator's
-heartbeats and pulls); what this module adds is how callers on any thread or loop reach it, and
-how their futures are settled: one wake-up per caller's event loop for a whole batch. The
-coordinator runs all its SQLite writes through one; a program that only appends ledger entries
-hands it ``lambda session: append_entries(session, [entry])``.
+one transaction, each unit in its own SAVEPOINT, so a unit's failure (any exception, a
+``KeyboardInterrupt`` or ``SystemExit`` included) rolls back its own writes only and reaches its
+own caller; nobody hears success before the batch's COMMIT has returned. Should the shared
+transaction itself fail (a deferred constraint one unit broke, say), the batch runs again in
+parts as its :class:`~rollnet.ledger.batching.OnFailure` says (by default each half in a
+transaction of its own, down to the unit that fails alone). While a batch commits the next one
+accumulates, so batches grow with load while a lone call is never delayed. The thread runs an
+event loop of its own, and on it a :class:`~rollnet.ledger.batching.Batcher` (the same steps as
+the coordinator's heartbeats and pulls); what this module adds is how callers on any thread or
+loop reach it, and how their futures are settled: one wake-up per caller's event loop for a
+whole batch. The coordinator runs all its SQLite writes through one; a program that only appends
+ledger entries hands it ``lambda session: append_entries(session, [entry])``.
 
 Work may run again after a failed transaction, so it must depend on nothing but its session.
 """
@@ -98,17 +99,25 @@ class _Transactions(Batcher[_WriteJob]):
         if not batch:
             return []
         outcomes: list[Any] = []
-        with self.sessions.begin() as session:
-            if len(batch) == 1:
-                # Alone in its transaction: a failure rolls the whole of it back.
-                outcomes.append(batch[0].work(session))
-            else:
-                for job in batch:
-                    try:
-                        with session.begin_nested():
-                            outcomes.append(job.work(session))
-                    except Exception as error:
-                        outcomes.append(error)
+        try:
+            with self.sessions.begin() as session:
+                if len(batch) == 1:
+                    # Alone in its transaction: a failure rolls the whole of it back.
+                    outcomes.append(batch[0].work(session))
+                else:
+                    for job in batch:
+                        try:
+                            with session.begin_nested():
+                                outcomes.append(job.work(session))
+                        except BaseException as error:
+                            outcomes.append(error)
+        except BaseException as error:
+            # A unit's KeyboardInterrupt, SystemExit or CancelledError is its caller's to hear
+            # (as from a thread pool), not the writer's to stop on: the runner would die with
+            # it, and every caller of its batch (and shutdown()) wait for good.
+            if isinstance(error, Exception) or len(batch) > 1:
+                raise  # the transaction failed: tried again in parts (Batcher._outcomes)
+            return [error]
         self.committed += 1
         self.committed_jobs += len(batch)
         return outcomes
