@@ -302,3 +302,26 @@ async def test_a_caller_who_left_has_its_work_committed_after_a_failed_commit(
     assert isinstance(results[1], asyncio.CancelledError)
     assert isinstance(results[2], IntegrityError)
     assert stored(engine) == [1, 2]
+
+
+async def test_a_unit_may_return_an_exception(engine: Engine) -> None:
+    """A unit's value is its caller's result whatever it is, an exception object included."""
+    error = ValueError("a value, not a failure")
+
+    def give(session: Session) -> ValueError:
+        return error
+
+    writer = GroupCommitWriter(session_factory(engine))
+    hold = Hold()
+    try:
+        assert await writer.submit(give) is error  # alone in its transaction
+        held = writer.submit(hold)
+        await asyncio.to_thread(hold.started.wait, 30)
+        looped, threaded = writer.submit(give), writer.submit_threadsafe(give)
+        hold.release.set()
+        await held
+        assert await looped is error
+        assert await asyncio.wrap_future(threaded) is error
+    finally:
+        hold.release.set()
+        await asyncio.to_thread(stop, writer)

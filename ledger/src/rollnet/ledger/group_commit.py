@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from rollnet.ledger.batching import GONE, Batcher, OnFailure, settle
+from rollnet.ledger.batching import GONE, AnyFuture, Batcher, OnFailure, settle
 
 T = TypeVar("T")
 
@@ -46,10 +46,25 @@ class _WriteJob:
     future: asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class _Returned:
+    """What a unit of work returned: its caller's result, whatever it is (an exception object
+    or one of the :class:`~rollnet.ledger.batching.Batcher`'s sentinels, say)."""
+
+    value: Any
+
+
+def _answer(future: AnyFuture, outcome: Any) -> None:
+    if isinstance(outcome, _Returned):
+        future.set_result(outcome.value)
+    else:  # the exception its unit (or the unit's transaction) failed with
+        settle(future, outcome)
+
+
 def _settle_on_loop(settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for future, outcome in settled:
         if not future.cancelled():  # else the caller went away; its work committed all the same
-            settle(future, outcome)
+            _answer(future, outcome)
 
 
 class _Transactions(Batcher[_WriteJob]):
@@ -103,12 +118,12 @@ class _Transactions(Batcher[_WriteJob]):
             with self.sessions.begin() as session:
                 if len(batch) == 1:
                     # Alone in its transaction: a failure rolls the whole of it back.
-                    outcomes.append(batch[0].work(session))
+                    outcomes.append(_Returned(batch[0].work(session)))
                 else:
                     for job in batch:
                         try:
                             with session.begin_nested():
-                                outcomes.append(job.work(session))
+                                outcomes.append(_Returned(job.work(session)))
                         except BaseException as error:
                             outcomes.append(error)
         except BaseException as error:
@@ -127,7 +142,7 @@ class _Transactions(Batcher[_WriteJob]):
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
         for job, outcome in settled:
             if job.loop is None:
-                settle(job.future, outcome)
+                _answer(job.future, outcome)
             else:
                 assert isinstance(job.future, asyncio.Future)
                 by_loop.setdefault(job.loop, []).append((job.future, outcome))
