@@ -325,3 +325,19 @@ async def test_a_unit_may_return_an_exception(engine: Engine) -> None:
     finally:
         hold.release.set()
         await asyncio.to_thread(stop, writer)
+
+
+def test_run_from_a_unit_of_work_refuses_rather_than_wait_forever(engine: Engine) -> None:
+    """The writer thread waiting on its own queue would never get to the call it waits for."""
+    writer = GroupCommitWriter(session_factory(engine))
+
+    def nested(session: Session) -> int:
+        return writer.run(insert(1))
+
+    try:
+        with pytest.raises(RuntimeError, match="unit of work"):
+            writer.run(nested, timeout=10)
+        assert writer.run(insert(2), timeout=10) == 2
+    finally:
+        stop(writer)
+    assert stored(engine) == [2]

@@ -211,6 +211,9 @@ class GroupCommitWriter:
 
     def run(self, work: Callable[[Session], T], *, timeout: float | None = None) -> T:
         """Queue ``work`` and wait (on this thread) until it is committed; its result."""
+        if threading.current_thread() is self._thread:
+            # The writer would wait for itself: a unit of work uses the session it was given.
+            raise RuntimeError("the database writer's run() called from a unit of work")
         return self.submit_threadsafe(work).result(timeout)
 
     def shutdown(self, wait: bool = True) -> None:
