@@ -341,3 +341,25 @@ def test_run_from_a_unit_of_work_refuses_rather_than_wait_forever(engine: Engine
     finally:
         stop(writer)
     assert stored(engine) == [2]
+
+
+async def test_a_unit_raising_stop_iteration_fails_its_own_caller_only(engine: Engine) -> None:
+    """An asyncio future refuses StopIteration: the unit's caller hears a RuntimeError, and the
+    calls settled after it on the same loop are settled all the same."""
+
+    def exhausted(session: Session) -> int:
+        return next(iter([]))
+
+    writer = GroupCommitWriter(session_factory(engine))
+    try:
+        alone = await asyncio.wait_for(
+            asyncio.gather(writer.submit(exhausted), return_exceptions=True), 10
+        )
+        batched = await asyncio.wait_for(held_batch(writer, exhausted, insert(1)), 10)
+    finally:
+        await asyncio.to_thread(stop, writer)
+    assert isinstance(alone[0], RuntimeError)
+    assert isinstance(batched[0], RuntimeError)
+    assert isinstance(batched[0].__cause__, StopIteration)
+    assert batched[1] == 1
+    assert stored(engine) == [1]
