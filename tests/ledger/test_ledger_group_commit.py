@@ -363,3 +363,28 @@ async def test_a_unit_raising_stop_iteration_fails_its_own_caller_only(engine: E
     assert isinstance(batched[0].__cause__, StopIteration)
     assert batched[1] == 1
     assert stored(engine) == [1]
+
+
+def test_backlog_never_counts_below_zero(engine: Engine) -> None:
+    """A call is counted submitted before the writer can take it, and read so."""
+    writer = GroupCommitWriter(session_factory(engine))
+    lowest = 0
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal lowest
+        while not done.is_set():
+            lowest = min(lowest, writer.backlog)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        futures = [writer.submit_threadsafe(lambda session: None) for _ in range(5000)]
+        for future in futures:
+            future.result(timeout=30)
+    finally:
+        done.set()
+        watcher.join()
+        stop(writer)
+    assert lowest == 0
+    assert writer.backlog == 0

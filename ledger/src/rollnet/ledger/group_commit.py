@@ -199,7 +199,8 @@ class GroupCommitWriter:
     @property
     def backlog(self) -> int:
         """Calls submitted that no transaction has taken yet."""
-        return self._submitted - self._transactions.taken
+        taken = self._transactions.taken  # first: a call counts as submitted before it is taken
+        return self._submitted - taken
 
     def submit(self, work: Callable[[Session], T]) -> asyncio.Future[T]:
         """Queue ``work`` from the running event loop; the future resolves once its batch has
@@ -247,9 +248,9 @@ class GroupCommitWriter:
         with self._lock:
             if self._closed or not self._thread.is_alive():
                 raise RuntimeError("the database writer is shut down")
+            self._submitted += 1  # before the writer thread can take it (backlog)
             # Callbacks run in the order they were posted: all of these before _finish.
             self._loop.call_soon_threadsafe(self._transactions.queue, job)
-            self._submitted += 1
 
     def _serve(self) -> None:
         try:
