@@ -137,7 +137,9 @@ class _Transactions(Batcher[_WriteJob]):
             # (as from a thread pool), not the writer's to stop on: the runner would die with
             # it, and every caller of its batch (and shutdown()) wait for good.
             if isinstance(error, Exception) or len(batch) > 1:
-                raise  # the transaction failed: tried again in parts (Batcher._outcomes)
+                # The transaction failed (Batcher._outcomes tries it again in parts), or the
+                # shared COMMIT raised a BaseException, which is no one unit's.
+                raise
             return [error]
         self.committed += 1
         self.committed_jobs += len(batch)
