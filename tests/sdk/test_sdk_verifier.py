@@ -31,6 +31,7 @@ from rollnet.sdk import (
     from_rpc_error,
     method_path,
     signing_interceptors,
+    verifier,
 )
 from rollnet.sdk.identity import b64url_encode
 from rollnet.sdk.nonce_cache import NonceCacheFull
@@ -589,3 +590,42 @@ async def test_a_replay_at_the_windows_far_edge_is_refused() -> None:
     with pytest.raises(VerificationError) as stale:
         await verifier.verify(GET_NODE, ahead, body)
     assert stale.value.reason == ErrorReason.TIMESTAMP_SKEW
+
+
+@pytest.mark.parametrize(
+    ("peer", "network"),
+    [
+        ("ipv4:203.0.113.7:51234", "ipv4:203.0.113.7"),
+        ("203.0.113.7", "ipv4:203.0.113.7"),
+        ("ipv6:[2001:db8:1:2:3:4:5:6]:443", "ipv6:2001:db8:1:2::/64"),
+        ("ipv6:%5B2001:db8:1:2:3:4:5:6%5D:443", "ipv6:2001:db8:1:2::/64"),
+        ("ipv6:[::ffff:203.0.113.7]:443", "ipv4:203.0.113.7"),
+        ("ipv6:[fe80::1%eth0]:443", "ipv6:fe80::/64"),
+        ("unix:/run/rollnet.sock", "unix:/run/rollnet.sock"),
+        ("unix:/" + "x" * 100, "unix:/" + "x" * 100),
+    ],
+)
+def test_network_of_a_peer(peer: str, network: str) -> None:
+    assert verifier.network_of(peer) == network
+
+
+def test_remembered_look_ups_keep_only_short_strings() -> None:
+    """A connection's peer and a node's key are remembered across calls; a caller cannot fill
+    those caches with long strings of its own making."""
+    verifier._network_of.cache_clear()
+    verifier._decode_known_key.cache_clear()
+    for port in (1, 2, 1):
+        assert verifier.network_of(f"ipv4:203.0.113.7:{port}") == "ipv4:203.0.113.7"
+    assert verifier.network_of("unix:/" + "x" * 100) == "unix:/" + "x" * 100
+    assert verifier._network_of.cache_info().currsize == 2
+    assert verifier._network_of.cache_info().hits == 1
+    identity = Identity.generate()
+    signed = dict(RequestSigner(identity, NETWORK_ID).sign("/m", b"body").as_metadata())
+    headers = verifier._signing_headers(list(signed.items()))
+    for _ in range(2):
+        assert verifier._decode_headers(headers)[0] == identity.public_key
+    assert verifier._decode_known_key.cache_info().currsize == 1
+    long_key = {**headers, KEY_HEADER: b64url_encode(b"k" * 3000)}
+    with pytest.raises(verifier.VerificationError, match="32-byte Ed25519 public key"):
+        verifier._decode_headers(long_key)
+    assert verifier._decode_known_key.cache_info().currsize == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import binascii
 import contextvars
+import functools
 import inspect
 import ipaddress
 import logging
@@ -37,6 +38,7 @@ from rollnet.sdk.identity import (
     PUBLIC_KEY_SIZE,
     SIGNATURE_SIZE,
     b64url_decode,
+    b64url_encode,
     node_id_from_public_key,
     verify_signature,
 )
@@ -583,6 +585,12 @@ def network_of(peer: str) -> str:
     ``%5B``-encoded form), one without its port, or a bare address; anything else (a Unix
     socket) is returned as it is, less a gRPC peer's port.
     """
+    # Remembered: a connection's calls share its peer string (a short one: an address and port).
+    return _network_of(peer) if len(peer) <= 64 else _network_of.__wrapped__(peer)
+
+
+@functools.lru_cache(maxsize=8192)
+def _network_of(peer: str) -> str:
     host = peer[5:] if peer.startswith(("ipv4:", "ipv6:")) else peer
     host = host.replace("%5B", "[").replace("%5D", "]").replace("%5b", "[").replace("%5d", "]")
     if host.startswith("["):
@@ -626,6 +634,23 @@ def _signing_headers(metadata: Any) -> dict[str, str]:
     return found
 
 
+def _decode_key(text: str) -> bytes:
+    """A key header's bytes: remembered for a key of the right length (a node signs every call
+    with the same key), decoded afresh otherwise (so a caller cannot fill the cache with long
+    strings)."""
+    if len(text) == _KEY_TEXT_LENGTH:
+        return _decode_known_key(text)
+    return b64url_decode(text)
+
+
+_KEY_TEXT_LENGTH = len(b64url_encode(bytes(PUBLIC_KEY_SIZE)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode_known_key(text: str) -> bytes:
+    return b64url_decode(text)
+
+
 def _decode_headers(headers: Mapping[str, str]) -> tuple[bytes, bytes, str]:
     """Validate every header's syntax; return (public key, signature, nonce)."""
 
@@ -633,7 +658,7 @@ def _decode_headers(headers: Mapping[str, str]) -> tuple[bytes, bytes, str]:
         return VerificationError(ErrorReason.SIGNATURE_MALFORMED, f"header {name}: {expected}")
 
     try:
-        key = b64url_decode(headers[KEY_HEADER])
+        key = _decode_key(headers[KEY_HEADER])
     except (ValueError, binascii.Error):
         raise malformed(KEY_HEADER, "expected unpadded base64url") from None
     if len(key) != PUBLIC_KEY_SIZE:
