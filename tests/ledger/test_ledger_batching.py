@@ -57,6 +57,9 @@ class Doubler(Batcher[Item]):
         outcomes: list[Any] = []
         for item in batch:
             item.tries += 1
+            if item.value == "stop":  # an item's own failure, as an outcome
+                outcomes.append(StopIteration("an exhausted iterator"))
+                continue
             outcomes.append(AGAIN if item.value == "again" and item.tries == 1 else item.value * 2)
         return outcomes
 
@@ -168,3 +171,16 @@ async def test_drain_waits_until_every_queued_item_is_settled() -> None:
     await batcher.close()  # nothing left to cancel
     assert [task.result() for task in tasks] == ["firstfirst", "bb", "againagain"]
     assert batcher.commits == [["first"], ["b", "again"], ["again"]]
+
+
+async def test_a_stop_iteration_outcome_reaches_its_caller() -> None:
+    """An asyncio future refuses StopIteration as an outcome; its caller hears a RuntimeError
+    instead of waiting for good, and the batcher goes on."""
+    batcher = Doubler()
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            await asyncio.wait_for(batcher.submit("stop"), 10)
+        assert isinstance(raised.value.__cause__, StopIteration)
+        assert await asyncio.wait_for(batcher.submit("ok"), 10) == "okok"
+    finally:
+        await batcher.close()

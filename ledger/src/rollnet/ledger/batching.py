@@ -74,7 +74,15 @@ def abandoned(item: Queued) -> bool:
 
 
 def settle(future: AnyFuture, outcome: Any) -> None:
-    """Give ``future`` its outcome: an exception is raised to its caller, anything else returned."""
+    """Give ``future`` its outcome: an exception is raised to its caller, anything else returned.
+
+    An asyncio future refuses a ``StopIteration`` (with a TypeError, which would leave the
+    futures settled after it waiting): its caller gets a RuntimeError caused by it instead, as
+    from a coroutine that raised it."""
+    if isinstance(outcome, StopIteration) and isinstance(future, asyncio.Future):
+        error = RuntimeError("StopIteration raised while committing")
+        error.__cause__ = outcome
+        outcome = error
     if isinstance(outcome, BaseException):
         future.set_exception(outcome)
     else:

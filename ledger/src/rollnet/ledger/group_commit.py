@@ -57,12 +57,6 @@ class _Returned:
 def _answer(future: AnyFuture, outcome: Any) -> None:
     if isinstance(outcome, _Returned):
         future.set_result(outcome.value)
-    elif isinstance(outcome, StopIteration) and isinstance(future, asyncio.Future):
-        # An asyncio future refuses it (raising TypeError, and the futures after it would never
-        # be settled): a RuntimeError, as for a coroutine that raised it.
-        error = RuntimeError("a unit of work raised StopIteration")
-        error.__cause__ = outcome
-        future.set_exception(error)
     else:  # the exception its unit (or the unit's transaction) failed with
         settle(future, outcome)
 

@@ -634,6 +634,9 @@ def _signing_headers(metadata: Any) -> dict[str, str]:
     return found
 
 
+_KEY_TEXT_LENGTH = len(b64url_encode(bytes(PUBLIC_KEY_SIZE)))
+
+
 def _decode_key(text: str) -> bytes:
     """A key header's bytes: remembered for a key of the right length (a node signs every call
     with the same key), decoded afresh otherwise (so a caller cannot fill the cache with long
@@ -641,9 +644,6 @@ def _decode_key(text: str) -> bytes:
     if len(text) == _KEY_TEXT_LENGTH:
         return _decode_known_key(text)
     return b64url_decode(text)
-
-
-_KEY_TEXT_LENGTH = len(b64url_encode(bytes(PUBLIC_KEY_SIZE)))
 
 
 @functools.lru_cache(maxsize=8192)
